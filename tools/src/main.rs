@@ -3,6 +3,8 @@
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
 mod replay;
+mod run;
+mod trace_info;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -16,6 +18,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a program with libtensile.so preloaded.
+    Run(run::RunArgs),
+    /// Summarize a trace: counts, allocation and launch statistics, top kernels.
+    TraceInfo(trace_info::TraceInfoArgs),
     /// Simulate a trace under a swap policy and memory budget.
     Replay(replay::ReplayArgs),
 }
@@ -23,6 +29,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::TraceInfo(args) => trace_info::run(args),
         Command::Replay(args) => replay::run(args),
     };
     match result {
