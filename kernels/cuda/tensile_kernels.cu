@@ -1,0 +1,106 @@
+// The kernels that libtensile's tests and tools launch.
+//
+// Every kernel has a CPU twin in kernels/src/twins/ that computes the same result bit for
+// bit: floating-point work uses explicit fmaf (never a contraction the compiler may or may
+// not make), and reductions use wrapping integer sums, which are order-independent.
+// All kernels use 64-bit grid-stride loops, so any launch shape gives the same result.
+//
+// The committed PTX (kernels/ptx/tensile_kernels.ptx) is generated from this file by
+// kernels/gen/gen_ptx.py; change both together.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define GRID_STRIDE_LOOP(i, n)                                                  \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);           \
+         i += (u64)blockDim.x * gridDim.x)
+
+// A cheap 64-bit mixer (the finalizer of MurmurHash3's 64-bit variant).
+__device__ __forceinline__ u64 tensile_mix64(u64 x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+// p[i] = low 32 bits of mix64(i ^ (seed << 32) ^ 0x9e3779b97f4a7c15).
+extern "C" __global__ void fill_pattern(u32* p, u64 n, u32 seed) {
+    GRID_STRIDE_LOOP(i, n) {
+        p[i] = (u32)tensile_mix64(i ^ ((u64)seed << 32) ^ 0x9e3779b97f4a7c15ULL);
+    }
+}
+
+// *out += sum over i of mix64(((u64)p[i] << 32) ^ i), wrapping (mod 2^64).
+// The per-element term depends on the index, so a permutation of the data changes the result,
+// but the order of the additions does not. `out` is ACCUMULATED: zero it before the launch.
+extern "C" __global__ void checksum(const u32* p, u64 n, u64* out) {
+    u64 local = 0;
+    GRID_STRIDE_LOOP(i, n) {
+        local += tensile_mix64(((u64)p[i] << 32) ^ i);
+    }
+    if (local != 0) {
+        atomicAdd(out, local);
+    }
+}
+
+// y[i] = fmaf(a, x[i], y[i])
+extern "C" __global__ void axpy(float a, const float* x, float* y, u64 n) {
+    GRID_STRIDE_LOOP(i, n) {
+        y[i] = fmaf(a, x[i], y[i]);
+    }
+}
+
+// C (m x n) = A (m x k) * B (k x n), row-major, one output per thread, fmaf in k order from 0.
+extern "C" __global__ void matmul_f32(const float* A, const float* B, float* C, u32 m, u32 n,
+                                      u32 k) {
+    u64 total = (u64)m * n;
+    GRID_STRIDE_LOOP(idx, total) {
+        u64 row = idx / n;
+        u64 col = idx % n;
+        float acc = 0.0f;
+        for (u32 p = 0; p < k; ++p) {
+            acc = fmaf(A[row * k + p], B[(u64)p * n + col], acc);
+        }
+        C[idx] = acc;
+    }
+}
+
+// x[i] = x[i] * s
+extern "C" __global__ void scale(float* x, float s, u64 n) {
+    GRID_STRIDE_LOOP(i, n) {
+        x[i] = __fmul_rn(x[i], s);
+    }
+}
+
+// dst[i] = src[i]
+extern "C" __global__ void copy_u32(u32* dst, const u32* src, u64 n) {
+    GRID_STRIDE_LOOP(i, n) {
+        dst[i] = src[i];
+    }
+}
+
+// A struct of pointers passed BY VALUE: tests that pointers inside struct parameters are found.
+struct Gather4Args {
+    const u32* src[4];
+    u32* dst;
+    u64 n;
+};
+
+// dst[i] = src[0][i] ^ src[1][i] ^ src[2][i] ^ src[3][i]
+extern "C" __global__ void gather4(Gather4Args args) {
+    GRID_STRIDE_LOOP(i, args.n) {
+        args.dst[i] = args.src[0][i] ^ args.src[1][i] ^ args.src[2][i] ^ args.src[3][i];
+    }
+}
+
+// SGD with momentum: m[i] = fmaf(mu, m[i], g[i]); w[i] = fmaf(-lr, m[i], w[i]).
+extern "C" __global__ void sgd_momentum(float* w, const float* g, float* m, float lr, float mu,
+                                        u64 n) {
+    GRID_STRIDE_LOOP(i, n) {
+        float mi = fmaf(mu, m[i], g[i]);
+        m[i] = mi;
+        w[i] = fmaf(-lr, mi, w[i]);
+    }
+}
