@@ -1,1 +1,28 @@
-//! (being written)
+//! `tensile-analyzer`: learns the training iteration from a trace, plans swaps for a memory
+//! budget, bounds what any plan can achieve, and simulates policies. Pure Rust, no CUDA.
+//!
+//! The pipeline, one module per step:
+//! 1. [`import`]: read a trace file (capture v1 or the project's own format) into a [`Trace`].
+//! 2. [`iteration`]: find the repeating unit (one training step) and where each instance starts.
+//! 3. [`cycle`]: turn one instance into a periodic [`Cycle`]: ops with durations, and tensors
+//!    with stable identities and access lists.
+//! 4. [`timeline`]: per-tensor timelines and the memory footprint curve.
+//! 5. [`plan`]: a periodic swap plan for a budget ([`plan::plan`]), and [`bound`]: the lower
+//!    bound on step time for that budget.
+//! 6. [`sim`]: replays a cycle under a policy and checks the budget and residency invariants.
+//!
+//! Not here: anything that touches a GPU or the driver (that is the shim's job).
+
+pub mod bound;
+pub mod cost;
+pub mod cycle;
+pub mod import;
+pub mod iteration;
+pub mod model;
+pub mod plan;
+pub mod sim;
+pub mod timeline;
+
+pub use cost::{Budget, CostModel};
+pub use cycle::Cycle;
+pub use model::Trace;

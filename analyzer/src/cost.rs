@@ -1,0 +1,130 @@
+//! The cost model (copy bandwidths, default durations) and the memory budget.
+//!
+//! Defaults are the measurements in GPU_FACTS.md (H100, PCIe Gen5, pinned memory). Durations are
+//! computed here and nowhere else, so every part of the analyzer prices a copy the same way.
+
+use serde::Serialize;
+
+/// Launch duration assumed when the trace has none for a launch and no other launch of the same
+/// kernel was measured (documented in docs/planner.md and reported by `tensile replay`).
+pub const DEFAULT_LAUNCH_NS: u64 = 10_000;
+
+/// Bandwidths and default durations used to price copies and unmeasured launches.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CostModel {
+    /// Host-to-device bandwidth with only that direction active, GB/s (1 GB = 1e9 bytes).
+    pub h2d_gbps: f64,
+    /// Device-to-host bandwidth with only that direction active, GB/s.
+    pub d2h_gbps: f64,
+    /// Total bandwidth with both directions active at once, GB/s (shared equally).
+    pub bidir_gbps: f64,
+    /// Device-to-device copy bandwidth (application copies), GB/s.
+    pub d2d_gbps: f64,
+    /// Memset bandwidth (application memsets), GB/s.
+    pub memset_gbps: f64,
+    /// Duration of a launch with no measurement at all.
+    pub default_launch_ns: u64,
+}
+
+impl Default for CostModel {
+    fn default() -> Self {
+        CostModel {
+            h2d_gbps: 55.0,
+            d2h_gbps: 55.0,
+            bidir_gbps: 92.0,
+            // HBM3 copy throughput (read + write) is well above a terabyte per second; the
+            // application's own device copies are few and small, so this only needs to be sane.
+            d2d_gbps: 1300.0,
+            memset_gbps: 2000.0,
+            default_launch_ns: DEFAULT_LAUNCH_NS,
+        }
+    }
+}
+
+impl CostModel {
+    /// Checks that every bandwidth is a positive finite number.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("h2d", self.h2d_gbps),
+            ("d2h", self.d2h_gbps),
+            ("bidir", self.bidir_gbps),
+            ("d2d", self.d2d_gbps),
+            ("memset", self.memset_gbps),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{name} bandwidth must be a positive number of GB/s, got {v}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Time to move `bytes` at `gbps`, rounded up to whole ns.
+    pub fn ns_at(bytes: u64, gbps: f64) -> u64 {
+        (bytes as f64 / gbps).ceil() as u64
+    }
+
+    /// Host-to-device time for `bytes` with that direction alone.
+    pub fn h2d_ns(&self, bytes: u64) -> u64 {
+        Self::ns_at(bytes, self.h2d_gbps)
+    }
+
+    /// Device-to-host time for `bytes` with that direction alone.
+    pub fn d2h_ns(&self, bytes: u64) -> u64 {
+        Self::ns_at(bytes, self.d2h_gbps)
+    }
+
+    /// Per-direction rates (bytes per ns) for (h2d, d2h) when both directions are active.
+    pub fn shared_rates(&self) -> (f64, f64) {
+        // Each direction gets its share of the bidirectional total, never more than alone.
+        let half = self.bidir_gbps / 2.0;
+        (half.min(self.h2d_gbps), half.min(self.d2h_gbps))
+    }
+}
+
+/// A device memory budget in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Budget {
+    /// Bytes of device memory the job's tensors may occupy at any instant.
+    pub bytes: u64,
+}
+
+impl Budget {
+    /// A budget of `bytes`.
+    pub fn new(bytes: u64) -> Self {
+        Budget { bytes }
+    }
+}
+
+/// Parses a byte size: `4GiB`, `512MiB`, `1.5GB`, `123456`, or a percentage (`50%`) of `peak`.
+pub fn parse_size(text: &str, peak: Option<u64>) -> Result<u64, String> {
+    let t = text.trim();
+    if let Some(pct) = t.strip_suffix('%') {
+        let value: f64 =
+            pct.trim().parse().map_err(|_| format!("{text:?} is not a percentage"))?;
+        let peak = peak.ok_or_else(|| format!("{text:?}: a percentage needs a known peak"))?;
+        if !(value.is_finite() && value > 0.0) {
+            return Err(format!("{text:?}: the percentage must be positive"));
+        }
+        return Ok((peak as f64 * value / 100.0).round() as u64);
+    }
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a size"))?;
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "m" | "mb" => 1e6,
+        "g" | "gb" => 1e9,
+        "t" | "tb" => 1e12,
+        "ki" | "kib" => 1024.0,
+        "mi" | "mib" => 1024.0 * 1024.0,
+        "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "ti" | "tib" => 1024.0f64.powi(4),
+        other => return Err(format!("{text:?}: unknown unit {other:?} (use B, MiB, GiB, MB, GB or %)")),
+    };
+    let bytes = value * scale;
+    if !(bytes.is_finite() && bytes >= 1.0) {
+        return Err(format!("{text:?} is not a positive size"));
+    }
+    Ok(bytes.round() as u64)
+}

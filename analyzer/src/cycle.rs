@@ -1,0 +1,326 @@
+//! One iteration as a periodic unit: ops with durations, tensors with stable identities.
+//!
+//! A [`Cycle`] is what the planner, the bound and the simulator work on. It is built from the
+//! representative instance of [`Iterations`]: its ops (with measured GPU durations, or a
+//! documented estimate), and every tensor that occupies memory in the steady state:
+//! - **persistent** tensors (parameters, optimizer state): allocated before the iteration and
+//!   freed after it; identity = the allocation itself;
+//! - **transient** tensors (activations, gradients, workspaces): allocated inside the iteration;
+//!   identity = (position among the iteration's allocations, size). A transient tensor may live
+//!   past the end of the iteration (a gradient freed by the next step's `zero_grad`); its
+//!   accesses in the next instance are folded back modulo the period, which is exactly the
+//!   steady state in which every iteration allocates it at the same point.
+//!
+//! What occupies memory is decided here too ("need" semantics): a tensor holds data from its
+//! first access to its last access in each lifetime (contents before the first access are
+//! garbage, contents after the last are never read), and between two accesses it may live on
+//! the host. Accesses are not known to be reads or writes, so every access may dirty a tensor.
+
+use std::ops::Range;
+
+use serde::Serialize;
+
+use crate::cost::CostModel;
+use crate::iteration::Iterations;
+use crate::model::{AllocIdx, CopyDir, OpKind, Trace};
+
+/// Index of a tensor in [`Cycle::tensors`].
+pub type TensorId = u32;
+
+/// Where an op's duration came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum DurationSource {
+    /// Measured for this very launch.
+    Measured,
+    /// Median of the measured launches of the same kernel.
+    KernelMedian,
+    /// Nothing measured: [`CostModel::default_launch_ns`].
+    Default,
+    /// An application copy or memset, priced by the cost model.
+    Modeled,
+}
+
+/// One op of the cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CycleOp {
+    /// What it is.
+    pub kind: OpKind,
+    /// GPU time in ns.
+    pub duration_ns: u64,
+    /// Where the duration came from.
+    pub source: DurationSource,
+    /// Tensors it touches, sorted.
+    pub tensors: Vec<TensorId>,
+}
+
+/// How a tensor is recognised in every iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Identity {
+    /// The same allocation in every iteration (trace id).
+    Persistent {
+        /// The allocation's id in the trace.
+        trace_id: u64,
+    },
+    /// The `ordinal`-th allocation made in each iteration, of `bytes`.
+    Transient {
+        /// Position among the allocations made in the iteration.
+        ordinal: u32,
+        /// Size in bytes.
+        bytes: u64,
+    },
+}
+
+/// One tensor of the cycle.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Tensor {
+    /// Stable identity across iterations.
+    pub identity: Identity,
+    /// Size in bytes.
+    pub bytes: u64,
+    /// Op positions touching it, in lifetime order (a wrapped lifetime lists the positions after
+    /// the allocation first, then those folded from the next iteration). Never empty for a
+    /// transient tensor that holds data; may be empty for a persistent one.
+    pub accesses: Vec<u32>,
+    /// Position before which it is allocated (`None`: persistent).
+    pub alloc_at: Option<u32>,
+    /// Position before which it is freed, modulo the period (`None`: persistent).
+    pub free_at: Option<u32>,
+    /// The allocation in the trace this tensor was built from.
+    pub source: AllocIdx,
+}
+
+impl Tensor {
+    /// Whether the tensor is the same allocation in every iteration.
+    pub fn is_persistent(&self) -> bool {
+        self.alloc_at.is_none()
+    }
+}
+
+/// A steady-state iteration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cycle {
+    /// Ops in order.
+    pub ops: Vec<CycleOp>,
+    /// Tensors (see [`TensorId`]).
+    pub tensors: Vec<Tensor>,
+    /// The trace ops this cycle was built from.
+    pub span: Range<usize>,
+    /// Launches whose duration was not measured (estimated from the kernel's median or default).
+    pub estimated_launches: usize,
+}
+
+impl Cycle {
+    /// Number of ops (the period).
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether there are no ops.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Total GPU time of the ops, without any swapping.
+    pub fn compute_ns(&self) -> u64 {
+        self.ops.iter().map(|o| o.duration_ns).sum()
+    }
+
+    /// Builds the cycle of the representative iteration of `iters`.
+    pub fn from_trace(trace: &Trace, iters: &Iterations, cost: &CostModel) -> Cycle {
+        let k = iters.representative;
+        let span = iters.spans[k].clone();
+        let next_start = iters.spans.get(k + 1).map(|s| s.start).unwrap_or(span.end);
+        build(trace, span, next_start, cost)
+    }
+
+    /// Builds a cycle from an explicit op range; `next_start` is where the following instance
+    /// starts (accesses after it are folded back onto the cycle).
+    pub fn from_span(
+        trace: &Trace,
+        span: Range<usize>,
+        next_start: usize,
+        cost: &CostModel,
+    ) -> Cycle {
+        build(trace, span, next_start, cost)
+    }
+
+    /// Finds, for each tensor of the cycle, the allocation that plays its part in the trace's
+    /// op range `span` (another instance of the iteration). `None` where no allocation matches.
+    pub fn resolve(&self, trace: &Trace, span: Range<usize>) -> Vec<Option<AllocIdx>> {
+        let made: Vec<AllocIdx> = allocations_made_in(trace, &span);
+        self.tensors
+            .iter()
+            .map(|t| match t.identity {
+                Identity::Persistent { trace_id } => {
+                    trace.allocations.iter().enumerate().rev().find_map(|(i, a)| {
+                        let alive = a.before_op as usize <= span.start
+                            && a.free.is_none_or(|f| f.before_op as usize >= span.end);
+                        (a.trace_id == trace_id && alive).then_some(i as AllocIdx)
+                    })
+                }
+                Identity::Transient { ordinal, bytes } => {
+                    // Exact position first, then the nearest same-sized allocation (a noisy
+                    // iteration can allocate a few extra tensors).
+                    let ord = ordinal as usize;
+                    (0..=8usize).find_map(|d| {
+                        [ord.checked_sub(d), ord.checked_add(d)].into_iter().flatten().find_map(
+                            |o| {
+                                let idx = *made.get(o)?;
+                                (trace.allocations[idx as usize].bytes == bytes).then_some(idx)
+                            },
+                        )
+                    })
+                }
+            })
+            .collect()
+    }
+}
+
+fn allocations_made_in(trace: &Trace, span: &Range<usize>) -> Vec<AllocIdx> {
+    trace
+        .allocations
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| span.contains(&(a.before_op as usize)))
+        .map(|(i, _)| i as AllocIdx)
+        .collect()
+}
+
+fn kernel_medians(trace: &Trace) -> std::collections::HashMap<u32, u64> {
+    let mut by_kernel: std::collections::HashMap<u32, Vec<u64>> = Default::default();
+    for op in &trace.ops {
+        if let (OpKind::Launch { kernel }, Some(ns)) = (op.kind, op.gpu_ns) {
+            by_kernel.entry(kernel).or_default().push(ns);
+        }
+    }
+    by_kernel
+        .into_iter()
+        .map(|(k, mut v)| {
+            v.sort_unstable();
+            (k, v[v.len() / 2])
+        })
+        .collect()
+}
+
+fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel) -> Cycle {
+    let period = span.len();
+    let medians = kernel_medians(trace);
+    let mut estimated_launches = 0;
+    let mut ops: Vec<CycleOp> = trace.ops[span.clone()]
+        .iter()
+        .map(|op| {
+            let (duration_ns, source) = match (op.kind, op.gpu_ns) {
+                (OpKind::Launch { .. }, Some(ns)) => (ns, DurationSource::Measured),
+                (OpKind::Launch { kernel }, None) => {
+                    estimated_launches += 1;
+                    match medians.get(&kernel) {
+                        Some(&ns) => (ns, DurationSource::KernelMedian),
+                        None => (cost.default_launch_ns, DurationSource::Default),
+                    }
+                }
+                (OpKind::Copy { dir }, _) => {
+                    let gbps = match dir {
+                        CopyDir::HostToDevice => cost.h2d_gbps,
+                        CopyDir::DeviceToHost => cost.d2h_gbps,
+                        CopyDir::DeviceToDevice => cost.d2d_gbps,
+                        // The driver decides; price it as a PCIe copy (the slower case).
+                        CopyDir::Any => cost.h2d_gbps.min(cost.d2h_gbps),
+                    };
+                    (CostModel::ns_at(op.bytes, gbps), DurationSource::Modeled)
+                }
+                (OpKind::Memset, _) => {
+                    (CostModel::ns_at(op.bytes, cost.memset_gbps), DurationSource::Modeled)
+                }
+            };
+            CycleOp { kind: op.kind, duration_ns, source, tensors: Vec::new() }
+        })
+        .collect();
+
+    // Ops that touch each allocation, found once (ops list their allocations).
+    let mut touching: std::collections::HashMap<AllocIdx, Vec<usize>> = Default::default();
+    let scan_end = (next_start + period).min(trace.ops.len());
+    for (i, op) in trace.ops[span.start..scan_end].iter().enumerate() {
+        for &a in &op.touches {
+            touching.entry(a).or_default().push(span.start + i);
+        }
+    }
+
+    let mut tensors = Vec::new();
+    let mut ordinal = 0u32;
+    for (idx, a) in trace.allocations.iter().enumerate() {
+        let idx = idx as AllocIdx;
+        let alloc_op = a.before_op as usize;
+        let free_op = a.free.map(|f| f.before_op as usize);
+        let empty = Vec::new();
+        let touches = touching.get(&idx).unwrap_or(&empty);
+        let made_here = span.contains(&alloc_op);
+        if made_here {
+            let my_ordinal = ordinal;
+            ordinal += 1;
+            let alloc_pos = alloc_op - span.start;
+            let lifetime_ok = free_op.is_some_and(|f| f - alloc_op <= period);
+            if lifetime_ok {
+                let free_op = free_op.unwrap_or(alloc_op);
+                let mut accesses = Vec::new();
+                for &op in touches.iter().filter(|&&op| op >= alloc_op && op < free_op) {
+                    let pos = if op < span.end {
+                        op - span.start
+                    } else if op >= next_start && op - next_start < alloc_pos {
+                        op - next_start
+                    } else {
+                        continue;
+                    };
+                    accesses.push(pos as u32);
+                }
+                let free_pos = if free_op < span.end {
+                    free_op - span.start
+                } else {
+                    (free_op.saturating_sub(next_start)).min(alloc_pos)
+                };
+                tensors.push(Tensor {
+                    identity: Identity::Transient { ordinal: my_ordinal, bytes: a.bytes },
+                    bytes: a.bytes,
+                    accesses,
+                    alloc_at: Some(alloc_pos as u32),
+                    free_at: Some(free_pos as u32),
+                    source: idx,
+                });
+                continue;
+            }
+            // Lives longer than a period (or is never freed): in the steady state it behaves
+            // like a persistent tensor; treat it as one.
+        } else {
+            let alive_throughout =
+                alloc_op <= span.start && free_op.is_none_or(|f| f >= span.end);
+            if !alive_throughout {
+                // Freed inside the iteration after being allocated before it: the previous
+                // instance of a transient tensor (counted through its successor), or a one-off.
+                continue;
+            }
+        }
+        let accesses: Vec<u32> = touches
+            .iter()
+            .filter(|&&op| span.contains(&op))
+            .map(|&op| (op - span.start) as u32)
+            .collect();
+        tensors.push(Tensor {
+            identity: Identity::Persistent { trace_id: a.trace_id },
+            bytes: a.bytes,
+            accesses,
+            alloc_at: None,
+            free_at: None,
+            source: idx,
+        });
+    }
+
+    for (tid, t) in tensors.iter().enumerate() {
+        for &pos in &t.accesses {
+            ops[pos as usize].tensors.push(tid as TensorId);
+        }
+    }
+    for op in &mut ops {
+        op.tensors.sort_unstable();
+        op.tensors.dedup();
+    }
+    Cycle { ops, tensors, span, estimated_launches }
+}

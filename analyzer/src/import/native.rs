@@ -1,0 +1,110 @@
+//! Importer for the project's own trace format (crate `tensile-trace`).
+//!
+//! The format crate does framing, checksums and versions; this module maps its records onto the
+//! analyzer's model through the shared builder. It does not decide what records mean beyond that
+//! mapping (swap statistics written by the shim at exit are not part of the model).
+
+use std::io::Read;
+
+use tensile_trace::{CopyKind, Reader, Record, TraceError};
+
+use super::builder::TraceBuilder;
+use super::error::{LoadError, Location};
+use crate::model::{CopyDir, SourceFormat, SyncScope, Trace};
+
+/// Reads a whole tensile trace. `input` must start at the magic bytes.
+pub fn read_tensile(
+    input: impl Read,
+    path: &str,
+    allow_truncated: bool,
+    tick: &mut dyn FnMut(),
+) -> Result<Trace, LoadError> {
+    let reader = Reader::new(input).map_err(|e| format_error(path, e))?;
+    let mut builder = TraceBuilder::new(SourceFormat::Tensile);
+    let mut complete = false;
+    // The header is record 0 and was consumed by `Reader::new`.
+    let mut record_no = 1u64;
+    for item in reader {
+        let record = match item {
+            Ok(record) => record,
+            Err(TraceError::Truncated { .. }) if allow_truncated => break,
+            Err(e) => return Err(format_error(path, e)),
+        };
+        if record_no % 4096 == 0 {
+            tick();
+        }
+        let at = Location::Record(record_no);
+        record_no += 1;
+        let result = match record {
+            Record::Header(_) => {
+                return Err(LoadError::Inconsistent {
+                    path: path.into(),
+                    at,
+                    reason: "a second header record".into(),
+                })
+            }
+            Record::Kernel(k) => {
+                builder.kernel(k.id, k.nparams, k.name);
+                Ok(())
+            }
+            Record::Alloc(a) => builder.alloc(a.t_ns, a.stream, a.id, a.ptr, a.bytes),
+            Record::Free(f) => builder.free(f.t_ns, f.id),
+            Record::Launch(l) => builder.launch(
+                l.t_ns,
+                l.stream,
+                l.seq,
+                l.kernel,
+                l.accesses.iter().map(|a| a.alloc),
+            ),
+            Record::LaunchTime(t) => builder.duration(t.seq, t.gpu_ns),
+            Record::Copy(c) => {
+                let dir = match c.kind {
+                    CopyKind::HostToDevice => CopyDir::HostToDevice,
+                    CopyKind::DeviceToHost => CopyDir::DeviceToHost,
+                    CopyKind::DeviceToDevice => CopyDir::DeviceToDevice,
+                    CopyKind::Any => CopyDir::Any,
+                };
+                builder.copy(c.t_ns, c.stream, dir, c.dst, c.src, c.bytes)
+            }
+            Record::Memset(m) => builder.memset(m.t_ns, m.stream, m.dst, m.bytes),
+            Record::Sync(s) => {
+                let scope = match s.scope {
+                    tensile_trace::SyncScope::Stream(h) => SyncScope::Stream(h),
+                    tensile_trace::SyncScope::Event(h) => SyncScope::Event(h),
+                    tensile_trace::SyncScope::Context => SyncScope::Device,
+                };
+                builder.sync(s.t_ns, scope);
+                Ok(())
+            }
+            Record::Stats(_) => Ok(()),
+            Record::End(_) => {
+                complete = true;
+                Ok(())
+            }
+        };
+        result.map_err(|e| e.at(path, at))?;
+    }
+    Ok(builder.finish(complete))
+}
+
+fn format_error(path: &str, e: TraceError) -> LoadError {
+    match e {
+        TraceError::Io(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+            LoadError::Truncated {
+                path: path.into(),
+                at: Location::Record(0),
+                what: "the compressed stream ends early (the file was cut)".into(),
+            }
+        }
+        TraceError::Io(source) => LoadError::Io { path: path.into(), source },
+        TraceError::Truncated { records_read } => LoadError::Truncated {
+            path: path.into(),
+            at: Location::Record(records_read),
+            what: format!(
+                "the file ends inside a record after {records_read} complete records \
+                 (the recording process probably died)"
+            ),
+        },
+        other => LoadError::Format { path: path.into(), reason: other.to_string() },
+    }
+}
