@@ -1,0 +1,133 @@
+//! Per-stream fences: how the manager knows that work it saw queued has finished.
+//!
+//! Each application stream the manager meets gets a *slot*. A fence is an event recorded on
+//! that stream, numbered by a per-stream sequence; since a stream runs in order, "fence `n`
+//! has completed" means every earlier piece of work on it has too. Pages remember the
+//! `(slot, seq)` of their last use per stream, and stream-ordered frees remember the fence
+//! recorded at the free, so both questions ("may this page be remapped?", "may another stream
+//! reuse this memory?") become one integer comparison against [`Fences::completed`].
+//!
+//! Events are recycled once their fence has completed. This module does not know about pages.
+
+use std::collections::{HashMap, VecDeque};
+
+use tensile_driver_abi::CUresult;
+
+use super::driver::{Driver, Event, Stream};
+
+struct Slot {
+    stream: Stream,
+    next_seq: u64,
+    in_flight: VecDeque<(u64, Event)>,
+}
+
+/// Fence bookkeeping for every stream seen so far.
+#[derive(Default)]
+pub struct Fences {
+    slots: Vec<Slot>,
+    by_stream: HashMap<Stream, usize>,
+    /// Highest completed fence per slot; fences start at 1, so 0 means "none yet".
+    completed: Vec<u64>,
+    spare: Vec<Event>,
+}
+
+impl Fences {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The slot of `stream`, creating it on first sight.
+    pub fn slot_of(&mut self, stream: Stream) -> usize {
+        if let Some(&s) = self.by_stream.get(&stream) {
+            return s;
+        }
+        let s = self.slots.len();
+        self.slots.push(Slot {
+            stream,
+            next_seq: 1,
+            in_flight: VecDeque::new(),
+        });
+        self.completed.push(0);
+        self.by_stream.insert(stream, s);
+        s
+    }
+
+    /// Highest completed fence of each slot, indexed by slot.
+    pub fn completed(&self) -> &[u64] {
+        &self.completed
+    }
+
+    /// Records a fence on the slot's stream after the work queued so far; returns its number.
+    pub fn record(&mut self, driver: &dyn Driver, slot: usize) -> Result<u64, CUresult> {
+        self.poll_slot(driver, slot, 2)?;
+        let ev = match self.spare.pop() {
+            Some(e) => e,
+            None => driver.event_create()?,
+        };
+        let s = &mut self.slots[slot];
+        if let Err(e) = driver.event_record(ev, s.stream) {
+            self.spare.push(ev);
+            return Err(e);
+        }
+        let seq = s.next_seq;
+        s.next_seq += 1;
+        s.in_flight.push_back((seq, ev));
+        Ok(seq)
+    }
+
+    /// Advances `completed` of one slot, querying at most `limit` fences.
+    fn poll_slot(
+        &mut self,
+        driver: &dyn Driver,
+        slot: usize,
+        limit: usize,
+    ) -> Result<(), CUresult> {
+        for _ in 0..limit {
+            let Some(&(seq, ev)) = self.slots[slot].in_flight.front() else {
+                return Ok(());
+            };
+            if !driver.event_query(ev)? {
+                return Ok(());
+            }
+            self.slots[slot].in_flight.pop_front();
+            self.completed[slot] = seq;
+            self.spare.push(ev);
+        }
+        Ok(())
+    }
+
+    /// Advances `completed` of every slot as far as the driver says.
+    pub fn poll_all(&mut self, driver: &dyn Driver) -> Result<(), CUresult> {
+        for s in 0..self.slots.len() {
+            self.poll_slot(driver, s, usize::MAX)?;
+        }
+        Ok(())
+    }
+
+    /// Blocks until fence `seq` of `slot` has completed.
+    pub fn wait(&mut self, driver: &dyn Driver, slot: usize, seq: u64) -> Result<(), CUresult> {
+        if self.completed.get(slot).is_none_or(|&c| c >= seq) {
+            return Ok(());
+        }
+        let target = self.slots[slot]
+            .in_flight
+            .iter()
+            .find(|(s, _)| *s >= seq)
+            .map(|&(_, e)| e);
+        if let Some(ev) = target {
+            driver.event_synchronize(ev)?;
+        }
+        self.poll_slot(driver, slot, usize::MAX)
+    }
+
+    /// Destroys every event (at shutdown).
+    pub fn destroy(&mut self, driver: &dyn Driver) {
+        let in_flight = self
+            .slots
+            .iter_mut()
+            .flat_map(|s| s.in_flight.drain(..).map(|(_, e)| e));
+        for ev in in_flight.chain(self.spare.drain(..)) {
+            let _ = driver.event_destroy(ev);
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! Physical page frames: device frames within the budget, and the pinned host pool.
+//!
+//! A *frame* is one page-sized piece of a physical allocation. Physical memory is created in
+//! chunks of many pages (one `cuMemCreate` of 32 MiB costs about what one of 2 MiB does, see
+//! GPU_FACTS.md) and handed out frame by frame; frames are mapped one page at a time, so any
+//! single page can later be unmapped and remapped without touching its neighbours
+//! (`cuMemUnmap` cannot split a mapping).
+//!
+//! - [`DevicePool`]: device frames. It never creates more than the budget allows; that is
+//!   the single place the device budget is enforced.
+//! - [`HostPool`]: host-NUMA frames, each also mapped once, for good, into a *host window*
+//!   virtual range, so swap copies are plain device-to-device copies between two virtual
+//!   addresses. It grows ahead of need on a background thread (pinning 1 GiB takes ~0.6 s)
+//!   up to its cap, and synchronously only as a last resort.
+//!
+//! Neither pool decides *which* page gets a frame; that is the manager's job.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
+
+use super::driver::{Driver, PhysHandle, PhysLocation};
+
+/// Index of a device frame in its [`DevicePool`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DevFrame(pub u32);
+
+/// Index of a host frame in its [`HostPool`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostFrame(pub u32);
+
+/// Device frames, created in chunks, never more than the budget.
+pub struct DevicePool {
+    page: usize,
+    device: i32,
+    budget_frames: usize,
+    chunk_frames: usize,
+    chunks: Vec<PhysHandle>,
+    /// Frame index → (chunk, byte offset in it).
+    frames: Vec<(u32, usize)>,
+    free: Vec<DevFrame>,
+}
+
+impl DevicePool {
+    pub fn new(page: usize, device: i32, budget_bytes: usize, chunk_bytes: usize) -> Self {
+        Self {
+            page,
+            device,
+            budget_frames: budget_bytes / page,
+            chunk_frames: (chunk_bytes / page).max(1),
+            chunks: Vec::new(),
+            frames: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    pub fn budget_frames(&self) -> usize {
+        self.budget_frames
+    }
+
+    /// Frames created so far (free or not): the device memory the process holds.
+    pub fn created_frames(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn free_frames(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Frames still obtainable without evicting anything: free ones plus unused budget.
+    pub fn available(&self) -> usize {
+        self.free.len() + self.budget_frames.saturating_sub(self.frames.len())
+    }
+
+    /// A free frame, creating a chunk if the budget has room. `Ok(None)` when the budget is
+    /// used up (or the card refused more memory, which then becomes the budget).
+    pub fn take(&mut self, driver: &dyn Driver) -> Result<Option<DevFrame>, CUresult> {
+        if let Some(f) = self.free.pop() {
+            return Ok(Some(f));
+        }
+        let room = self.budget_frames.saturating_sub(self.frames.len());
+        if room == 0 {
+            return Ok(None);
+        }
+        let n = room.min(self.chunk_frames);
+        match driver.mem_create(n * self.page, PhysLocation::Device(self.device)) {
+            Ok(h) => {
+                let chunk = self.chunks.len() as u32;
+                self.chunks.push(h);
+                let first = self.frames.len() as u32;
+                self.frames.extend((0..n).map(|i| (chunk, i * self.page)));
+                // Hand out low indices first; the order is irrelevant but stable for tests.
+                self.free
+                    .extend((first + 1..first + n as u32).rev().map(DevFrame));
+                Ok(Some(DevFrame(first)))
+            }
+            Err(CUDA_ERROR_OUT_OF_MEMORY) => {
+                tracing::warn!(
+                    held = self.frames.len() * self.page,
+                    "the device refused more memory; the budget shrinks to what is held"
+                );
+                self.budget_frames = self.frames.len();
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn give(&mut self, f: DevFrame) {
+        self.free.push(f);
+    }
+
+    /// The physical allocation and offset of a frame.
+    pub fn location(&self, f: DevFrame) -> (PhysHandle, usize) {
+        let (c, off) = self.frames[f.0 as usize];
+        (self.chunks[c as usize], off)
+    }
+
+    /// Releases every chunk (all frames must be unmapped by now).
+    pub fn release_all(&mut self, driver: &dyn Driver) {
+        for h in self.chunks.drain(..) {
+            if let Err(e) = driver.mem_release(h) {
+                tracing::warn!(code = e, "cuMemRelease of a device chunk failed");
+            }
+        }
+        self.frames.clear();
+        self.free.clear();
+    }
+}
+
+/// Settings of the host pool.
+#[derive(Debug, Clone, Copy)]
+pub struct HostPoolConfig {
+    pub page: usize,
+    pub device: i32,
+    pub numa_node: i32,
+    pub cap_bytes: usize,
+    pub chunk_bytes: usize,
+    /// Ask the grower for another chunk when fewer frames than this are free.
+    pub low_water_frames: usize,
+    /// Grow on a background thread (otherwise only synchronously, when empty).
+    pub background: bool,
+}
+
+struct HostState {
+    chunks: Vec<PhysHandle>,
+    /// Frame index → (chunk, offset in chunk, address in the host window).
+    frames: Vec<(u32, usize, CUdeviceptr)>,
+    free: Vec<HostFrame>,
+    /// Bytes of the window promised to chunks (created or being created).
+    reserved_bytes: usize,
+    growing: bool,
+    want_grow: bool,
+    shutdown: bool,
+    last_error: Option<CUresult>,
+}
+
+struct HostShared {
+    driver: Arc<dyn Driver>,
+    config: HostPoolConfig,
+    window: CUdeviceptr,
+    window_bytes: usize,
+    state: Mutex<HostState>,
+    changed: Condvar,
+}
+
+/// Why no host frame could be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostPoolError {
+    /// The pool is at `TENSILE_HOST_MEMORY` and every frame is in use.
+    CapReached { cap_bytes: usize },
+    /// The driver refused to create or map pinned memory.
+    Driver(CUresult),
+}
+
+/// The pinned host pool. Dropping it stops the grower; [`HostPool::release_all`] frees memory.
+pub struct HostPool {
+    shared: Arc<HostShared>,
+    grower: Option<JoinHandle<()>>,
+}
+
+impl HostShared {
+    fn lock(&self) -> MutexGuard<'_, HostState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Creates, maps and publishes one chunk. Called with `growing` set by the caller.
+    fn grow_one(&self) -> Result<(), CUresult> {
+        let c = self.config;
+        let (offset, bytes) = {
+            let mut s = self.lock();
+            let bytes = c
+                .chunk_bytes
+                .min(self.window_bytes.saturating_sub(s.reserved_bytes));
+            let bytes = bytes / c.page * c.page;
+            if bytes == 0 {
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            let off = s.reserved_bytes;
+            s.reserved_bytes += bytes;
+            (off, bytes)
+        };
+        let va = self.window + offset as u64;
+        let result = (|| {
+            let h = self
+                .driver
+                .mem_create(bytes, PhysLocation::HostNuma(c.numa_node))?;
+            if let Err(e) = self.driver.mem_map(va, bytes, 0, h) {
+                let _ = self.driver.mem_release(h);
+                return Err(e);
+            }
+            if let Err(e) = self.driver.mem_set_access(va, bytes, c.device) {
+                let _ = self.driver.mem_unmap(va, bytes);
+                let _ = self.driver.mem_release(h);
+                return Err(e);
+            }
+            Ok(h)
+        })();
+        let mut s = self.lock();
+        match result {
+            Ok(h) => {
+                let chunk = s.chunks.len() as u32;
+                s.chunks.push(h);
+                let first = s.frames.len() as u32;
+                let n = bytes / c.page;
+                s.frames
+                    .extend((0..n).map(|i| (chunk, i * c.page, va + (i * c.page) as u64)));
+                s.free
+                    .extend((first..first + n as u32).rev().map(HostFrame));
+                s.last_error = None;
+                Ok(())
+            }
+            Err(e) => {
+                // Only one grower runs at a time, so the window tail is still ours to undo.
+                s.reserved_bytes -= bytes;
+                s.last_error = Some(e);
+                Err(e)
+            }
+        }
+    }
+
+    fn grower_loop(self: Arc<Self>) {
+        let mut s = self.lock();
+        loop {
+            while !s.shutdown && (!s.want_grow || s.growing) {
+                s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+            if s.shutdown {
+                return;
+            }
+            s.want_grow = false;
+            s.growing = true;
+            drop(s);
+            if let Err(e) = self.grow_one() {
+                tracing::warn!(code = e, "growing the pinned host pool failed");
+            }
+            s = self.lock();
+            s.growing = false;
+            self.changed.notify_all();
+        }
+    }
+}
+
+impl HostPool {
+    /// Reserves the host window (sized to the cap) and starts the grower if asked to.
+    pub fn new(driver: Arc<dyn Driver>, config: HostPoolConfig) -> Result<Self, CUresult> {
+        let window_bytes = config.cap_bytes / config.page * config.page;
+        let window = if window_bytes > 0 {
+            driver.mem_address_reserve(window_bytes, config.page)?
+        } else {
+            0
+        };
+        let shared = Arc::new(HostShared {
+            driver,
+            config,
+            window,
+            window_bytes,
+            state: Mutex::new(HostState {
+                chunks: Vec::new(),
+                frames: Vec::new(),
+                free: Vec::new(),
+                reserved_bytes: 0,
+                growing: false,
+                want_grow: config.background && window_bytes > 0,
+                shutdown: false,
+                last_error: None,
+            }),
+            changed: Condvar::new(),
+        });
+        let grower = if config.background {
+            let s = shared.clone();
+            let h = std::thread::Builder::new()
+                .name("tensile-hostpool".into())
+                .spawn(move || s.grower_loop())
+                .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+            Some(h)
+        } else {
+            None
+        };
+        Ok(Self { shared, grower })
+    }
+
+    /// A free host frame; grows the pool synchronously only if it is empty.
+    pub fn take(&self) -> Result<HostFrame, HostPoolError> {
+        let sh = &self.shared;
+        let mut s = sh.lock();
+        loop {
+            if let Some(f) = s.free.pop() {
+                if s.free.len() < sh.config.low_water_frames
+                    && sh.config.background
+                    && s.reserved_bytes < sh.window_bytes
+                {
+                    s.want_grow = true;
+                    sh.changed.notify_all();
+                }
+                return Ok(f);
+            }
+            if s.growing {
+                s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            if s.reserved_bytes + sh.config.page > sh.window_bytes {
+                return Err(HostPoolError::CapReached {
+                    cap_bytes: sh.window_bytes,
+                });
+            }
+            s.growing = true;
+            drop(s);
+            let r = sh.grow_one();
+            s = sh.lock();
+            s.growing = false;
+            sh.changed.notify_all();
+            if let Err(e) = r {
+                return Err(HostPoolError::Driver(e));
+            }
+        }
+    }
+
+    pub fn give(&self, f: HostFrame) {
+        self.shared.lock().free.push(f);
+    }
+
+    /// Address of the frame in the host window (a copy source or destination).
+    pub fn window_address(&self, f: HostFrame) -> CUdeviceptr {
+        self.shared.lock().frames[f.0 as usize].2
+    }
+
+    /// The physical allocation and offset of a frame (for mapping it at an arena page).
+    pub fn location(&self, f: HostFrame) -> (PhysHandle, usize) {
+        let s = self.shared.lock();
+        let (c, off, _) = s.frames[f.0 as usize];
+        (s.chunks[c as usize], off)
+    }
+
+    /// Bytes of pinned memory created so far.
+    pub fn size_bytes(&self) -> usize {
+        let s = self.shared.lock();
+        s.frames.len() * self.shared.config.page
+    }
+
+    pub fn free_frames(&self) -> usize {
+        self.shared.lock().free.len()
+    }
+
+    /// Waits until no growth is in flight (for tests that count bytes).
+    pub fn quiesce(&self) {
+        let sh = &self.shared;
+        let mut s = sh.lock();
+        while s.growing || s.want_grow {
+            if !sh.config.background {
+                break;
+            }
+            s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn stop_grower(&mut self) {
+        {
+            let mut s = self.shared.lock();
+            s.shutdown = true;
+            self.shared.changed.notify_all();
+        }
+        if let Some(h) = self.grower.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Stops the grower, unmaps the window and releases every chunk. No frame may be mapped
+    /// at an arena page any more.
+    pub fn release_all(&mut self) {
+        self.stop_grower();
+        let sh = &self.shared;
+        let mut s = sh.lock();
+        let page = sh.config.page;
+        let chunks = std::mem::take(&mut s.chunks);
+        // Each chunk was mapped as one range at the address of its first frame.
+        let mut starts: Vec<(CUdeviceptr, usize)> = Vec::new();
+        for (i, _) in chunks.iter().enumerate() {
+            let frames: Vec<_> = s.frames.iter().filter(|f| f.0 as usize == i).collect();
+            if let Some(first) = frames.first() {
+                starts.push((first.2, frames.len() * page));
+            }
+        }
+        for (va, bytes) in starts {
+            if let Err(e) = sh.driver.mem_unmap(va, bytes) {
+                tracing::warn!(code = e, "cuMemUnmap of the host window failed");
+            }
+        }
+        for h in chunks {
+            if let Err(e) = sh.driver.mem_release(h) {
+                tracing::warn!(code = e, "cuMemRelease of a host chunk failed");
+            }
+        }
+        s.frames.clear();
+        s.free.clear();
+        if sh.window_bytes > 0 {
+            if let Err(e) = sh.driver.mem_address_free(sh.window, sh.window_bytes) {
+                tracing::warn!(code = e, "cuMemAddressFree of the host window failed");
+            }
+        }
+    }
+}
+
+impl Drop for HostPool {
+    fn drop(&mut self) {
+        self.stop_grower();
+    }
+}

@@ -1,0 +1,1182 @@
+//! The memory manager: application allocations on the arena, the device budget, and
+//! on-demand LRU swapping to the pinned host pool.
+//!
+//! # Invariants (each test in `tests.rs` checks them)
+//! 1. **Pointers never move.** An allocation's virtual range is fixed from `alloc` to `free`;
+//!    swapping changes what physical memory backs its pages, never the address.
+//! 2. **Every page of a live allocation is mapped and accessible** (to a device or a host
+//!    frame), so even an access the manager did not predict reads and writes the right bytes.
+//! 3. **The budget holds.** Device memory is created only through [`DevicePool`], which never
+//!    exceeds the budget.
+//! 4. **No remap under queued work.** A page is unmapped only when idle: not pinned by a
+//!    `prepare_access` whose work is not yet reported, and every fence after its recorded uses
+//!    completed. Copy states end only after their copy's event completed.
+//! 5. **No byte is lost.** A page leaves the device only through a completed copy to its host
+//!    frame; it returns through a copy ordered before any work that asked for it
+//!    (`stream_wait_event` on the app's stream). A page with no live allocation holds no data
+//!    anyone can ask for, so it may be dropped without a copy.
+//! 6. **Stream-ordered reuse.** Memory freed on stream S is reused by another stream only
+//!    after the fence recorded at the free has completed (see [`Suballocator`]).
+//!
+//! # Locking
+//! One mutex around all state. The hot path (everything already resident) takes it once,
+//! makes no driver call and allocates one small vector for the ticket. Swapping happens with
+//! the lock held; the host pool has its own lock, taken after this one, and its grower thread
+//! never takes this one.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use tensile_driver_abi::{
+    CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
+};
+
+use super::driver::{Driver, Event, Stream};
+use super::fences::Fences;
+use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolError};
+use super::page::{Frame, PageTable, ResidencyState, Use};
+use super::stats::MemoryStats;
+use super::suballoc::{SubAllocError, Suballocator};
+
+/// How the manager is set up. [`ManagerConfig::new`] gives the production defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct ManagerConfig {
+    /// Device ordinal the arena lives on.
+    pub device: i32,
+    /// Page size: the VMM granularity (2 MiB on the H100). Smaller values are for tests.
+    pub page_size: usize,
+    /// Virtual bytes reserved for the arena (may exceed the device; swapping covers it).
+    pub arena_bytes: usize,
+    /// Device bytes the process may hold (`TENSILE_DEVICE_MEMORY`).
+    pub device_budget: usize,
+    /// Device physical memory is created in chunks of this size.
+    pub device_chunk_bytes: usize,
+    /// The arena's used part grows (and is backed) by at least this much at once.
+    pub grow_bytes: usize,
+    /// Cap of the pinned host pool (`TENSILE_HOST_MEMORY`).
+    pub host_cap: usize,
+    /// Host pool chunk size.
+    pub host_chunk_bytes: usize,
+    /// NUMA node of the host pool.
+    pub numa_node: i32,
+    /// Grow the host pool on a background thread.
+    pub host_background: bool,
+    /// Pages evicted at least per eviction round (amortizes the LRU scan and the events).
+    pub evict_batch: usize,
+}
+
+impl ManagerConfig {
+    /// Production defaults for a budget and host cap.
+    pub fn new(device_budget: usize, host_cap: usize) -> Self {
+        const MIB: usize = 1 << 20;
+        Self {
+            device: 0,
+            page_size: 2 * MIB,
+            // Room for a footprint of several times the card; VA is cheap.
+            arena_bytes: (device_budget.saturating_mul(8)).clamp(64 << 30, 1 << 44),
+            device_budget,
+            device_chunk_bytes: 64 * MIB,
+            grow_bytes: 32 * MIB,
+            host_cap,
+            host_chunk_bytes: 256 * MIB,
+            numa_node: 0,
+            host_background: true,
+            evict_batch: 8,
+        }
+    }
+}
+
+/// Pages pinned by a `prepare_access`, to be handed back to
+/// [`MemoryManager::note_access_done`] once the work is queued.
+#[derive(Debug)]
+#[must_use = "pass the ticket to note_access_done, or the pages stay pinned"]
+pub struct AccessTicket {
+    stream: Stream,
+    /// Inclusive page runs, sorted and disjoint.
+    runs: Vec<(usize, usize)>,
+}
+
+impl AccessTicket {
+    /// Number of arena pages the access touches.
+    pub fn pages(&self) -> usize {
+        self.runs.iter().map(|&(a, b)| b - a + 1).sum()
+    }
+}
+
+struct Inner {
+    driver: Arc<dyn Driver>,
+    cfg: ManagerConfig,
+    base: CUdeviceptr,
+    page: usize,
+    pages: PageTable,
+    sub: Suballocator,
+    dev: DevicePool,
+    host: HostPool,
+    fences: Fences,
+    clock: u64,
+    swap_in_stream: Stream,
+    swap_out_stream: Stream,
+    /// Copy events and how many pages (or deferred frames) still refer to each.
+    copy_event_refs: HashMap<Event, u32>,
+    spare_events: Vec<Event>,
+    /// Pages in `ToHost` / `ToDevice`.
+    outgoing: BTreeSet<usize>,
+    incoming: BTreeSet<usize>,
+    /// Host frames of cancelled swap-outs, free once the copy into them completed.
+    deferred_host: Vec<(HostFrame, Event)>,
+    /// Pages with a device frame and no live allocation.
+    dead_device: BTreeSet<usize>,
+    stats: MemoryStats,
+}
+
+/// The memory manager. See the module docs for what it guarantees.
+pub struct MemoryManager {
+    inner: Mutex<Inner>,
+    base: CUdeviceptr,
+    arena_bytes: usize,
+}
+
+fn oom(what: std::fmt::Arguments<'_>) -> CUresult {
+    tracing::error!("tensile: out of memory: {what}");
+    CUDA_ERROR_OUT_OF_MEMORY
+}
+
+impl MemoryManager {
+    /// Reserves the arena and the host window, creates the two copy streams and starts the
+    /// host pool's grower.
+    pub fn new(driver: Arc<dyn Driver>, cfg: ManagerConfig) -> Result<Self, CUresult> {
+        let page = cfg.page_size;
+        if page == 0 || !page.is_power_of_two() || cfg.arena_bytes < page {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let arena_bytes = cfg.arena_bytes / page * page;
+        let base = driver.mem_address_reserve(arena_bytes, page)?;
+        let host = HostPool::new(
+            driver.clone(),
+            HostPoolConfig {
+                page,
+                device: cfg.device,
+                numa_node: cfg.numa_node,
+                cap_bytes: cfg.host_cap,
+                chunk_bytes: cfg.host_chunk_bytes.max(page),
+                low_water_frames: (cfg.host_chunk_bytes / page / 4).max(1),
+                background: cfg.host_background,
+            },
+        );
+        let host = match host {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = driver.mem_address_free(base, arena_bytes);
+                return Err(e);
+            }
+        };
+        let streams = driver
+            .stream_create()
+            .and_then(|a| Ok((a, driver.stream_create()?)));
+        let (swap_in_stream, swap_out_stream) = match streams {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = driver.mem_address_free(base, arena_bytes);
+                return Err(e);
+            }
+        };
+        let inner = Inner {
+            driver,
+            cfg,
+            base,
+            page,
+            pages: PageTable::new(),
+            sub: Suballocator::new(base, arena_bytes as u64, page as u64, cfg.grow_bytes as u64),
+            dev: DevicePool::new(page, cfg.device, cfg.device_budget, cfg.device_chunk_bytes),
+            host,
+            fences: Fences::new(),
+            clock: 0,
+            swap_in_stream,
+            swap_out_stream,
+            copy_event_refs: HashMap::new(),
+            spare_events: Vec::new(),
+            outgoing: BTreeSet::new(),
+            incoming: BTreeSet::new(),
+            deferred_host: Vec::new(),
+            dead_device: BTreeSet::new(),
+            stats: MemoryStats::default(),
+        };
+        Ok(Self {
+            inner: Mutex::new(inner),
+            base,
+            arena_bytes,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic inside the manager is a bug, but the state is still the best we have.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `ptr` lies in the arena (then the manager, not the driver, answers for it).
+    pub fn owns(&self, ptr: CUdeviceptr) -> bool {
+        ptr >= self.base && ptr - self.base < self.arena_bytes as u64
+    }
+
+    /// The live allocation containing `addr`: `(start, size)`.
+    pub fn allocation_containing(&self, addr: CUdeviceptr) -> Option<(CUdeviceptr, usize)> {
+        if !self.owns(addr) {
+            return None;
+        }
+        self.lock().sub.find(addr).map(|a| (a.ptr, a.size as usize))
+    }
+
+    /// Allocates `size` bytes. `stream` is `Some` for stream-ordered allocations
+    /// (`cuMemAllocAsync`), `None` for `cuMemAlloc_v2`.
+    pub fn alloc(&self, size: usize, stream: Option<Stream>) -> Result<CUdeviceptr, CUresult> {
+        self.lock().alloc(size, stream.unwrap_or(Stream(0)))
+    }
+
+    /// Frees an allocation. With `Some(stream)` (`cuMemFreeAsync`) the memory is reused by
+    /// other streams only after the work queued on `stream` so far has completed. With `None`
+    /// (`cuMemFree_v2`, which synchronizes in the driver) it is reusable at once: the caller
+    /// must have synchronized as the driver would.
+    ///
+    /// Unknown pointers, interior pointers and double frees give `CUDA_ERROR_INVALID_VALUE`.
+    pub fn free(&self, ptr: CUdeviceptr, stream: Option<Stream>) -> Result<(), CUresult> {
+        self.lock().free(ptr, stream)
+    }
+
+    /// Makes every page of `ranges` device-resident for work about to be queued on `stream`
+    /// (a launch, copy or memset), swapping in (and evicting) as needed; `stream` is made to
+    /// wait for any copy still in flight. Addresses outside the arena are ignored. Returns a
+    /// ticket to give to [`Self::note_access_done`] right after queuing the work, also if
+    /// queuing it failed.
+    pub fn prepare_access(
+        &self,
+        stream: Stream,
+        ranges: &[(CUdeviceptr, usize)],
+    ) -> Result<AccessTicket, CUresult> {
+        self.lock().prepare_access(stream, ranges)
+    }
+
+    /// Reports that the work a ticket was for has been queued on its stream: its pages stay
+    /// unevictable until that work completes.
+    pub fn note_access_done(&self, ticket: AccessTicket) -> Result<(), CUresult> {
+        self.lock().note_access_done(ticket)
+    }
+
+    /// `(free, total)` as the budget sees it: total is the budget, free is the budget less
+    /// the device memory holding live data.
+    pub fn mem_get_info(&self) -> (usize, usize) {
+        let s = self.lock();
+        let budget = s.dev.budget_frames() * s.page;
+        let used = s
+            .pages
+            .iter()
+            .filter(|(_, e)| e.live > 0 && e.state.device_frame().is_some())
+            .count()
+            * s.page;
+        (budget.saturating_sub(used), budget)
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        let s = self.lock();
+        let mut st = s.stats;
+        st.host_pool_bytes = s.host.size_bytes() as u64;
+        st
+    }
+
+    /// Completes whatever swaps have finished (cheap; callers may call it when idle).
+    pub fn poll(&self) -> Result<(), CUresult> {
+        self.lock().poll()
+    }
+
+    /// Residency of the page holding `addr` (for tests and diagnostics).
+    pub fn residency(&self, addr: CUdeviceptr) -> Option<ResidencyState> {
+        let s = self.lock();
+        let p = s.page_of(addr)?;
+        s.pages.get(p).map(|e| e.state)
+    }
+
+    /// Device bytes created so far (free frames included): what the process holds.
+    pub fn device_bytes_held(&self) -> usize {
+        let s = self.lock();
+        s.dev.created_frames() * s.page
+    }
+
+    /// Host pool bytes created and free frames (waits for background growth to settle).
+    pub fn host_pool_state(&self) -> (usize, usize) {
+        let s = self.lock();
+        s.host.quiesce();
+        (s.host.size_bytes(), s.host.free_frames())
+    }
+}
+
+impl Drop for MemoryManager {
+    fn drop(&mut self) {
+        let mut s = self.lock();
+        s.shutdown();
+    }
+}
+
+impl Inner {
+    fn page_of(&self, addr: CUdeviceptr) -> Option<usize> {
+        let off = addr.checked_sub(self.base)?;
+        (off < self.sub.frontier()).then_some((off / self.page as u64) as usize)
+    }
+
+    fn va(&self, page: usize) -> CUdeviceptr {
+        self.base + (page * self.page) as u64
+    }
+
+    /// Inclusive page runs of the arena part of `[a, a+len)`.
+    fn pages_of(&self, a: CUdeviceptr, len: u64) -> Option<(usize, usize)> {
+        let lo = a.max(self.base);
+        let hi = a.saturating_add(len).min(self.base + self.sub.frontier());
+        (lo < hi).then(|| {
+            let p = self.page as u64;
+            (
+                ((lo - self.base) / p) as usize,
+                ((hi - 1 - self.base) / p) as usize,
+            )
+        })
+    }
+
+    // ---- allocation ----
+
+    fn alloc(&mut self, size: usize, stream: Stream) -> Result<CUdeviceptr, CUresult> {
+        let slot = self.fences.slot_of(stream);
+        let placed = match self.sub.alloc(size as u64, slot, self.fences.completed()) {
+            Ok(p) => p,
+            Err(SubAllocError::ZeroSize) => return Err(CUDA_ERROR_INVALID_VALUE),
+            Err(_) => {
+                return Err(oom(format_args!(
+                    "the {} GiB arena has no room for {size} bytes",
+                    self.sub.frontier() >> 30
+                )))
+            }
+        };
+        let a = placed.alloc;
+        let Some((first, last)) = self.pages_of(a.ptr, a.span) else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        self.pages.ensure_len(last + 1);
+        self.clock += 1;
+        for p in first..=last {
+            if let Some(e) = self.pages.entry_mut(p) {
+                e.live += 1;
+                e.last_access = self.clock;
+            }
+            self.dead_device.remove(&p);
+        }
+        // Back the allocation; pre-back the rest of a fresh batch while device frames last.
+        let mut want: Vec<usize> = Vec::new();
+        let mut optional: Vec<usize> = Vec::new();
+        for p in first..=last {
+            if self
+                .pages
+                .get(p)
+                .is_some_and(|e| e.state == ResidencyState::Unbacked)
+            {
+                want.push(p);
+            }
+        }
+        if let Some((gs, ge)) = placed.grown {
+            let page = self.page as u64;
+            for p in (gs / page) as usize..(ge / page) as usize {
+                if !(first..=last).contains(&p) {
+                    optional.push(p);
+                }
+            }
+            self.pages.ensure_len((ge / page) as usize);
+            for &p in &optional {
+                self.dead_device.remove(&p);
+            }
+        }
+        if let Err(e) = self.back_pages(&want, &optional) {
+            // Undo the allocation; the pages it got stay backed and become dead.
+            self.undo_alloc(a.ptr);
+            return Err(e);
+        }
+        Ok(a.ptr)
+    }
+
+    fn undo_alloc(&mut self, ptr: CUdeviceptr) {
+        if let Ok(a) = self.sub.remove(ptr) {
+            self.drop_live(a.ptr, a.span);
+            self.sub.release_now(a);
+        }
+    }
+
+    fn drop_live(&mut self, ptr: CUdeviceptr, span: u64) {
+        if let Some((first, last)) = self.pages_of(ptr, span) {
+            for p in first..=last {
+                if let Some(e) = self.pages.entry_mut(p) {
+                    e.live = e.live.saturating_sub(1);
+                    if e.live == 0 && matches!(e.state, ResidencyState::Device(_)) {
+                        self.dead_device.insert(p);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Gives every page in `want` a frame (device if any is free or reclaimable without a
+    /// copy, else host), and `optional` pages device frames while free ones last. Maps them
+    /// and sets access in runs.
+    fn back_pages(&mut self, want: &[usize], optional: &[usize]) -> Result<(), CUresult> {
+        let mut plan: Vec<(usize, Frame)> = Vec::with_capacity(want.len() + optional.len());
+        let mut result = Ok(());
+        for &p in want {
+            let f = match self.take_device_cheap() {
+                Ok(Some(d)) => Frame::Device(d),
+                Ok(None) => match self.take_host() {
+                    Ok(h) => Frame::Host(h),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                },
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            plan.push((p, f));
+        }
+        if result.is_ok() {
+            for &p in optional {
+                match self.dev.take(&*self.driver) {
+                    Ok(Some(d)) => plan.push((p, Frame::Device(d))),
+                    _ => break,
+                }
+            }
+        }
+        if let Err(e) = self.map_batch(&plan) {
+            for &(_, f) in &plan {
+                self.give_frame(f);
+            }
+            return Err(e);
+        }
+        for &(p, f) in &plan {
+            let r = match f {
+                Frame::Device(d) => self.pages.back_device(p, d),
+                Frame::Host(h) => self.pages.back_host(p, h),
+            };
+            debug_assert!(r.is_ok(), "{r:?}");
+            if matches!(f, Frame::Device(_)) && self.pages.get(p).is_some_and(|e| e.live == 0) {
+                self.dead_device.insert(p);
+            }
+        }
+        self.note_resident();
+        if result.is_err() {
+            // Roll back the pages of `want` that did get frames: leave them backed (they are
+            // consistent) and let the caller undo the allocation.
+        }
+        result
+    }
+
+    fn give_frame(&mut self, f: Frame) {
+        match f {
+            Frame::Device(d) => self.dev.give(d),
+            Frame::Host(h) => self.host.give(h),
+        }
+    }
+
+    fn location(&self, f: Frame) -> (super::driver::PhysHandle, usize) {
+        match f {
+            Frame::Device(d) => self.dev.location(d),
+            Frame::Host(h) => self.host.location(h),
+        }
+    }
+
+    /// Maps each `(page, frame)` at the page's address, then sets access in contiguous
+    /// runs (`cuMemSetAccess` is the expensive call). Undoes its own maps on failure.
+    fn map_batch(&mut self, plan: &[(usize, Frame)]) -> Result<(), CUresult> {
+        let page = self.page;
+        let mut mapped = 0;
+        let mut err = None;
+        for &(p, f) in plan {
+            let (h, off) = self.location(f);
+            if let Err(e) = self.driver.mem_map(self.va(p), page, off, h) {
+                err = Some(e);
+                break;
+            }
+            mapped += 1;
+        }
+        if err.is_none() {
+            let mut sorted: Vec<usize> = plan.iter().map(|&(p, _)| p).collect();
+            sorted.sort_unstable();
+            for (a, b) in runs(&sorted) {
+                if let Err(e) =
+                    self.driver
+                        .mem_set_access(self.va(a), (b - a + 1) * page, self.cfg.device)
+                {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        match err {
+            None => Ok(()),
+            Some(e) => {
+                for &(p, _) in &plan[..mapped] {
+                    let _ = self.driver.mem_unmap(self.va(p), page);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn note_resident(&mut self) {
+        let resident = (self.dev.created_frames() - self.dev.free_frames()) * self.page;
+        self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(resident as u64);
+    }
+
+    fn take_host(&mut self) -> Result<HostFrame, CUresult> {
+        match self.host.take() {
+            Ok(h) => Ok(h),
+            Err(first) => {
+                // Dead host pages hold nothing anyone can ask for: take theirs.
+                if self.reclaim_dead_host()? {
+                    if let Ok(h) = self.host.take() {
+                        return Ok(h);
+                    }
+                }
+                Err(match first {
+                    HostPoolError::CapReached { cap_bytes } => oom(format_args!(
+                        "the pinned host pool is full ({cap_bytes} bytes, TENSILE_HOST_MEMORY)"
+                    )),
+                    HostPoolError::Driver(code) => oom(format_args!(
+                        "the driver refused pinned host memory (error {code})"
+                    )),
+                })
+            }
+        }
+    }
+
+    fn reclaim_dead_host(&mut self) -> Result<bool, CUresult> {
+        let completed = self.fences.completed().to_vec();
+        let dead: Vec<usize> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| {
+                e.live == 0 && matches!(e.state, ResidencyState::Host(_)) && e.is_idle(&completed)
+            })
+            .map(|(p, _)| p)
+            .collect();
+        for &p in &dead {
+            self.unback(p, &completed)?;
+        }
+        Ok(!dead.is_empty())
+    }
+
+    fn unback(&mut self, p: usize, completed: &[u64]) -> Result<(), CUresult> {
+        let va = self.va(p);
+        // Unmap first: if that fails the page keeps its frame and stays consistent.
+        self.driver.mem_unmap(va, self.page)?;
+        match self.pages.unback(p, completed) {
+            Ok(f) => {
+                self.give_frame(f);
+                self.dead_device.remove(&p);
+                Ok(())
+            }
+            Err(e) => {
+                debug_assert!(false, "unback after unmap refused: {e:?}");
+                Err(CUDA_ERROR_INVALID_VALUE)
+            }
+        }
+    }
+
+    /// A device frame without copying anything: free, new within budget, or taken from a
+    /// dead idle page.
+    fn take_device_cheap(&mut self) -> Result<Option<DevFrame>, CUresult> {
+        if let Some(d) = self.dev.take(&*self.driver)? {
+            return Ok(Some(d));
+        }
+        self.fences.poll_all(&*self.driver)?;
+        let completed = self.fences.completed().to_vec();
+        let victim = self.dead_device.iter().copied().find(|&p| {
+            self.pages
+                .get(p)
+                .is_some_and(|e| e.live == 0 && e.is_idle(&completed))
+        });
+        if let Some(p) = victim {
+            self.unback(p, &completed)?;
+            return self.dev.take(&*self.driver);
+        }
+        Ok(None)
+    }
+
+    // ---- free ----
+
+    fn free(&mut self, ptr: CUdeviceptr, stream: Option<Stream>) -> Result<(), CUresult> {
+        let a = self.sub.remove(ptr).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        match stream {
+            None => {
+                self.drop_live(a.ptr, a.span);
+                self.sub.release_now(a);
+            }
+            Some(s) => {
+                let slot = self.fences.slot_of(s);
+                let seq = match self.fences.record(&*self.driver, slot) {
+                    Ok(seq) => seq,
+                    Err(e) => {
+                        // Keep the allocation: the free did not happen.
+                        self.sub_reinsert(a);
+                        return Err(e);
+                    }
+                };
+                // The free's fence also covers work the manager did not see on that stream.
+                let completed = self.fences.completed().to_vec();
+                if let Some((first, last)) = self.pages_of(a.ptr, a.span) {
+                    for p in first..=last {
+                        if let Some(e) = self.pages.entry_mut(p) {
+                            e.add_use(
+                                Use {
+                                    stream_slot: slot as u32,
+                                    seq,
+                                },
+                                &completed,
+                            );
+                        }
+                    }
+                }
+                self.drop_live(a.ptr, a.span);
+                self.sub.release_after(a, slot, seq);
+            }
+        }
+        Ok(())
+    }
+
+    fn sub_reinsert(&mut self, a: super::suballoc::Allocation) {
+        // Removing and re-adding keeps the allocation map the single source of truth.
+        self.sub.reinsert(a);
+    }
+
+    // ---- access ----
+
+    fn prepare_access(
+        &mut self,
+        stream: Stream,
+        ranges: &[(CUdeviceptr, usize)],
+    ) -> Result<AccessTicket, CUresult> {
+        self.clock += 1;
+        let mut runs_v: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
+        for &(a, len) in ranges {
+            if let Some(r) = self.pages_of(a, len as u64) {
+                runs_v.push(r);
+            }
+        }
+        if runs_v.len() > 1 {
+            runs_v.sort_unstable();
+            let mut merged: Vec<(usize, usize)> = Vec::with_capacity(runs_v.len());
+            for (a, b) in runs_v {
+                match merged.last_mut() {
+                    Some(last) if a <= last.1 + 1 => last.1 = last.1.max(b),
+                    _ => merged.push((a, b)),
+                }
+            }
+            runs_v = merged;
+        }
+        let ticket = AccessTicket {
+            stream,
+            runs: runs_v,
+        };
+        let mut resident = true;
+        for &(a, b) in &ticket.runs {
+            for p in a..=b {
+                if let Some(e) = self.pages.entry_mut(p) {
+                    resident &= matches!(
+                        e.state,
+                        ResidencyState::Device(_) | ResidencyState::Unbacked
+                    );
+                    e.pins += 1;
+                    e.last_access = self.clock;
+                }
+            }
+        }
+        if resident {
+            return Ok(ticket);
+        }
+        let t0 = Instant::now();
+        match self.make_resident(&ticket) {
+            Ok(()) => {
+                self.stats.stalled_launches += 1;
+                self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
+                Ok(ticket)
+            }
+            Err(e) => {
+                self.unpin(&ticket);
+                Err(e)
+            }
+        }
+    }
+
+    fn unpin(&mut self, t: &AccessTicket) {
+        for &(a, b) in &t.runs {
+            for p in a..=b {
+                if let Some(e) = self.pages.entry_mut(p) {
+                    e.pins = e.pins.saturating_sub(1);
+                }
+            }
+        }
+    }
+
+    fn make_resident(&mut self, t: &AccessTicket) -> Result<(), CUresult> {
+        let touched: usize = t
+            .runs
+            .iter()
+            .flat_map(|&(a, b)| a..=b)
+            .filter(|&p| {
+                self.pages
+                    .get(p)
+                    .is_some_and(|e| e.state != ResidencyState::Unbacked)
+            })
+            .count();
+        if touched > self.dev.budget_frames() {
+            return Err(oom(format_args!(
+                "one access on stream {:#x} needs {} bytes of device memory; the budget is {} \
+                 bytes (TENSILE_DEVICE_MEMORY)",
+                t.stream.0,
+                touched * self.page,
+                self.dev.budget_frames() * self.page
+            )));
+        }
+        self.poll()?;
+        let mut waits: Vec<Event> = Vec::new();
+        let mut bring_in: Vec<usize> = Vec::new();
+        for p in t.runs.iter().flat_map(|&(a, b)| a..=b) {
+            match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::ToDevice { event, .. }) => waits.push(event),
+                Some(ResidencyState::ToHost { .. }) => {
+                    // Still on the device: keep it there; the host frame is free once the
+                    // copy that fills it is done.
+                    if let Ok((h, ev)) = self.pages.cancel_swap_out(p) {
+                        self.outgoing.remove(&p);
+                        self.deferred_host.push((h, ev));
+                    }
+                }
+                Some(ResidencyState::Host(_)) => bring_in.push(p),
+                _ => {}
+            }
+        }
+        if !bring_in.is_empty() {
+            let frames = self.acquire_device_frames(bring_in.len())?;
+            waits.push(self.swap_in(&bring_in, frames)?);
+        }
+        waits.sort_unstable();
+        waits.dedup();
+        for ev in waits {
+            self.driver.stream_wait_event(t.stream, ev)?;
+        }
+        Ok(())
+    }
+
+    fn copy_event(&mut self) -> Result<Event, CUresult> {
+        match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.driver.event_create(),
+        }
+    }
+
+    fn ref_event(&mut self, ev: Event, n: u32) {
+        *self.copy_event_refs.entry(ev).or_insert(0) += n;
+    }
+
+    fn unref_event(&mut self, ev: Event) {
+        if let Some(n) = self.copy_event_refs.get_mut(&ev) {
+            *n -= 1;
+            if *n == 0 {
+                self.copy_event_refs.remove(&ev);
+                self.spare_events.push(ev);
+            }
+        }
+    }
+
+    /// Remaps `pages` (all `Host`) to `frames` and queues the copies in; returns the event
+    /// the work that wants them must wait on.
+    fn swap_in(&mut self, pages: &[usize], frames: Vec<DevFrame>) -> Result<Event, CUresult> {
+        let page = self.page;
+        // Unmap the host frames first; the data stays in them (and in the host window).
+        let mut unmapped = 0;
+        let mut err = None;
+        for &p in pages {
+            if let Err(e) = self.driver.mem_unmap(self.va(p), page) {
+                err = Some(e);
+                break;
+            }
+            unmapped += 1;
+        }
+        let plan: Vec<(usize, Frame)> = pages
+            .iter()
+            .zip(&frames)
+            .map(|(&p, &d)| (p, Frame::Device(d)))
+            .collect();
+        if err.is_none() {
+            if let Err(e) = self.map_batch(&plan) {
+                err = Some(e);
+            }
+        }
+        if let Some(e) = err {
+            // Put the host frames back where they were; the pages stay `Host`.
+            let back: Vec<(usize, Frame)> = pages[..unmapped]
+                .iter()
+                .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                    Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
+                    _ => None,
+                })
+                .collect();
+            let _ = self.map_batch(&back);
+            for d in frames {
+                self.dev.give(d);
+            }
+            return Err(e);
+        }
+        let ev = self.copy_event()?;
+        for &(p, _) in &plan {
+            let Some(ResidencyState::Host(h)) = self.pages.get(p).map(|e| e.state) else {
+                continue;
+            };
+            let src = self.host.window_address(h);
+            if let Err(e) =
+                self.driver
+                    .memcpy_dtod_async(self.va(p), src, page, self.swap_in_stream)
+            {
+                self.spare_events.push(ev);
+                self.restore_host(pages, frames);
+                return Err(e);
+            }
+        }
+        if let Err(e) = self.driver.event_record(ev, self.swap_in_stream) {
+            self.spare_events.push(ev);
+            self.restore_host(pages, frames);
+            return Err(e);
+        }
+        for &(p, f) in &plan {
+            if let Frame::Device(d) = f {
+                let r = self.pages.start_swap_in(p, d, ev);
+                debug_assert!(r.is_ok(), "{r:?}");
+                self.incoming.insert(p);
+            }
+        }
+        self.ref_event(ev, plan.len() as u32);
+        self.stats.bytes_to_device += (plan.len() * page) as u64;
+        self.stats.pages_swapped_in += plan.len() as u64;
+        self.note_resident();
+        Ok(ev)
+    }
+
+    /// Undoes the remap of a failed swap-in: the pages (still `Host` in the table) get their
+    /// host frames mapped back, and the device frames go back to the pool.
+    fn restore_host(&mut self, pages: &[usize], frames: Vec<DevFrame>) {
+        for &p in pages {
+            let _ = self.driver.mem_unmap(self.va(p), self.page);
+        }
+        let back: Vec<(usize, Frame)> = pages
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
+                _ => None,
+            })
+            .collect();
+        if let Err(e) = self.map_batch(&back) {
+            tracing::error!(
+                code = e,
+                "could not map swapped-out pages back to host memory"
+            );
+        }
+        for d in frames {
+            self.dev.give(d);
+        }
+    }
+
+    /// `n` device frames, evicting least recently used idle pages if it must (and waiting
+    /// for their copies: this is the on-demand stall).
+    fn acquire_device_frames(&mut self, n: usize) -> Result<Vec<DevFrame>, CUresult> {
+        let mut got = Vec::with_capacity(n);
+        let mut rounds = 0;
+        while got.len() < n {
+            if let Some(d) = self.take_device_cheap()? {
+                got.push(d);
+                continue;
+            }
+            rounds += 1;
+            if rounds > 4 {
+                for d in got {
+                    self.dev.give(d);
+                }
+                return Err(oom(format_args!(
+                    "no evictable device memory: {} bytes needed, every resident page is in \
+                     use by queued or pinned work",
+                    n * self.page
+                )));
+            }
+            // Evict enough for the rest (in flight already counts), then wait for it.
+            let short = n - got.len();
+            let in_flight = self.outgoing.len();
+            if short > in_flight {
+                let want = (short - in_flight).max(self.cfg.evict_batch);
+                if let Err(e) = self.evict(want, short - in_flight) {
+                    for d in got {
+                        self.dev.give(d);
+                    }
+                    return Err(e);
+                }
+            }
+            self.wait_outgoing()?;
+        }
+        Ok(got)
+    }
+
+    /// Starts swap-outs of up to `want` least recently used unpinned pages (at least `need`,
+    /// waiting for their last uses if there are not enough idle ones).
+    fn evict(&mut self, want: usize, need: usize) -> Result<(), CUresult> {
+        self.fences.poll_all(&*self.driver)?;
+        let completed = self.fences.completed().to_vec();
+        let mut candidates: Vec<(u64, usize, bool)> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
+            .map(|(p, e)| (e.last_access, p, e.is_idle(&completed)))
+            .collect();
+        candidates.sort_unstable();
+        let mut victims: Vec<usize> = candidates
+            .iter()
+            .filter(|c| c.2)
+            .map(|c| c.1)
+            .take(want)
+            .collect();
+        if victims.len() < need {
+            // Not enough idle pages: wait for the least recently used busy ones.
+            for &(_, p, _) in candidates.iter().filter(|c| !c.2) {
+                if victims.len() >= need {
+                    break;
+                }
+                let uses = self
+                    .pages
+                    .get(p)
+                    .map(|e| e.uses.clone())
+                    .unwrap_or_default();
+                for u in uses {
+                    self.fences
+                        .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
+                }
+                victims.push(p);
+            }
+        }
+        if victims.is_empty() {
+            return Ok(());
+        }
+        victims.sort_unstable();
+        let completed = self.fences.completed().to_vec();
+        // Dead pages need no copy: drop them instead.
+        let mut copy: Vec<(usize, HostFrame)> = Vec::new();
+        for p in victims {
+            let dead = self.pages.get(p).is_some_and(|e| e.live == 0);
+            if dead {
+                self.unback(p, &completed)?;
+                continue;
+            }
+            match self.take_host() {
+                Ok(h) => copy.push((p, h)),
+                Err(e) => {
+                    for (_, h) in copy {
+                        self.host.give(h);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        if copy.is_empty() {
+            return Ok(());
+        }
+        let ev = self.copy_event()?;
+        for &(p, h) in &copy {
+            let dst = self.host.window_address(h);
+            if let Err(e) =
+                self.driver
+                    .memcpy_dtod_async(dst, self.va(p), self.page, self.swap_out_stream)
+            {
+                for (_, h) in copy {
+                    self.host.give(h);
+                }
+                return Err(e);
+            }
+        }
+        self.driver.event_record(ev, self.swap_out_stream)?;
+        for &(p, h) in &copy {
+            let r = self.pages.start_swap_out(p, h, ev, &completed);
+            debug_assert!(r.is_ok(), "{r:?}");
+            self.outgoing.insert(p);
+        }
+        self.ref_event(ev, copy.len() as u32);
+        self.stats.bytes_to_host += (copy.len() * self.page) as u64;
+        self.stats.pages_evicted += copy.len() as u64;
+        Ok(())
+    }
+
+    /// Waits for the swap-outs in flight and completes them.
+    fn wait_outgoing(&mut self) -> Result<(), CUresult> {
+        let mut evs: Vec<Event> = self
+            .outgoing
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::ToHost { event, .. }) => Some(event),
+                _ => None,
+            })
+            .collect();
+        evs.sort_unstable();
+        evs.dedup();
+        for ev in evs {
+            self.driver.event_synchronize(ev)?;
+        }
+        self.poll()
+    }
+
+    /// Completes finished swaps: remaps swapped-out pages to their host frames (freeing the
+    /// device frames), ends finished swap-ins, and frees deferred host frames.
+    fn poll(&mut self) -> Result<(), CUresult> {
+        let mut done_cache: HashMap<Event, bool> = HashMap::new();
+        let driver = self.driver.clone();
+        let mut query = |ev: Event| -> Result<bool, CUresult> {
+            if let Some(&d) = done_cache.get(&ev) {
+                return Ok(d);
+            }
+            let d = driver.event_query(ev)?;
+            done_cache.insert(ev, d);
+            Ok(d)
+        };
+        // Swap-ins.
+        let incoming: Vec<usize> = self.incoming.iter().copied().collect();
+        for p in incoming {
+            let Some(ResidencyState::ToDevice { event, .. }) = self.pages.get(p).map(|e| e.state)
+            else {
+                continue;
+            };
+            if query(event)? {
+                if let Ok(h) = self.pages.finish_swap_in(p, |_| true) {
+                    self.host.give(h);
+                    self.incoming.remove(&p);
+                    self.unref_event(event);
+                }
+            }
+        }
+        // Deferred host frames of cancelled swap-outs.
+        let deferred = std::mem::take(&mut self.deferred_host);
+        for (h, ev) in deferred {
+            if query(ev)? {
+                self.host.give(h);
+                self.unref_event(ev);
+            } else {
+                self.deferred_host.push((h, ev));
+            }
+        }
+        // Swap-outs: remap to host in one batch.
+        let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
+        let mut finished: Vec<(usize, DevFrame, Event)> = Vec::new();
+        for p in outgoing {
+            let Some(ResidencyState::ToHost { event, .. }) = self.pages.get(p).map(|e| e.state)
+            else {
+                continue;
+            };
+            if self.pages.get(p).is_some_and(|e| e.pins > 0) || !query(event)? {
+                continue;
+            }
+            // Unmap the device frame before the state says Host, so a failure leaves the
+            // page as it was.
+            self.driver.mem_unmap(self.va(p), self.page)?;
+            match self.pages.finish_swap_out(p, |_| true) {
+                Ok(d) => finished.push((p, d, event)),
+                Err(e) => debug_assert!(false, "{e:?}"),
+            }
+        }
+        if !finished.is_empty() {
+            let plan: Vec<(usize, Frame)> = finished
+                .iter()
+                .filter_map(|&(p, _, _)| match self.pages.get(p).map(|e| e.state) {
+                    Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
+                    _ => None,
+                })
+                .collect();
+            // If this fails the pages are unmapped: a stray access would fault, but the data
+            // is safe in the host frames and the next prepare_access maps device memory.
+            let mapped = self.map_batch(&plan);
+            for (p, d, ev) in finished {
+                self.outgoing.remove(&p);
+                self.dev.give(d);
+                self.unref_event(ev);
+            }
+            mapped?;
+        }
+        Ok(())
+    }
+
+    fn note_access_done(&mut self, t: AccessTicket) -> Result<(), CUresult> {
+        let slot = self.fences.slot_of(t.stream);
+        let seq = self.fences.record(&*self.driver, slot);
+        // Unpin even if the fence failed: the page then counts as busy until the next fence
+        // on that stream completes, which is the conservative side.
+        let seq = match seq {
+            Ok(s) => s,
+            Err(e) => {
+                self.unpin(&t);
+                return Err(e);
+            }
+        };
+        let completed = self.fences.completed();
+        let u = Use {
+            stream_slot: slot as u32,
+            seq,
+        };
+        for &(a, b) in &t.runs {
+            for p in a..=b {
+                if let Some(e) = self.pages.entry_mut(p) {
+                    e.pins = e.pins.saturating_sub(1);
+                    e.add_use(u, completed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // ---- shutdown ----
+
+    fn shutdown(&mut self) {
+        let d = self.driver.clone();
+        let _ = d.stream_synchronize(self.swap_in_stream);
+        let _ = d.stream_synchronize(self.swap_out_stream);
+        let pages: Vec<usize> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.state != ResidencyState::Unbacked)
+            .map(|(p, _)| p)
+            .collect();
+        for p in pages {
+            let _ = d.mem_unmap(self.va(p), self.page);
+        }
+        self.dev.release_all(&*d);
+        self.host.release_all();
+        let _ = d.mem_address_free(self.base, self.cfg.arena_bytes / self.page * self.page);
+        self.fences.destroy(&*d);
+        for ev in self
+            .spare_events
+            .drain(..)
+            .chain(self.copy_event_refs.drain().map(|(e, _)| e))
+        {
+            let _ = d.event_destroy(ev);
+        }
+        let _ = d.stream_destroy(self.swap_in_stream);
+        let _ = d.stream_destroy(self.swap_out_stream);
+    }
+}
+
+/// Inclusive runs of consecutive numbers in a sorted slice.
+fn runs(sorted: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &p in sorted {
+        match out.last_mut() {
+            Some(last) if p == last.1 + 1 => last.1 = p,
+            Some(last) if p == last.1 => {}
+            _ => out.push((p, p)),
+        }
+    }
+    out
+}

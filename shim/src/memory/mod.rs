@@ -1,0 +1,46 @@
+//! The shim's memory manager: application allocations served from a VMM arena, a device
+//! budget, and on-demand (LRU) swapping of 2 MiB pages to a pinned host pool.
+//!
+//! The interposition layer calls [`MemoryManager`] from its hooks: `alloc`/`free` for the
+//! allocating calls, `prepare_access` + `note_access_done` around every launch, copy and
+//! memset that touches arena memory, `mem_get_info` for `cuMemGetInfo`. Everything the
+//! manager asks of the driver goes through the [`Driver`] trait, so it is tested on the
+//! in-memory [`fake::FakeDriver`] and on the simulated GPU (`cuda::DlDriver`).
+//!
+//! Not here (yet): the hooks themselves, PyTorch specifics, the planned (non-LRU) policy,
+//! pinning of IPC-exported or graph-captured memory. See `docs/memory.md`.
+//!
+//! | module | concept |
+//! | --- | --- |
+//! | [`budget`] | parsing `TENSILE_DEVICE_MEMORY` / `TENSILE_HOST_MEMORY` |
+//! | [`driver`] | the driver operations the manager needs |
+//! | [`fake`] | an in-memory driver for tests |
+//! | [`cuda`] | the trait over a dynamically loaded `libcuda.so.1` |
+//! | [`page`] | the per-page residency state machine and page table |
+//! | [`frames`] | device frames within the budget; the pinned host pool |
+//! | [`extent`] | best-fit free extents |
+//! | [`suballoc`] | carving allocations out of the arena, stream-ordered reuse |
+//! | [`fences`] | per-stream fences: which queued work has finished |
+//! | [`manager`] | the manager tying these together |
+//! | [`stats`] | swap statistics |
+
+pub mod budget;
+
+pub mod driver;
+pub mod extent;
+pub mod fake;
+pub mod fences;
+pub mod frames;
+pub mod manager;
+pub mod page;
+pub mod stats;
+pub mod suballoc;
+
+#[cfg(test)]
+mod tests;
+
+pub use budget::{parse_size, BudgetError, SizeSpec};
+pub use driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
+pub use manager::{AccessTicket, ManagerConfig, MemoryManager};
+pub use page::{PageTable, ResidencyState};
+pub use stats::MemoryStats;

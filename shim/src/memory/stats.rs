@@ -1,0 +1,36 @@
+//! Swap statistics of one process, as the manager counts them.
+//!
+//! `stall_ns` is host time spent inside `prepare_access` calls that had to bring pages in or
+//! wait for memory (the launch could not be queued before that); the extra time the GPU
+//! spends waiting on the swap-in event is not measured here.
+
+/// Counters kept by the memory manager.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    pub bytes_to_host: u64,
+    pub bytes_to_device: u64,
+    /// Accesses (launches, copies, memsets) that had to wait for a swap-in.
+    pub stalled_launches: u64,
+    pub stall_ns: u64,
+    /// Most device bytes mapped at arena pages at once.
+    pub peak_resident_bytes: u64,
+    /// Pinned host memory created for the pool.
+    pub host_pool_bytes: u64,
+    /// Pages evicted (device → host).
+    pub pages_evicted: u64,
+    /// Pages brought back (host → device).
+    pub pages_swapped_in: u64,
+}
+
+impl From<MemoryStats> for tensile_trace::Stats {
+    fn from(s: MemoryStats) -> Self {
+        tensile_trace::Stats {
+            bytes_to_host: s.bytes_to_host,
+            bytes_to_device: s.bytes_to_device,
+            stalled_launches: s.stalled_launches,
+            stall_ns: s.stall_ns,
+            peak_resident_bytes: s.peak_resident_bytes,
+            host_pool_bytes: s.host_pool_bytes,
+        }
+    }
+}
