@@ -1,1 +1,298 @@
-//! (being written)
+//! The planner: a periodic swap plan for a memory budget.
+//!
+//! Works on the live gaps of a [`Cycle`] (the stretches between two accesses of a tensor; see
+//! `timeline`). A plan evicts some gaps: the tensor is written to the host after the access that
+//! opens the gap and read back before the access that closes it. Three passes, all at op
+//! granularity, then the simulator prices the result in time:
+//!
+//! 1. **Select** (Belady): sweep the ops once around the cycle, starting at the footprint's low
+//!    point. Wherever the bytes holding data exceed the budget, evict, among the gaps spanning
+//!    that op, the one whose next use is furthest ahead, preferring gaps long enough (in GPU
+//!    time, on both sides of the op) to hide the copies. Never-touched persistent tensors count
+//!    as needed infinitely far ahead and go first (they cost nothing in the steady state).
+//! 2. **Prune**: an eviction that the budget no longer needs (later choices covered it) is
+//!    undone, most recently chosen first.
+//! 3. **Fetch as early as memory allows**: in order of next use, each evicted tensor's read-back
+//!    is issued at the earliest op from which keeping it on the device stays within the budget
+//!    up to its use.
+//!
+//! The plan is periodic by construction: the same actions at the same positions in every
+//! iteration, and a gap that wraps past the end of the iteration is evicted at the end of one
+//! iteration and fetched in the next, so the state at the end is the state at the start.
+
+use std::collections::BinaryHeap;
+
+use serde::Serialize;
+
+use crate::cost::{Budget, CostModel};
+use crate::cycle::{Cycle, TensorId};
+use crate::timeline::{needed_bytes, op_start_times, Gap, Liveness};
+
+/// One planned round trip of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Eviction {
+    /// The tensor.
+    pub tensor: TensorId,
+    /// Position of the op after which it is written out.
+    pub out_after: u32,
+    /// Position of the op at whose start (when the compute stream reaches it) the read-back is
+    /// issued.
+    pub fetch_at: u32,
+    /// Position of the op that needs it back.
+    pub needed_by: u32,
+    /// Unrolled positions (see [`Gap`]): `gap_from < fetch_unrolled <= gap_to`.
+    pub gap_from: u32,
+    /// Unrolled position of the read-back's issue.
+    pub fetch_unrolled: u32,
+    /// Unrolled position of the next use.
+    pub gap_to: u32,
+}
+
+/// A periodic swap plan for one cycle and budget.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SwapPlan {
+    /// Ops per cycle the plan was made for.
+    pub period: u32,
+    /// Budget it respects.
+    pub budget_bytes: u64,
+    /// Round trips, in order of the op after which they leave.
+    pub evictions: Vec<Eviction>,
+    /// Persistent tensors that are never touched: kept on the host for good (no copy in the
+    /// steady state).
+    pub host_resident: Vec<TensorId>,
+}
+
+impl SwapPlan {
+    /// Tensors the plan keeps on the host at the start of an iteration (their read-back is issued
+    /// in the iteration, their write-out happened in the previous one).
+    pub fn on_host_at_start(&self) -> Vec<TensorId> {
+        self.evictions
+            .iter()
+            .filter(|e| e.fetch_unrolled >= self.period)
+            .map(|e| e.tensor)
+            .chain(self.host_resident.iter().copied())
+            .collect()
+    }
+
+    /// Bytes written out per iteration.
+    pub fn bytes_out(&self, cycle: &Cycle) -> u64 {
+        self.evictions.iter().map(|e| cycle.tensors[e.tensor as usize].bytes).sum()
+    }
+}
+
+/// Why no plan exists.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// One op touches more than the budget: no amount of swapping helps.
+    #[error(
+        "op {op} alone touches {bytes} bytes, more than the budget of {budget} bytes; \
+         no swap plan can run it"
+    )]
+    OpTooLarge {
+        /// Op position.
+        op: u32,
+        /// Bytes its tensors occupy.
+        bytes: u64,
+        /// Budget.
+        budget: u64,
+    },
+    /// The cycle has no ops.
+    #[error("the iteration has no ops")]
+    Empty,
+}
+
+/// Bytes the tensors of each op occupy (what must be on the device while it runs).
+pub fn op_bytes(cycle: &Cycle) -> Vec<u64> {
+    cycle
+        .ops
+        .iter()
+        .map(|op| op.tensors.iter().map(|&t| cycle.tensors[t as usize].bytes).sum())
+        .collect()
+}
+
+/// A candidate for eviction during the sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Candidate {
+    /// Unrolled position of the next use, shifted into the sweep's frame (max-heap: furthest
+    /// first).
+    to: u64,
+    /// Index into the gap list (`usize::MAX - i` for idle tensor `i`).
+    gap: usize,
+    /// Unrolled start, shifted into the sweep's frame.
+    from: u64,
+}
+
+/// Makes a periodic swap plan for `cycle` within `budget`.
+pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan, PlanError> {
+    let p = cycle.len();
+    if p == 0 {
+        return Err(PlanError::Empty);
+    }
+    let b = i128::from(budget.bytes);
+    for (i, &bytes) in op_bytes(cycle).iter().enumerate() {
+        if bytes > budget.bytes {
+            return Err(PlanError::OpTooLarge { op: i as u32, bytes, budget: budget.bytes });
+        }
+    }
+    let live = Liveness::of(cycle);
+    let needed = needed_bytes(cycle, &live);
+    let mut resident: Vec<i128> = needed.iter().map(|&x| i128::from(x)).collect();
+    let times = op_start_times(cycle);
+    let period_ns = times[p];
+    let tensor_bytes = |t: TensorId| cycle.tensors[t as usize].bytes;
+
+    // Sweep from the op with the least data, so that gaps spanning the start are seen whole.
+    let start = (0..p).min_by_key(|&i| needed[i]).unwrap_or(0);
+    let mut selected = vec![false; live.gaps.len()];
+    let mut idle_selected = vec![false; live.idle.len()];
+    let mut order: Vec<usize> = Vec::new(); // selection order, gaps only
+
+    // Candidate intervals in the sweep frame [start, start + p): each gap shifted by 0 or p.
+    let mut events: Vec<(u64, Candidate)> = Vec::new();
+    for (gi, g) in live.gaps.iter().enumerate() {
+        for shift in [0u64, p as u64] {
+            let from = u64::from(g.from) + shift;
+            let to = u64::from(g.to) + shift;
+            let first = from + 1;
+            let last = to.saturating_sub(1);
+            let lo = start as u64;
+            let hi = (start + p) as u64;
+            if first <= last && first < hi && last >= lo {
+                events.push((first.max(lo), Candidate { to, gap: gi, from }));
+            }
+        }
+    }
+    events.sort_unstable_by_key(|e| e.0);
+    let mut heap: BinaryHeap<Candidate> = BinaryHeap::new();
+    for i in 0..live.idle.len() {
+        heap.push(Candidate { to: u64::MAX, gap: usize::MAX - i, from: 0 });
+    }
+    let mut next_event = 0;
+    let time_at = |unrolled: u64| -> u64 {
+        let k = unrolled / p as u64;
+        times[(unrolled % p as u64) as usize] + k * period_ns
+    };
+    for j in start as u64..(start + p) as u64 {
+        while next_event < events.len() && events[next_event].0 <= j {
+            heap.push(events[next_event].1);
+            next_event += 1;
+        }
+        let pos = (j % p as u64) as usize;
+        if resident[pos] <= b {
+            continue;
+        }
+        let mut deferred: Vec<Candidate> = Vec::new();
+        while resident[pos] > b {
+            let Some(c) = heap.pop() else { break };
+            if c.gap >= usize::MAX / 2 {
+                let i = usize::MAX - c.gap;
+                if !idle_selected[i] {
+                    idle_selected[i] = true;
+                    let bytes = i128::from(tensor_bytes(live.idle[i]));
+                    resident.iter_mut().for_each(|r| *r -= bytes);
+                }
+                continue;
+            }
+            if c.to <= j || selected[c.gap] {
+                continue;
+            }
+            let bytes = tensor_bytes(live.gaps[c.gap].tensor);
+            let out_slack = time_at(j).saturating_sub(time_at(c.from + 1));
+            let in_slack = time_at(c.to).saturating_sub(time_at(j));
+            if out_slack < cost.d2h_ns(bytes) || in_slack < cost.h2d_ns(bytes) {
+                deferred.push(c);
+                continue;
+            }
+            select(&mut selected, &mut order, &mut resident, &live.gaps, c.gap, p, bytes);
+        }
+        if resident[pos] > b {
+            // Nothing hideable left: take the others, furthest next use first.
+            deferred.sort_unstable_by(|x, y| y.cmp(x));
+            let mut rest = Vec::new();
+            for c in deferred {
+                if resident[pos] > b {
+                    let bytes = tensor_bytes(live.gaps[c.gap].tensor);
+                    select(&mut selected, &mut order, &mut resident, &live.gaps, c.gap, p, bytes);
+                } else {
+                    rest.push(c);
+                }
+            }
+            deferred = rest;
+        }
+        heap.extend(deferred);
+    }
+
+    // Prune: undo evictions the budget does not need, most recent first.
+    for &gi in order.iter().rev() {
+        let g = live.gaps[gi];
+        let bytes = i128::from(tensor_bytes(g.tensor));
+        if fits_with(&resident, p, u64::from(g.from) + 1, u64::from(g.to), bytes, b) {
+            selected[gi] = false;
+            add_range(&mut resident, p, u64::from(g.from) + 1, u64::from(g.to), bytes);
+        }
+    }
+
+    // Fetch as early as memory allows, nearest next use first.
+    let mut chosen: Vec<Gap> =
+        live.gaps.iter().zip(&selected).filter(|(_, &s)| s).map(|(g, _)| *g).collect();
+    chosen.sort_unstable_by_key(|g| (time_at(u64::from(g.to)) % period_ns.max(1), g.to));
+    let mut evictions = Vec::with_capacity(chosen.len());
+    for g in chosen {
+        let bytes = i128::from(tensor_bytes(g.tensor));
+        let mut fetch = u64::from(g.to);
+        while fetch > u64::from(g.from) + 1 {
+            let pos = ((fetch - 1) % p as u64) as usize;
+            if resident[pos] + bytes > b {
+                break;
+            }
+            fetch -= 1;
+        }
+        if fetch == u64::from(g.from) + 1 {
+            // Fits for the whole gap after all: keep it on the device.
+            add_range(&mut resident, p, u64::from(g.from) + 1, u64::from(g.to), bytes);
+            continue;
+        }
+        add_range(&mut resident, p, fetch, u64::from(g.to), bytes);
+        evictions.push(Eviction {
+            tensor: g.tensor,
+            out_after: g.from % p as u32,
+            fetch_at: (fetch % p as u64) as u32,
+            needed_by: g.to % p as u32,
+            gap_from: g.from,
+            fetch_unrolled: fetch as u32,
+            gap_to: g.to,
+        });
+    }
+    evictions.sort_unstable_by_key(|e| (e.out_after, e.tensor));
+    let host_resident =
+        live.idle.iter().zip(&idle_selected).filter(|(_, &s)| s).map(|(&t, _)| t).collect();
+    Ok(SwapPlan { period: p as u32, budget_bytes: budget.bytes, evictions, host_resident })
+}
+
+/// Marks gap `gi` evicted and removes its bytes from the resident curve over the gap.
+fn select(
+    selected: &mut [bool],
+    order: &mut Vec<usize>,
+    resident: &mut [i128],
+    gaps: &[Gap],
+    gi: usize,
+    p: usize,
+    bytes: u64,
+) {
+    let g = gaps[gi];
+    selected[gi] = true;
+    order.push(gi);
+    add_range(resident, p, u64::from(g.from) + 1, u64::from(g.to), -i128::from(bytes));
+}
+
+/// Adds `delta` to positions `[first, end)` (unrolled, taken modulo `p`).
+fn add_range(curve: &mut [i128], p: usize, first: u64, end: u64, delta: i128) {
+    for j in first..end {
+        curve[(j % p as u64) as usize] += delta;
+    }
+}
+
+/// Whether adding `bytes` on `[first, end)` keeps every position within `budget`.
+fn fits_with(curve: &[i128], p: usize, first: u64, end: u64, bytes: i128, budget: i128) -> bool {
+    (first..end).all(|j| curve[(j % p as u64) as usize] + bytes <= budget)
+}

@@ -1,1 +1,660 @@
-//! (being written)
+//! The simulator: replays a cycle under a policy with the bandwidth model and kernel durations.
+//!
+//! Model (the same one the planner and the bound reason about, see docs/planner.md):
+//! - one compute stream runs the ops in order, each for its duration; ops recorded on several
+//!   streams are serialized (the trace does not record cross-stream dependencies);
+//! - two copy engines, one per direction, each a FIFO; alone a direction runs at its own
+//!   bandwidth, both at once share the bidirectional total;
+//! - device memory counts tensors on the device and in flight either way (a swap-out frees its
+//!   memory when the copy completes, a swap-in holds it from the moment it starts);
+//! - a tensor's data appears at its first access (no copy: its contents were garbage) and
+//!   disappears after its last access (`plan`, which knows the future) or at its free (`lru`,
+//!   `none`, which do not);
+//! - every access may write a tensor, so leaving after an access costs a device-to-host copy;
+//!   leaving with a valid host copy (brought in, not touched since) is free.
+//!
+//! Invariants checked on every step, not assumed: device bytes never exceed the budget (`plan`,
+//! `lru`), and every tensor an op touches is on the device when the op starts. A violation is an
+//! error ([`SimError`]), as is a deadlock. The cycle is run several times from a steady initial
+//! state and the last run is reported, so the state at the end of an iteration feeds the next.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+use crate::cost::{Budget, CostModel};
+use crate::cycle::{Cycle, TensorId};
+use crate::plan::SwapPlan;
+use crate::timeline::{unrolled_accesses, Liveness};
+
+/// Which policy to simulate.
+#[derive(Debug, Clone, Copy)]
+pub enum Policy<'a> {
+    /// No swapping at all: the footprint is whatever the program needs.
+    None,
+    /// On-demand: bring a tensor in when an op needs it, evict the least recently used.
+    Lru,
+    /// Follow a precomputed periodic plan.
+    Plan(&'a SwapPlan),
+}
+
+impl Policy<'_> {
+    /// The policy's name as `tensile replay` prints it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::None => "none",
+            Policy::Lru => "lru",
+            Policy::Plan(_) => "plan",
+        }
+    }
+}
+
+/// Simulation settings.
+#[derive(Debug, Clone, Copy)]
+pub struct SimOptions {
+    /// How many times the cycle is run; the last run is reported (at least 2).
+    pub cycles: u32,
+    /// Record device bytes at each op start of the last cycle (for plots).
+    pub record_curve: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions { cycles: 3, record_curve: false }
+    }
+}
+
+/// What a simulated steady-state iteration looked like.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimReport {
+    /// Policy name.
+    pub policy: &'static str,
+    /// Budget in bytes.
+    pub budget_bytes: u64,
+    /// GPU time of the ops alone.
+    pub compute_ns: u64,
+    /// Predicted duration of one iteration (the last simulated one).
+    pub step_ns: u64,
+    /// Time the compute stream waited for copies or memory in that iteration.
+    pub stall_ns: u64,
+    /// Host-to-device bytes in that iteration.
+    pub bytes_h2d: u64,
+    /// Device-to-host bytes in that iteration.
+    pub bytes_d2h: u64,
+    /// Most device bytes at any instant (all simulated iterations).
+    pub peak_resident_bytes: u64,
+    /// Whether the policy stayed within the budget (always true for `plan` and `lru`, which
+    /// fail instead; `none` can exceed it).
+    pub fits: bool,
+    /// Tensors a plan had not brought back in time and that were fetched on demand.
+    pub demand_fetches: u64,
+    /// Duration of each simulated iteration.
+    pub step_ns_per_cycle: Vec<u64>,
+    /// (time since the iteration started, device bytes) at each op start of the last iteration,
+    /// when requested.
+    pub resident_curve: Vec<(u64, u64)>,
+}
+
+/// Why a simulation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SimError {
+    /// Device bytes would exceed the budget.
+    #[error("budget exceeded at op {op}: {bytes} bytes on the device, budget {budget}")]
+    BudgetExceeded {
+        /// Op position in the cycle.
+        op: u32,
+        /// Device bytes.
+        bytes: u64,
+        /// Budget.
+        budget: u64,
+    },
+    /// An op started while one of its tensors was not on the device.
+    #[error("op {op} started while tensor {tensor} was not on the device")]
+    NotResident {
+        /// Op position.
+        op: u32,
+        /// Tensor.
+        tensor: TensorId,
+    },
+    /// One op's tensors alone exceed the budget.
+    #[error("op {op} alone touches {bytes} bytes, more than the budget of {budget}")]
+    OpTooLarge {
+        /// Op position.
+        op: u32,
+        /// Bytes it touches.
+        bytes: u64,
+        /// Budget.
+        budget: u64,
+    },
+    /// Nothing can make progress.
+    #[error("deadlock at op {op}: waiting for memory that nothing will free")]
+    Deadlock {
+        /// Op position.
+        op: u32,
+    },
+    /// A plan refers to something the cycle does not have.
+    #[error("the plan does not match the cycle: {0}")]
+    BadPlan(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Holds no data (before its first access, after its last).
+    Absent,
+    Device,
+    Host,
+    ToHost,
+    ToDevice,
+}
+
+/// A copy in a copy engine.
+#[derive(Debug, Clone, Copy)]
+struct Transfer {
+    tensor: TensorId,
+    remaining: f64,
+}
+
+#[derive(Default)]
+struct Engine {
+    queue: VecDeque<TensorId>,
+    active: Option<Transfer>,
+}
+
+/// Per-op actions, precomputed from the policy.
+#[derive(Default, Clone)]
+struct OpActions {
+    /// Tensors whose data dies after this op (plan) or that are freed before it (lru/none).
+    release: Vec<TensorId>,
+    /// Plan: tensors to write out after this op.
+    evict_after: Vec<TensorId>,
+    /// Plan: tensors to start bringing back when the compute stream reaches this op.
+    fetch_at: Vec<TensorId>,
+}
+
+struct Sim<'a> {
+    cycle: &'a Cycle,
+    cost: CostModel,
+    budget: u64,
+    enforce_budget: bool,
+    lru: bool,
+    place: Vec<Place>,
+    host_valid: Vec<bool>,
+    last_use: Vec<u64>,
+    used: u64,
+    peak: u64,
+    time: f64,
+    d2h: Engine,
+    h2d: Engine,
+    actions: Vec<OpActions>,
+    release_after: bool,
+    stats_cycle: usize,
+    bytes_h2d: Vec<u64>,
+    bytes_d2h: Vec<u64>,
+    demand_fetches: u64,
+}
+
+/// Simulates `cycle` under `policy` within `budget`.
+pub fn simulate(
+    cycle: &Cycle,
+    policy: Policy<'_>,
+    budget: Budget,
+    cost: &CostModel,
+    options: SimOptions,
+) -> Result<SimReport, SimError> {
+    let p = cycle.len();
+    let cycles = options.cycles.max(2) as usize;
+    let n_t = cycle.tensors.len();
+    let enforce_budget = !matches!(policy, Policy::None);
+    if enforce_budget {
+        for (i, op) in cycle.ops.iter().enumerate() {
+            let bytes: u64 = op.tensors.iter().map(|&t| cycle.tensors[t as usize].bytes).sum();
+            if bytes > budget.bytes {
+                return Err(SimError::OpTooLarge { op: i as u32, bytes, budget: budget.bytes });
+            }
+        }
+    }
+    let mut actions = vec![OpActions::default(); p];
+    let release_after = matches!(policy, Policy::Plan(_));
+    for (tid, t) in cycle.tensors.iter().enumerate() {
+        let tid = tid as TensorId;
+        if t.is_persistent() || t.accesses.is_empty() {
+            continue;
+        }
+        if release_after {
+            let last = t.accesses[t.accesses.len() - 1];
+            actions[last as usize].release.push(tid);
+        } else if let Some(free) = t.free_at {
+            actions[free as usize % p.max(1)].release.push(tid);
+        }
+    }
+    if let Policy::Plan(plan) = policy {
+        for e in &plan.evictions {
+            if e.tensor as usize >= n_t || e.out_after as usize >= p || e.fetch_at as usize >= p {
+                return Err(SimError::BadPlan(format!("eviction {e:?} is out of range")));
+            }
+            actions[e.out_after as usize].evict_after.push(e.tensor);
+            actions[e.fetch_at as usize].fetch_at.push(e.tensor);
+        }
+    }
+    let mut sim = Sim {
+        cycle,
+        cost: *cost,
+        budget: budget.bytes,
+        enforce_budget,
+        lru: matches!(policy, Policy::Lru),
+        place: vec![Place::Absent; n_t],
+        host_valid: vec![false; n_t],
+        last_use: vec![0; n_t],
+        used: 0,
+        peak: 0,
+        time: 0.0,
+        d2h: Engine::default(),
+        h2d: Engine::default(),
+        actions,
+        release_after,
+        stats_cycle: 0,
+        bytes_h2d: vec![0; cycles],
+        bytes_d2h: vec![0; cycles],
+        demand_fetches: 0,
+    };
+    sim.initial_state(policy)?;
+
+    let mut boundaries = Vec::with_capacity(cycles + 1);
+    let mut stall = vec![0f64; cycles];
+    let mut curve = Vec::new();
+    for c in 0..cycles {
+        sim.stats_cycle = c;
+        boundaries.push(sim.time);
+        for pos in 0..p {
+            if options.record_curve && c + 1 == cycles {
+                curve.push(((sim.time - boundaries[c]).max(0.0) as u64, sim.used));
+            }
+            let global = (c * p + pos) as u64;
+            let waited = sim.run_op(pos, global)?;
+            stall[c] += waited;
+        }
+    }
+    boundaries.push(sim.time);
+    let steps: Vec<u64> =
+        boundaries.windows(2).map(|w| (w[1] - w[0]).round() as u64).collect();
+    let last = cycles - 1;
+    let compute_ns = cycle.compute_ns();
+    Ok(SimReport {
+        policy: policy.name(),
+        budget_bytes: budget.bytes,
+        compute_ns,
+        step_ns: steps[last],
+        stall_ns: stall[last].round() as u64,
+        bytes_h2d: sim.bytes_h2d[last],
+        bytes_d2h: sim.bytes_d2h[last],
+        peak_resident_bytes: sim.peak,
+        fits: sim.peak <= budget.bytes,
+        demand_fetches: sim.demand_fetches,
+        step_ns_per_cycle: steps,
+        resident_curve: curve,
+    })
+}
+
+impl Sim<'_> {
+    fn bytes(&self, t: TensorId) -> u64 {
+        self.cycle.tensors[t as usize].bytes
+    }
+
+    fn grow(&mut self, bytes: u64, op: usize) -> Result<(), SimError> {
+        self.used += bytes;
+        self.peak = self.peak.max(self.used);
+        if self.enforce_budget && self.used > self.budget {
+            return Err(SimError::BudgetExceeded { op: op as u32, bytes: self.used, budget: self.budget });
+        }
+        Ok(())
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.budget.saturating_sub(self.used)
+    }
+
+    /// Places every tensor that holds data at the start of the cycle.
+    fn initial_state(&mut self, policy: Policy<'_>) -> Result<(), SimError> {
+        let cycle = self.cycle;
+        let live = Liveness::of(cycle);
+        let period = cycle.len() as u32;
+        // Tensors holding data at position 0, with the unrolled position of their next use.
+        let mut holding: Vec<(TensorId, u32)> = Vec::new();
+        for g in &live.gaps {
+            if g.to >= period {
+                holding.push((g.tensor, g.to));
+            }
+        }
+        for &t in &live.idle {
+            holding.push((t, u32::MAX));
+        }
+        // Transient tensors whose lifetime wraps and that are released at their free under
+        // lru/none: they hold memory from their last access to the free.
+        if !self.release_after {
+            for (tid, t) in cycle.tensors.iter().enumerate() {
+                if let (Some(a), Some(f)) = (t.alloc_at, t.free_at) {
+                    if t.accesses.is_empty() {
+                        continue;
+                    }
+                    let acc = unrolled_accesses(&t.accesses, period);
+                    let last = acc[acc.len() - 1];
+                    // Dead but not yet freed at position 0 of the next cycle.
+                    let wraps_free = f < a;
+                    if wraps_free && last < period && !holding.iter().any(|h| h.0 == tid as u32) {
+                        holding.push((tid as TensorId, u32::MAX - 1));
+                    }
+                }
+            }
+        }
+        match policy {
+            Policy::Plan(plan) => {
+                let on_host: std::collections::HashSet<TensorId> =
+                    plan.on_host_at_start().into_iter().collect();
+                for (t, _) in holding {
+                    if on_host.contains(&t) || plan.host_resident.contains(&t) {
+                        self.place[t as usize] = Place::Host;
+                        self.host_valid[t as usize] = true;
+                    } else {
+                        self.place[t as usize] = Place::Device;
+                        self.grow(self.bytes(t), 0)?;
+                    }
+                }
+            }
+            Policy::Lru | Policy::None => {
+                holding.sort_by_key(|h| h.1);
+                for (t, _) in holding {
+                    let b = self.bytes(t);
+                    if matches!(policy, Policy::None) || self.used + b <= self.budget {
+                        self.place[t as usize] = Place::Device;
+                        self.grow(b, 0)?;
+                    } else {
+                        self.place[t as usize] = Place::Host;
+                        self.host_valid[t as usize] = true;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs op `pos`; returns how long the compute stream waited before it could start.
+    fn run_op(&mut self, pos: usize, global: u64) -> Result<f64, SimError> {
+        let cycle = self.cycle;
+        let op = &cycle.ops[pos];
+        // Frees recorded before this op (lru/none).
+        if !self.release_after {
+            for i in 0..self.actions[pos].release.len() {
+                let t = self.actions[pos].release[i];
+                self.release(t);
+            }
+        }
+        // Plan: prefetches issued when the compute stream reaches this op.
+        for i in 0..self.actions[pos].fetch_at.len() {
+            let t = self.actions[pos].fetch_at[i];
+            if matches!(self.place[t as usize], Place::Host | Place::ToHost) {
+                self.h2d.queue.push_back(t);
+            }
+        }
+        let ready_at = self.time;
+        loop {
+            self.start_copies(pos)?;
+            if self.try_make_ready(pos)? {
+                break;
+            }
+            // Requests made while checking (LRU evictions, demand fetches) may start now.
+            self.start_copies(pos)?;
+            if !self.advance_to_next_copy_event(pos)? {
+                return Err(SimError::Deadlock { op: pos as u32 });
+            }
+        }
+        let waited = self.time - ready_at;
+        for &t in &op.tensors {
+            if self.place[t as usize] != Place::Device {
+                return Err(SimError::NotResident { op: pos as u32, tensor: t });
+            }
+            self.host_valid[t as usize] = false;
+            self.last_use[t as usize] = global;
+        }
+        // The op runs; copies progress meanwhile.
+        let end = self.time + op.duration_ns as f64;
+        self.advance_copies_until(end, pos)?;
+        self.time = end;
+        if self.release_after {
+            for i in 0..self.actions[pos].release.len() {
+                let t = self.actions[pos].release[i];
+                self.release(t);
+            }
+        }
+        for i in 0..self.actions[pos].evict_after.len() {
+            let t = self.actions[pos].evict_after[i];
+            if self.place[t as usize] == Place::Device {
+                self.evict(t);
+            }
+        }
+        Ok(waited)
+    }
+
+    fn release(&mut self, t: TensorId) {
+        let b = self.bytes(t);
+        match self.place[t as usize] {
+            Place::Device | Place::ToDevice | Place::ToHost => {
+                self.used -= b;
+                self.d2h.queue.retain(|&q| q != t);
+                self.h2d.queue.retain(|&q| q != t);
+                if self.d2h.active.is_some_and(|a| a.tensor == t) {
+                    self.d2h.active = None;
+                }
+                if self.h2d.active.is_some_and(|a| a.tensor == t) {
+                    self.h2d.active = None;
+                }
+            }
+            Place::Host | Place::Absent => {
+                self.h2d.queue.retain(|&q| q != t);
+            }
+        }
+        self.place[t as usize] = Place::Absent;
+        self.host_valid[t as usize] = false;
+    }
+
+    /// Starts moving `t` off the device: free if its host copy is valid, else a write-back.
+    fn evict(&mut self, t: TensorId) {
+        if self.host_valid[t as usize] {
+            self.place[t as usize] = Place::Host;
+            self.used -= self.bytes(t);
+        } else {
+            self.place[t as usize] = Place::ToHost;
+            self.d2h.queue.push_back(t);
+            self.bytes_d2h[self.stats_cycle] += self.bytes(t);
+        }
+    }
+
+    /// Whether op `pos` can start now; for LRU, requests what it needs.
+    fn try_make_ready(&mut self, pos: usize) -> Result<bool, SimError> {
+        let cycle = self.cycle;
+        let op = &cycle.ops[pos];
+        let mut ready = true;
+        let mut absent_bytes = 0;
+        for &t in &op.tensors {
+            match self.place[t as usize] {
+                Place::Device => {}
+                Place::Absent => {
+                    absent_bytes += self.bytes(t);
+                    ready = false;
+                }
+                Place::ToDevice => ready = false,
+                Place::Host | Place::ToHost => {
+                    ready = false;
+                    if !self.h2d.queue.contains(&t) && self.h2d.active.is_none_or(|a| a.tensor != t) {
+                        // On demand: LRU's normal path, a plan's miss.
+                        if !self.lru {
+                            self.demand_fetches += 1;
+                        }
+                        self.h2d.queue.push_front(t);
+                    }
+                }
+            }
+        }
+        if absent_bytes > 0 {
+            if self.enforce_budget && absent_bytes > self.free_bytes() && self.lru {
+                self.make_room(absent_bytes, pos);
+            }
+            if !self.enforce_budget || absent_bytes <= self.free_bytes() {
+                for &t in &op.tensors {
+                    if self.place[t as usize] == Place::Absent {
+                        self.place[t as usize] = Place::Device;
+                        self.grow(self.bytes(t), pos)?;
+                    }
+                }
+                return self.try_make_ready(pos);
+            }
+        }
+        if !ready && self.lru {
+            // Make room for the head of the fetch queue if it is waiting for memory.
+            if let Some(&head) = self.h2d.queue.front() {
+                if self.h2d.active.is_none() && self.place[head as usize] == Place::Host {
+                    let need = self.bytes(head);
+                    if need > self.free_bytes() {
+                        self.make_room(need, pos);
+                    }
+                }
+            }
+        }
+        Ok(ready)
+    }
+
+    /// LRU: evicts least recently used device tensors not needed by op `pos` until `need` bytes
+    /// are free or on their way to being free.
+    fn make_room(&mut self, need: u64, pos: usize) {
+        let cycle = self.cycle;
+        let op = &cycle.ops[pos];
+        let pending: u64 = self
+            .d2h
+            .queue
+            .iter()
+            .map(|&t| self.bytes(t))
+            .chain(self.d2h.active.map(|a| self.bytes(a.tensor)))
+            .sum();
+        let mut coming = self.free_bytes() + pending;
+        if coming >= need {
+            return;
+        }
+        let mut candidates: Vec<TensorId> = (0..cycle.tensors.len() as TensorId)
+            .filter(|&t| self.place[t as usize] == Place::Device && !op.tensors.contains(&t))
+            .collect();
+        candidates.sort_by_key(|&t| self.last_use[t as usize]);
+        for t in candidates {
+            if coming >= need {
+                break;
+            }
+            coming += self.bytes(t);
+            self.evict(t);
+        }
+    }
+
+    fn rates(&self) -> (f64, f64) {
+        match (self.h2d.active.is_some(), self.d2h.active.is_some()) {
+            (true, true) => self.cost.shared_rates(),
+            _ => (self.cost.h2d_gbps, self.cost.d2h_gbps),
+        }
+    }
+
+    /// Starts the head of each idle engine's queue when it can start.
+    fn start_copies(&mut self, pos: usize) -> Result<(), SimError> {
+        if self.d2h.active.is_none() {
+            if let Some(t) = self.d2h.queue.pop_front() {
+                self.d2h.active = Some(Transfer { tensor: t, remaining: self.bytes(t) as f64 });
+            }
+        }
+        while self.h2d.active.is_none() {
+            let Some(&t) = self.h2d.queue.front() else { break };
+            match self.place[t as usize] {
+                Place::Host => {
+                    let b = self.bytes(t);
+                    if b > self.free_bytes() && self.enforce_budget {
+                        break;
+                    }
+                    self.h2d.queue.pop_front();
+                    self.place[t as usize] = Place::ToDevice;
+                    self.grow(b, pos)?;
+                    self.bytes_h2d[self.stats_cycle] += b;
+                    self.h2d.active = Some(Transfer { tensor: t, remaining: b as f64 });
+                }
+                // Still being written out: the read-back waits for it.
+                Place::ToHost => break,
+                _ => {
+                    self.h2d.queue.pop_front();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Time until the next copy completes, if any copy is running.
+    fn next_copy_event(&self) -> Option<f64> {
+        let (rh, rd) = self.rates();
+        let h = self.h2d.active.map(|a| a.remaining / rh);
+        let d = self.d2h.active.map(|a| a.remaining / rd);
+        match (h, d) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Moves copies forward by `dt`, completing those that finish.
+    fn progress(&mut self, dt: f64) {
+        let (rh, rd) = self.rates();
+        if let Some(a) = self.h2d.active.as_mut() {
+            a.remaining -= dt * rh;
+        }
+        if let Some(a) = self.d2h.active.as_mut() {
+            a.remaining -= dt * rd;
+        }
+        self.time += dt;
+        // Completion within a rounding error of zero.
+        if let Some(a) = self.h2d.active {
+            if a.remaining <= 1e-6 {
+                self.h2d.active = None;
+                self.place[a.tensor as usize] = Place::Device;
+                self.host_valid[a.tensor as usize] = true;
+            }
+        }
+        if let Some(a) = self.d2h.active {
+            if a.remaining <= 1e-6 {
+                self.d2h.active = None;
+                self.place[a.tensor as usize] = Place::Host;
+                self.host_valid[a.tensor as usize] = true;
+                self.used -= self.bytes(a.tensor);
+            }
+        }
+    }
+
+    /// Advances to the next copy completion; false if nothing is running.
+    fn advance_to_next_copy_event(&mut self, pos: usize) -> Result<bool, SimError> {
+        match self.next_copy_event() {
+            Some(dt) => {
+                self.progress(dt.max(0.0));
+                self.start_copies(pos)?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Runs copies until time `end` (an op is computing meanwhile).
+    fn advance_copies_until(&mut self, end: f64, pos: usize) -> Result<(), SimError> {
+        loop {
+            self.start_copies(pos)?;
+            let remaining = end - self.time;
+            if remaining <= 0.0 {
+                return Ok(());
+            }
+            match self.next_copy_event() {
+                Some(dt) if dt < remaining => self.progress(dt.max(0.0)),
+                _ => {
+                    self.progress(remaining);
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
