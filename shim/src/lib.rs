@@ -1,1 +1,31 @@
-//! (being written)
+//! The in-process runtime of libtensile.
+//!
+//! `libtensile.so` (crate `tensile-preload`) is only the C surface: every exported function
+//! calls into this crate. Here live the real driver table ([`real`]), the managed entry
+//! points ([`syms`], [`entry`], [`hooks`], [`proc_address`], [`interpose`]), access
+//! tracking ([`alloc_index`], [`params`], [`kernels`], [`tracker`]), the trace recorder
+//! ([`recorder`]), configuration and logging ([`config`], [`log`]) and the process-wide
+//! [`runtime`] tying them together.
+//!
+//! Data path of a launch: the wrapper ([`entry`]) finds the real function for the exact
+//! versioned symbol, the hook ([`hooks::launch`]) resolves the allocations the arguments
+//! point into ([`tracker::Tracker::resolve_launch`]), forwards, and records.
+
+pub use tensile_driver_abi as abi;
+
+pub mod alloc_index;
+pub mod config;
+pub mod hooks;
+pub mod interpose;
+pub mod kernels;
+pub mod log;
+pub mod memory;
+pub mod params;
+pub mod proc_address;
+pub mod real;
+pub mod recorder;
+pub mod runtime;
+pub mod syms;
+pub mod tracker;
+
+pub use syms::{entry, pfn, Sym};

@@ -1,0 +1,183 @@
+//! Launch hooks: resolve which live allocations a launch's arguments point into, forward
+//! the launch, and record it.
+//!
+//! This is the hot path (hundreds of thousands of launches per second in training). With
+//! tracing off it allocates nothing: the accesses go into a per-thread buffer that is
+//! reused, the kernel's layout comes from a per-thread cache, and the allocation index is
+//! read through a lock-free snapshot.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+
+use tensile_driver_abi::{CUfunction, CUlaunchConfig, CUresult, CUstream, CUDA_SUCCESS};
+use tensile_trace::Access;
+
+use super::Call;
+use crate::syms::pfn;
+use crate::tracker::LaunchShape;
+
+thread_local! {
+    static SCRATCH: Cell<Vec<Access>> = const { Cell::new(Vec::new()) };
+}
+
+/// Resolves, forwards, records. `forward` performs the real launch.
+///
+/// # Safety
+/// `kernel_params` / `extra` are the launch's own arguments, valid as the driver requires
+/// for kernel `f`.
+#[inline]
+unsafe fn launch_with<F>(
+    call: &Call<F>,
+    f: CUfunction,
+    shape: LaunchShape,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    forward: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let rt = call.rt;
+    let rec = rt.recorder.as_ref();
+    let t = rt.now_ns();
+    // Taking the buffer out of the cell (rather than borrowing it) keeps a re-entrant
+    // launch from the driver safe: it would just get an empty buffer of its own.
+    let mut accesses = SCRATCH.take();
+    accesses.clear();
+    // SAFETY: forwarded from the caller.
+    let kernel = unsafe {
+        rt.tracker.resolve_launch(
+            rec,
+            f,
+            kernel_params.cast_const().cast(),
+            extra.cast_const().cast(),
+            &mut accesses,
+        )
+    };
+    // Issue #4: the memory manager makes `accesses` resident here, ordered on the stream.
+    let r = forward();
+    if r == CUDA_SUCCESS {
+        if let Some(rec) = rec {
+            rt.tracker.launched(rec, t, kernel, shape, &accesses);
+        }
+    }
+    SCRATCH.set(accesses);
+    r
+}
+
+/// `cuLaunchKernel[_ptsz]`.
+///
+/// # Safety
+/// The driver's contract for `cuLaunchKernel`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_kernel(
+    call: Call<pfn::LaunchKernel>,
+    f: CUfunction,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    let shape = LaunchShape {
+        grid: [grid_x, grid_y, grid_z],
+        block: [block_x, block_y, block_z],
+        shared_mem_bytes,
+        stream: call.stream(stream),
+    };
+    // SAFETY: the caller's arguments; the real launch gets them unchanged.
+    unsafe {
+        launch_with(&call, f, shape, kernel_params, extra, || {
+            (call.real)(
+                f,
+                grid_x,
+                grid_y,
+                grid_z,
+                block_x,
+                block_y,
+                block_z,
+                shared_mem_bytes,
+                stream,
+                kernel_params,
+                extra,
+            )
+        })
+    }
+}
+
+/// `cuLaunchKernelEx[_ptsz]`.
+///
+/// # Safety
+/// The driver's contract for `cuLaunchKernelEx`.
+pub unsafe fn launch_kernel_ex(
+    call: Call<pfn::LaunchKernelEx>,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
+    if config.is_null() {
+        // Nothing to track; the driver reports the error.
+        // SAFETY: forwarded unchanged.
+        return unsafe { (call.real)(config, f, kernel_params, extra) };
+    }
+    // SAFETY: a non-null config points to a CUlaunchConfig (driver contract).
+    let c = unsafe { config.read() };
+    let shape = LaunchShape {
+        grid: [c.grid_dim_x, c.grid_dim_y, c.grid_dim_z],
+        block: [c.block_dim_x, c.block_dim_y, c.block_dim_z],
+        shared_mem_bytes: c.shared_mem_bytes,
+        stream: call.stream(c.h_stream),
+    };
+    // SAFETY: the caller's arguments; the real launch gets them unchanged.
+    unsafe {
+        launch_with(&call, f, shape, kernel_params, extra, || {
+            (call.real)(config, f, kernel_params, extra)
+        })
+    }
+}
+
+/// `cuLaunchCooperativeKernel[_ptsz]`.
+///
+/// # Safety
+/// The driver's contract for `cuLaunchCooperativeKernel`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn launch_cooperative_kernel(
+    call: Call<pfn::LaunchCooperativeKernel>,
+    f: CUfunction,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    kernel_params: *mut *mut c_void,
+) -> CUresult {
+    let shape = LaunchShape {
+        grid: [grid_x, grid_y, grid_z],
+        block: [block_x, block_y, block_z],
+        shared_mem_bytes,
+        stream: call.stream(stream),
+    };
+    // SAFETY: the caller's arguments; the real launch gets them unchanged.
+    unsafe {
+        launch_with(&call, f, shape, kernel_params, std::ptr::null_mut(), || {
+            (call.real)(
+                f,
+                grid_x,
+                grid_y,
+                grid_z,
+                block_x,
+                block_y,
+                block_z,
+                shared_mem_bytes,
+                stream,
+                kernel_params,
+            )
+        })
+    }
+}

@@ -1,0 +1,59 @@
+//! Host-wait hooks: forwarded unchanged, recorded in the trace (the analyzer uses them to
+//! see where the host stalls on the device).
+
+use tensile_driver_abi::{CUcontext, CUevent, CUresult, CUstream, CUDA_SUCCESS};
+use tensile_trace::{Record, Sync, SyncScope};
+
+use super::Call;
+use crate::syms::pfn;
+
+fn sync_with<F>(call: &Call<F>, scope: SyncScope, forward: impl FnOnce() -> CUresult) -> CUresult {
+    let t = call.rt.now_ns();
+    let r = forward();
+    if r == CUDA_SUCCESS {
+        if let Some(rec) = call.rt.recorder.as_ref() {
+            rec.record(Record::Sync(Sync { t_ns: t, scope }));
+        }
+    }
+    r
+}
+
+/// `cuStreamSynchronize[_ptsz]`.
+///
+/// # Safety
+/// The driver's contract for `cuStreamSynchronize`.
+pub unsafe fn stream_synchronize(call: Call<pfn::StreamSynchronize>, stream: CUstream) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    sync_with(&call, SyncScope::Stream(call.stream(stream)), || unsafe {
+        (call.real)(stream)
+    })
+}
+
+/// `cuCtxSynchronize`.
+///
+/// # Safety
+/// The driver's contract for `cuCtxSynchronize`.
+pub unsafe fn ctx_synchronize(call: Call<pfn::CtxSynchronize>) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    sync_with(&call, SyncScope::Context, || unsafe { (call.real)() })
+}
+
+/// `cuCtxSynchronize_v2` (CUDA 13: names the context).
+///
+/// # Safety
+/// The driver's contract for `cuCtxSynchronize_v2`.
+pub unsafe fn ctx_synchronize_v2(call: Call<pfn::CtxSynchronizeV2>, ctx: CUcontext) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    sync_with(&call, SyncScope::Context, || unsafe { (call.real)(ctx) })
+}
+
+/// `cuEventSynchronize`.
+///
+/// # Safety
+/// The driver's contract for `cuEventSynchronize`.
+pub unsafe fn event_synchronize(call: Call<pfn::EventSynchronize>, event: CUevent) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    sync_with(&call, SyncScope::Event(event as usize as u64), || unsafe {
+        (call.real)(event)
+    })
+}

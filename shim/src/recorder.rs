@@ -1,0 +1,380 @@
+//! The trace recorder (`TENSILE_TRACE`): hooks hand records to a bounded queue, and one
+//! background thread writes them with `tensile_trace::Writer`.
+//!
+//! - The header is written before [`Recorder::start`] returns, so an unwritable path is an
+//!   error at start, not a silent empty trace.
+//! - A hook never waits long: when the queue is full it waits at most [`SEND_PATIENCE`],
+//!   then drops the record and counts it; the count is logged and written in the trace's
+//!   `End` record.
+//! - The writer flushes at least every [`FLUSH_INTERVAL`], so a process that crashes leaves
+//!   a trace that reads back up to its last complete record.
+//! - [`Recorder::finish`] (called at exit) writes the `Stats` and `End` records and waits
+//!   for the file to be complete.
+//!
+//! This module decides nothing about what is recorded; the hooks do.
+
+use std::fs::File;
+use std::io::{self, BufWriter};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crossbeam::channel::{self, RecvTimeoutError, SendTimeoutError, Sender, TrySendError};
+use tensile_trace::{End, Header, Record, Stats, Writer, FORMAT_VERSION};
+
+/// Records that may wait in the queue.
+pub const QUEUE_CAPACITY: usize = 1 << 16;
+/// How long a hook waits for room in a full queue before dropping its record.
+pub const SEND_PATIENCE: Duration = Duration::from_millis(20);
+/// The longest a written record stays in the writer's buffer.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
+/// How long [`Recorder::finish`] waits for the writer to close the file.
+pub const FINISH_PATIENCE: Duration = Duration::from_secs(10);
+
+enum Msg {
+    Record(Record),
+    Finish {
+        stats: Option<Stats>,
+        end_t_ns: u64,
+        done: Sender<()>,
+    },
+}
+
+/// The open trace of this process.
+#[derive(Debug)]
+pub struct Recorder {
+    tx: Sender<Msg>,
+    start: Instant,
+    path: PathBuf,
+    dropped: Arc<AtomicU64>,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Msg::Record(r) => f.debug_tuple("Record").field(r).finish(),
+            Msg::Finish { .. } => f.write_str("Finish"),
+        }
+    }
+}
+
+impl Recorder {
+    /// Creates (truncates) `path`, writes the header, and starts the writer thread.
+    pub fn start(path: &Path, producer: String, command: String) -> io::Result<Recorder> {
+        let file = File::create(path)?;
+        let start = Instant::now();
+        let start_unix_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let header = Header {
+            format_version: FORMAT_VERSION,
+            pid: std::process::id(),
+            start_unix_ns,
+            producer,
+            command,
+        };
+        let mut writer = Writer::new(BufWriter::with_capacity(1 << 20, file), &header)?;
+        writer.flush()?;
+        let (tx, rx) = channel::bounded::<Msg>(QUEUE_CAPACITY);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let thread_dropped = Arc::clone(&dropped);
+        let thread_path = path.to_owned();
+        std::thread::Builder::new()
+            .name("tensile-trace".into())
+            .spawn(move || write_loop(writer, rx, thread_dropped, thread_path))?;
+        Ok(Recorder {
+            tx,
+            start,
+            path: path.to_owned(),
+            dropped,
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Nanoseconds since the trace started.
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Where the trace is written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Queues `record`; drops it (and counts it) if the queue stays full for
+    /// [`SEND_PATIENCE`] or the trace is closed.
+    pub fn record(&self, record: Record) {
+        if self.closed.load(Ordering::Relaxed) {
+            self.count_drop();
+            return;
+        }
+        let msg = match self.tx.try_send(Msg::Record(record)) {
+            Ok(()) => return,
+            Err(TrySendError::Full(msg)) => msg,
+            Err(TrySendError::Disconnected(_)) => {
+                self.count_drop();
+                return;
+            }
+        };
+        match self.tx.send_timeout(msg, SEND_PATIENCE) {
+            Ok(()) => {}
+            Err(SendTimeoutError::Timeout(_) | SendTimeoutError::Disconnected(_)) => {
+                self.count_drop()
+            }
+        }
+    }
+
+    fn count_drop(&self) {
+        if self.dropped.fetch_add(1, Ordering::Relaxed) == 0 && !self.closed.load(Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "trace queue full: dropping records (the trace writer cannot keep up with {})",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Records dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Writes `stats` and the `End` record and waits (up to [`FINISH_PATIENCE`]) until the
+    /// file is complete. Later records are dropped. Only the first call does anything.
+    pub fn finish(&self, stats: Option<Stats>) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (done, wait) = channel::bounded(1);
+        let end_t_ns = self.now_ns();
+        if self
+            .tx
+            .send_timeout(
+                Msg::Finish {
+                    stats,
+                    end_t_ns,
+                    done,
+                },
+                FINISH_PATIENCE,
+            )
+            .is_err()
+        {
+            tracing::warn!(
+                "the trace writer did not take the end of the trace; {} may be incomplete",
+                self.path.display()
+            );
+            return;
+        }
+        if wait.recv_timeout(FINISH_PATIENCE).is_err() {
+            tracing::warn!(
+                "the trace writer did not finish in time; {} may be incomplete",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Stops recording without writing anything more: in a forked child, which has no
+    /// writer thread and must not touch the parent's file.
+    pub fn abandon(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+fn write_loop(
+    mut writer: Writer<BufWriter<File>>,
+    rx: channel::Receiver<Msg>,
+    dropped: Arc<AtomicU64>,
+    path: PathBuf,
+) {
+    let mut failed = false;
+    let mut last_flush = Instant::now();
+    let fail = |e: io::Error, failed: &mut bool| {
+        if !*failed {
+            tracing::error!(
+                "cannot write the trace to {}: {e}; recording stops",
+                path.display()
+            );
+        }
+        *failed = true;
+    };
+    loop {
+        match rx.recv_timeout(FLUSH_INTERVAL) {
+            Ok(Msg::Record(r)) => {
+                if !failed {
+                    if let Err(e) = writer.write(&r) {
+                        fail(e, &mut failed);
+                    }
+                } else {
+                    dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                if !failed && last_flush.elapsed() >= FLUSH_INTERVAL {
+                    if let Err(e) = writer.flush() {
+                        fail(e, &mut failed);
+                    }
+                    last_flush = Instant::now();
+                }
+            }
+            Ok(Msg::Finish {
+                stats,
+                end_t_ns,
+                done,
+            }) => {
+                if !failed {
+                    let result = stats
+                        .map_or(Ok(()), |s| writer.write(&Record::Stats(s)))
+                        .and_then(|()| {
+                            writer.finish(End {
+                                t_ns: end_t_ns,
+                                dropped_records: dropped.load(Ordering::Relaxed),
+                            })
+                        });
+                    if let Err(e) = result {
+                        fail(e, &mut failed);
+                    }
+                }
+                let n = dropped.load(Ordering::Relaxed);
+                if n > 0 {
+                    tracing::warn!(
+                        "{n} trace records were dropped; {} is incomplete",
+                        path.display()
+                    );
+                }
+                let _ = done.send(());
+                return;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if !failed {
+                    if let Err(e) = writer.flush() {
+                        fail(e, &mut failed);
+                    }
+                    last_flush = Instant::now();
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = writer.flush();
+                return;
+            }
+        }
+    }
+}
+
+/// The command line of this process, arguments separated by spaces.
+pub fn command_line() -> String {
+    match std::fs::read("/proc/self/cmdline") {
+        Ok(raw) => raw
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(_) => std::env::args().collect::<Vec<_>>().join(" "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensile_trace::{Free, Reader, Sync, SyncScope, TraceError};
+
+    fn temp(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("tensile-recorder-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn writes_header_records_stats_and_end() {
+        let path = temp("basic.trace");
+        let rec = Recorder::start(&path, "test".into(), "cmd a b".into()).unwrap();
+        for id in 0..1000 {
+            rec.record(Record::Free(Free {
+                t_ns: id,
+                stream: 7,
+                id,
+            }));
+        }
+        rec.record(Record::Sync(Sync {
+            t_ns: 5,
+            scope: SyncScope::Context,
+        }));
+        let stats = Stats {
+            bytes_to_host: 0,
+            bytes_to_device: 0,
+            stalled_launches: 0,
+            stall_ns: 0,
+            peak_resident_bytes: 42,
+            host_pool_bytes: 0,
+        };
+        rec.finish(Some(stats.clone()));
+        rec.record(Record::Free(Free {
+            t_ns: 0,
+            stream: 0,
+            id: 9999,
+        }));
+
+        let mut reader = Reader::open(&path).unwrap();
+        assert_eq!(reader.header().command, "cmd a b");
+        assert_eq!(reader.header().pid, std::process::id());
+        let records: Vec<Record> = reader.by_ref().collect::<Result<_, _>>().unwrap();
+        assert!(reader.finished_cleanly());
+        assert_eq!(records.len(), 1000 + 1 + 2);
+        for (i, r) in records[..1000].iter().enumerate() {
+            assert_eq!(
+                r,
+                &Record::Free(Free {
+                    t_ns: i as u64,
+                    stream: 7,
+                    id: i as u64
+                })
+            );
+        }
+        assert_eq!(records[1001], Record::Stats(stats));
+        let Record::End(end) = &records[1002] else {
+            panic!("{:?}", records[1002])
+        };
+        assert_eq!(end.dropped_records, 0);
+        assert_eq!(rec.dropped(), 1, "the record after finish is dropped");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn records_reach_the_file_without_finish() {
+        let path = temp("flush.trace");
+        let rec = Recorder::start(&path, "test".into(), String::new()).unwrap();
+        rec.record(Record::Free(Free {
+            t_ns: 1,
+            stream: 0,
+            id: 1,
+        }));
+        std::thread::sleep(FLUSH_INTERVAL * 4);
+        // The process "crashes" here: no End record, but the record is on disk.
+        let mut reader = Reader::open(&path).unwrap();
+        assert_eq!(
+            reader.next().unwrap().unwrap(),
+            Record::Free(Free {
+                t_ns: 1,
+                stream: 0,
+                id: 1
+            })
+        );
+        assert!(matches!(
+            reader.next(),
+            Some(Err(TraceError::Truncated { .. })) | None
+        ));
+        assert!(!reader.finished_cleanly());
+        rec.abandon();
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn an_unwritable_path_fails_at_start() {
+        let err = Recorder::start(
+            Path::new("/nonexistent-dir/x.trace"),
+            "t".into(),
+            String::new(),
+        );
+        assert!(err.is_err());
+    }
+}

@@ -1,0 +1,188 @@
+//! The process-wide runtime: created on first use, never torn down.
+//!
+//! Creation is lazy (the first managed call or managed `dlsym`), not in the library
+//! constructor: `LD_PRELOAD` is inherited by every child process (shells, `nvidia-smi`,
+//! data-loader workers), and only the ones that use CUDA should load the driver or open a
+//! trace file. The constructor only reads the configuration and sets up logging
+//! ([`on_load`]).
+//!
+//! Creation may be re-entered on the same thread (loading the real driver runs its
+//! constructors, which may call `dlsym`); a re-entrant caller gets `None` and falls back to
+//! plain forwarding instead of deadlocking. Other threads wait for creation to finish.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+use tensile_trace::Stats;
+
+use crate::config::Config;
+use crate::real::RealDriver;
+use crate::recorder::{self, Recorder};
+use crate::tracker::Tracker;
+
+/// The library name and version written into traces.
+pub const PRODUCER: &str = concat!("libtensile ", env!("CARGO_PKG_VERSION"));
+
+/// Everything the hooks share.
+#[derive(Debug)]
+pub struct Runtime {
+    pub config: Config,
+    pub driver: RealDriver,
+    pub tracker: Tracker,
+    pub recorder: Option<Recorder>,
+    pid: u32,
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+static INIT_LOCK: Mutex<()> = Mutex::new(());
+static INIT_THREAD: AtomicI64 = AtomicI64::new(0);
+static FAILED: AtomicBool = AtomicBool::new(false);
+
+/// The configuration, read from the environment once (problems are logged once).
+pub fn config() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        let (config, problems) = Config::from_env();
+        crate::log::init(config.log.as_deref());
+        for p in problems {
+            tracing::warn!("{p}");
+        }
+        config
+    })
+}
+
+/// What the library constructor does: configuration and logging, nothing more.
+pub fn on_load() {
+    let config = config();
+    tracing::debug!(pid = std::process::id(), ?config, "libtensile loaded");
+}
+
+/// The runtime, created on first call. `None` if the real driver cannot be loaded, or if
+/// this thread is creating the runtime right now (a re-entrant call).
+#[inline]
+pub fn get() -> Option<&'static Runtime> {
+    match RUNTIME.get() {
+        Some(rt) => Some(rt),
+        None => create(),
+    }
+}
+
+/// The runtime if it exists already; never creates it.
+pub fn existing() -> Option<&'static Runtime> {
+    RUNTIME.get()
+}
+
+fn thread_id() -> i64 {
+    // SAFETY: gettid has no preconditions.
+    i64::from(unsafe { libc::gettid() })
+}
+
+#[cold]
+fn create() -> Option<&'static Runtime> {
+    if FAILED.load(Ordering::Acquire) || INIT_THREAD.load(Ordering::Acquire) == thread_id() {
+        return None;
+    }
+    let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rt) = RUNTIME.get() {
+        return Some(rt);
+    }
+    if FAILED.load(Ordering::Acquire) {
+        return None;
+    }
+    INIT_THREAD.store(thread_id(), Ordering::Release);
+    let created = std::panic::catch_unwind(Runtime::create);
+    INIT_THREAD.store(0, Ordering::Release);
+    match created {
+        Ok(Ok(rt)) => {
+            let tracing = rt.recorder.is_some();
+            let _ = RUNTIME.set(rt);
+            // SAFETY: registering plain `extern "C"` functions that never unwind.
+            unsafe {
+                libc::pthread_atfork(None, None, Some(in_forked_child));
+                if tracing {
+                    libc::atexit(at_exit);
+                }
+            }
+            RUNTIME.get()
+        }
+        Ok(Err(why)) => {
+            tracing::warn!("{why}; libtensile stays out of the way");
+            FAILED.store(true, Ordering::Release);
+            None
+        }
+        Err(_) => {
+            tracing::error!("creating the runtime panicked; libtensile stays out of the way");
+            FAILED.store(true, Ordering::Release);
+            None
+        }
+    }
+}
+
+impl Runtime {
+    fn create() -> Result<Runtime, String> {
+        let config = config().clone();
+        let driver = RealDriver::load()?;
+        let recorder = config.trace.as_deref().and_then(|path| {
+            match Recorder::start(path, PRODUCER.to_owned(), recorder::command_line()) {
+                Ok(r) => {
+                    tracing::info!("writing the trace to {}", path.display());
+                    Some(r)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        "TENSILE_TRACE: cannot write the trace to {}: {e}; tracing is off",
+                        path.display()
+                    );
+                    None
+                }
+            }
+        });
+        let tracker = Tracker::new(driver.introspection);
+        Ok(Runtime {
+            config,
+            driver,
+            tracker,
+            recorder,
+            pid: std::process::id(),
+        })
+    }
+
+    /// Trace time of a call made now (0 when not tracing: nothing reads it).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.recorder.as_ref().map_or(0, Recorder::now_ns)
+    }
+
+    /// Completes the trace: statistics and the end marker.
+    pub fn finish(&self) {
+        if let Some(rec) = &self.recorder {
+            rec.finish(Some(Stats {
+                bytes_to_host: 0,
+                bytes_to_device: 0,
+                stalled_launches: 0,
+                stall_ns: 0,
+                peak_resident_bytes: self.tracker.peak_bytes(),
+                host_pool_bytes: 0,
+            }));
+        }
+    }
+}
+
+extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(rt) = RUNTIME.get() {
+            // A forked child inherits the handler but not the writer thread.
+            if rt.pid == std::process::id() {
+                rt.finish();
+            }
+        }
+    });
+}
+
+extern "C" fn in_forked_child() {
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(rec) = RUNTIME.get().and_then(|rt| rt.recorder.as_ref()) {
+            rec.abandon();
+        }
+    });
+}
