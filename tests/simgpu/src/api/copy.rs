@@ -1,0 +1,286 @@
+//! Copies and memsets. Synchronous forms run on the default stream (legacy, or per-thread for
+//! `_ptds`) and return after completion; asynchronous forms queue on the given stream.
+//! Device ranges are checked when the operation executes: a bad one is a fault
+//! (`CUDA_ERROR_ILLEGAL_ADDRESS`, sticky).
+
+use std::ffi::c_void;
+
+use tensile_driver_abi::*;
+
+use super::{current_ctx, enqueue, per_thread_pair, resolve_stream, run_sync, st};
+use crate::memory::HostPtr;
+use crate::ops::{Copy2D, Op, Side};
+
+/// Device if `addr` is in a registered range, else a host pointer (unified addressing).
+fn classify(addr: u64) -> Result<Side, CUresult> {
+    Ok(if st()?.space.region_of(addr).is_some() {
+        Side::Device(addr)
+    } else {
+        Side::Host(HostPtr(addr as usize))
+    })
+}
+
+fn host(p: *const c_void) -> Result<Side, CUresult> {
+    if p.is_null() {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(Side::Host(HostPtr(p as usize)))
+    }
+}
+
+/// Queues (`stream = Some`) or runs synchronously a copy of `len` bytes.
+fn submit(
+    pt: bool,
+    stream: Option<CUstream>,
+    dst: Result<Side, CUresult>,
+    src: Result<Side, CUresult>,
+    len: usize,
+) -> Result<(), CUresult> {
+    if len == 0 {
+        match stream {
+            Some(h) => resolve_stream(h, pt).map(|_| ()),
+            None => current_ctx().map(|_| ()),
+        }?;
+        return Ok(());
+    }
+    let op = Op::Copy {
+        dst: dst?,
+        src: src?,
+        len: len as u64,
+    };
+    match stream {
+        Some(h) => enqueue(h, pt, Vec::new(), op),
+        None => run_sync(pt, op),
+    }
+}
+
+unsafe fn memcpy(pt: bool, dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Result<(), CUresult> {
+    submit(pt, None, classify(dst), classify(src), n)
+}
+per_thread_pair!(cuMemcpy, cuMemcpy_ptds, memcpy, (dst: CUdeviceptr, src: CUdeviceptr, n: usize));
+
+unsafe fn memcpy_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    submit(pt, Some(h), classify(dst), classify(src), n)
+}
+per_thread_pair!(cuMemcpyAsync, cuMemcpyAsync_ptsz, memcpy_async, (dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream));
+
+unsafe fn memcpy_htod(
+    pt: bool,
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> Result<(), CUresult> {
+    submit(pt, None, Ok(Side::Device(dst)), host(src), n)
+}
+per_thread_pair!(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, memcpy_htod, (dst: CUdeviceptr, src: *const c_void, n: usize));
+
+unsafe fn memcpy_dtoh(
+    pt: bool,
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+) -> Result<(), CUresult> {
+    submit(pt, None, host(dst), Ok(Side::Device(src)), n)
+}
+per_thread_pair!(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, memcpy_dtoh, (dst: *mut c_void, src: CUdeviceptr, n: usize));
+
+unsafe fn memcpy_dtod(
+    pt: bool,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+) -> Result<(), CUresult> {
+    submit(pt, None, Ok(Side::Device(dst)), Ok(Side::Device(src)), n)
+}
+per_thread_pair!(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds, memcpy_dtod, (dst: CUdeviceptr, src: CUdeviceptr, n: usize));
+
+unsafe fn memcpy_htod_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    submit(pt, Some(h), Ok(Side::Device(dst)), host(src), n)
+}
+per_thread_pair!(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz, memcpy_htod_async, (dst: CUdeviceptr, src: *const c_void, n: usize, h: CUstream));
+
+unsafe fn memcpy_dtoh_async(
+    pt: bool,
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    submit(pt, Some(h), host(dst), Ok(Side::Device(src)), n)
+}
+per_thread_pair!(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz, memcpy_dtoh_async, (dst: *mut c_void, src: CUdeviceptr, n: usize, h: CUstream));
+
+unsafe fn memcpy_dtod_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    submit(pt, Some(h), Ok(Side::Device(dst)), Ok(Side::Device(src)), n)
+}
+per_thread_pair!(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz, memcpy_dtod_async, (dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream));
+
+/// One side of a `CUDA_MEMCPY2D`, at its (x, y) origin.
+fn side_2d(
+    kind: CUmemorytype,
+    host_ptr: usize,
+    device: u64,
+    x: usize,
+    y: usize,
+    pitch: usize,
+) -> Result<Side, CUresult> {
+    let off = y
+        .checked_mul(pitch)
+        .and_then(|o| o.checked_add(x))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    match kind {
+        CU_MEMORYTYPE_HOST if host_ptr != 0 => Ok(Side::Host(HostPtr(host_ptr + off))),
+        CU_MEMORYTYPE_DEVICE => Ok(Side::Device(device + off as u64)),
+        CU_MEMORYTYPE_UNIFIED => classify(device + off as u64),
+        CU_MEMORYTYPE_ARRAY => Err(CUDA_ERROR_NOT_SUPPORTED),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// # Safety
+/// `p` must be NULL or point to a `CUDA_MEMCPY2D`.
+unsafe fn copy_2d(
+    pt: bool,
+    p: *const CUDA_MEMCPY2D,
+    stream: Option<CUstream>,
+) -> Result<(), CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-NULL and points to a CUDA_MEMCPY2D (API contract).
+    let c = unsafe { std::ptr::read_unaligned(p) };
+    if c.height > 1 && (c.width_in_bytes > c.src_pitch || c.width_in_bytes > c.dst_pitch) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let src = side_2d(
+        c.src_memory_type,
+        c.src_host as usize,
+        c.src_device,
+        c.src_x_in_bytes,
+        c.src_y,
+        c.src_pitch,
+    )?;
+    let dst = side_2d(
+        c.dst_memory_type,
+        c.dst_host as usize,
+        c.dst_device,
+        c.dst_x_in_bytes,
+        c.dst_y,
+        c.dst_pitch,
+    )?;
+    let op = Op::Copy2D(Copy2D {
+        src,
+        src_pitch: c.src_pitch as u64,
+        dst,
+        dst_pitch: c.dst_pitch as u64,
+        width: c.width_in_bytes as u64,
+        height: c.height as u64,
+    });
+    match stream {
+        Some(h) => enqueue(h, pt, Vec::new(), op),
+        None => run_sync(pt, op),
+    }
+}
+
+unsafe fn memcpy_2d(pt: bool, p: *const CUDA_MEMCPY2D) -> Result<(), CUresult> {
+    // SAFETY: same contract.
+    unsafe { copy_2d(pt, p, None) }
+}
+per_thread_pair!(cuMemcpy2D_v2, cuMemcpy2D_v2_ptds, memcpy_2d, (p: *const CUDA_MEMCPY2D));
+per_thread_pair!(cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2_ptds, memcpy_2d, (p: *const CUDA_MEMCPY2D));
+
+unsafe fn memcpy_2d_async(pt: bool, p: *const CUDA_MEMCPY2D, h: CUstream) -> Result<(), CUresult> {
+    // SAFETY: same contract.
+    unsafe { copy_2d(pt, p, Some(h)) }
+}
+per_thread_pair!(cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz, memcpy_2d_async, (p: *const CUDA_MEMCPY2D, h: CUstream));
+
+fn memset(
+    pt: bool,
+    stream: Option<CUstream>,
+    dst: u64,
+    pattern: Vec<u8>,
+    count: usize,
+) -> Result<(), CUresult> {
+    if dst % pattern.len() as u64 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if count == 0 {
+        return submit(pt, stream, Ok(Side::Device(dst)), Ok(Side::Device(dst)), 0);
+    }
+    let op = Op::Memset {
+        dst,
+        pattern,
+        count: count as u64,
+    };
+    match stream {
+        Some(h) => enqueue(h, pt, Vec::new(), op),
+        None => run_sync(pt, op),
+    }
+}
+
+unsafe fn memset_d8(pt: bool, dst: CUdeviceptr, v: u8, n: usize) -> Result<(), CUresult> {
+    memset(pt, None, dst, vec![v], n)
+}
+per_thread_pair!(cuMemsetD8_v2, cuMemsetD8_v2_ptds, memset_d8, (dst: CUdeviceptr, v: u8, n: usize));
+
+unsafe fn memset_d16(pt: bool, dst: CUdeviceptr, v: u16, n: usize) -> Result<(), CUresult> {
+    memset(pt, None, dst, v.to_ne_bytes().to_vec(), n)
+}
+per_thread_pair!(cuMemsetD16_v2, cuMemsetD16_v2_ptds, memset_d16, (dst: CUdeviceptr, v: u16, n: usize));
+
+unsafe fn memset_d32(pt: bool, dst: CUdeviceptr, v: u32, n: usize) -> Result<(), CUresult> {
+    memset(pt, None, dst, v.to_ne_bytes().to_vec(), n)
+}
+per_thread_pair!(cuMemsetD32_v2, cuMemsetD32_v2_ptds, memset_d32, (dst: CUdeviceptr, v: u32, n: usize));
+
+unsafe fn memset_d8_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    v: u8,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    memset(pt, Some(h), dst, vec![v], n)
+}
+per_thread_pair!(cuMemsetD8Async, cuMemsetD8Async_ptsz, memset_d8_async, (dst: CUdeviceptr, v: u8, n: usize, h: CUstream));
+
+unsafe fn memset_d16_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    v: u16,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    memset(pt, Some(h), dst, v.to_ne_bytes().to_vec(), n)
+}
+per_thread_pair!(cuMemsetD16Async, cuMemsetD16Async_ptsz, memset_d16_async, (dst: CUdeviceptr, v: u16, n: usize, h: CUstream));
+
+unsafe fn memset_d32_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    v: u32,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    memset(pt, Some(h), dst, v.to_ne_bytes().to_vec(), n)
+}
+per_thread_pair!(cuMemsetD32Async, cuMemsetD32Async_ptsz, memset_d32_async, (dst: CUdeviceptr, v: u32, n: usize, h: CUstream));

@@ -1,0 +1,413 @@
+//! The simulated device's address space: every range a kernel, copy or memset may touch,
+//! and the checks that make touching anything else a fault.
+//!
+//! Device pointers are host virtual addresses (unified addressing). Three kinds of range
+//! are tracked in one table, keyed by start address:
+//! - linear allocations (`cuMemAlloc*`): an anonymous read-write mapping per allocation,
+//!   followed by an unregistered guard page, so an overrun faults instead of landing in a
+//!   neighbour;
+//! - pinned host allocations (`cuMemAllocHost`/`cuMemHostAlloc`), accessible to kernels;
+//! - VMM mappings (`cuMemMap`): a `memfd` physical allocation mapped `MAP_SHARED|MAP_FIXED`
+//!   inside a `PROT_NONE` reservation, accessible only after `cuMemSetAccess`.
+//!
+//! Invariants (what makes the raw copies below sound):
+//! - every byte of every registered range is backed by a live host mapping this module
+//!   created, readable (and writable if the range's access allows writes) by the host;
+//! - the table and the host mappings change only under the write lock, and every access to
+//!   device memory checks the table and copies under the read lock, so no range can be
+//!   unmapped while it is being read or written;
+//! - a registered range never overlaps another.
+//!
+//! Concurrent kernels may read and write the same bytes at once (as on a GPU, where such a
+//! program has a data race); the copies use raw pointers and never form Rust references
+//! to device memory, so this yields racy bytes, not references that alias.
+//!
+//! Not here: stream ordering (a free or remap happens when this module is called; callers
+//! decide when) and handle validation of the API.
+
+pub mod vmm;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use tensile_driver_abi::*;
+use tensile_kernels::{AccessKind, DeviceMemory, Fault};
+
+use crate::os::{self, MemFd, PAGE};
+
+pub use vmm::GRANULARITY;
+
+/// What a kernel may do with a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    None,
+    Read,
+    ReadWrite,
+}
+
+impl Access {
+    fn allows(self, kind: AccessKind) -> bool {
+        match kind {
+            AccessKind::Read => self >= Access::Read,
+            AccessKind::Write => self == Access::ReadWrite,
+        }
+    }
+}
+
+/// Which API created a range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegionKind {
+    /// `cuMemAlloc*` / stream-ordered allocations. `pool` is the memory pool of a
+    /// stream-ordered allocation; `free_queued` is set once `cuMemFreeAsync` has been called.
+    Linear {
+        mapped_len: u64,
+        charged: u64,
+        pool: Option<usize>,
+        free_queued: bool,
+    },
+    /// Pinned host memory from `cuMemAllocHost`/`cuMemHostAlloc`.
+    HostPinned { mapped_len: u64 },
+    /// A `cuMemMap` of physical allocation `handle` at `offset`.
+    Mapped { handle: u64, offset: u64 },
+}
+
+/// One registered range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub start: u64,
+    pub len: u64,
+    pub kind: RegionKind,
+    pub access: Access,
+    /// Context that allocated it (0 for VMM mappings, which belong to no context).
+    pub ctx: usize,
+}
+
+impl Region {
+    pub fn end(&self) -> u64 {
+        self.start + self.len
+    }
+
+    pub fn is_device(&self) -> bool {
+        !matches!(self.kind, RegionKind::HostPinned { .. })
+    }
+}
+
+#[derive(Debug)]
+struct Physical {
+    fd: MemFd,
+    size: u64,
+    location: CUmemLocation,
+    /// Device bytes charged against capacity (0 for host-located memory).
+    charged: u64,
+    /// References: one from creation (dropped by `cuMemRelease`), one per
+    /// `cuMemRetainAllocationHandle`; the memory is freed when these and `maps` reach 0.
+    refs: u32,
+    maps: u32,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    regions: BTreeMap<u64, Region>,
+    /// start -> length of each `cuMemAddressReserve`.
+    reservations: BTreeMap<u64, u64>,
+    physical: HashMap<u64, Physical>,
+    next_handle: u64,
+    device_used: u64,
+}
+
+/// The address space. See the module docs for its invariants.
+#[derive(Debug)]
+pub struct AddressSpace {
+    inner: RwLock<Inner>,
+    capacity: u64,
+}
+
+/// A host pointer taking part in a copy (the simulator trusts the application with these,
+/// as the driver does for pinned memory).
+#[derive(Debug, Clone, Copy)]
+pub struct HostPtr(pub usize);
+
+fn os_err(e: i32) -> CUresult {
+    if e == libc::ENOMEM {
+        CUDA_ERROR_OUT_OF_MEMORY
+    } else {
+        CUDA_ERROR_UNKNOWN
+    }
+}
+
+impl AddressSpace {
+    pub fn new(capacity: u64) -> Self {
+        Self {
+            inner: RwLock::new(Inner {
+                next_handle: 0x5100,
+                ..Inner::default()
+            }),
+            capacity,
+        }
+    }
+
+    fn read_lock(&self) -> RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_lock(&self) -> RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Device bytes in use (linear allocations and device-located physical allocations).
+    pub fn device_used(&self) -> u64 {
+        self.read_lock().device_used
+    }
+
+    fn charge(&self, inner: &mut Inner, bytes: u64) -> Result<(), CUresult> {
+        match inner.device_used.checked_add(bytes) {
+            Some(total) if total <= self.capacity => {
+                inner.device_used = total;
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
+        }
+    }
+
+    /// `cuMemAlloc*`: `size` bytes of memory, charged to the device (if `on_device`) rounded
+    /// up to whole pages. Returns (address, bytes charged).
+    pub fn alloc_linear(
+        &self,
+        size: u64,
+        ctx: usize,
+        pool: Option<usize>,
+        on_device: bool,
+    ) -> Result<(u64, u64), CUresult> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let rounded = size
+            .checked_next_multiple_of(PAGE)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let charged = if on_device { rounded } else { 0 };
+        let mapped_len = rounded.checked_add(PAGE).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?; // + guard
+        let mut inner = self.write_lock();
+        self.charge(&mut inner, charged)?;
+        let start = match os::map_anonymous(mapped_len, libc::PROT_READ | libc::PROT_WRITE, 0) {
+            Ok(a) => a,
+            Err(e) => {
+                inner.device_used -= charged;
+                return Err(os_err(e));
+            }
+        };
+        // The guard page stays mapped (so nothing else lands there) but unreadable.
+        let _ = os::protect(start + rounded, PAGE, libc::PROT_NONE);
+        let kind = RegionKind::Linear {
+            mapped_len,
+            charged,
+            pool,
+            free_queued: false,
+        };
+        let region = Region {
+            start,
+            len: size,
+            kind,
+            access: Access::ReadWrite,
+            ctx,
+        };
+        inner.regions.insert(start, region);
+        Ok((start, charged))
+    }
+
+    /// Marks a linear allocation as about to be freed by a queued `cuMemFreeAsync`, so a second
+    /// free of it is refused. Returns its pool.
+    pub fn queue_free(&self, addr: u64) -> Result<Option<usize>, CUresult> {
+        let mut inner = self.write_lock();
+        match inner.regions.get_mut(&addr) {
+            Some(Region {
+                kind:
+                    RegionKind::Linear {
+                        free_queued, pool, ..
+                    },
+                ..
+            }) if !*free_queued => {
+                *free_queued = true;
+                Ok(*pool)
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemFree`, or the execution of a queued `cuMemFreeAsync` (`queued`): unmaps the
+    /// allocation starting at `addr`. Returns (charged bytes, pool).
+    pub fn free_linear(&self, addr: u64, queued: bool) -> Result<(u64, Option<usize>), CUresult> {
+        let mut inner = self.write_lock();
+        let (mapped_len, charged, pool) = match inner.regions.get(&addr) {
+            Some(Region {
+                kind:
+                    RegionKind::Linear {
+                        mapped_len,
+                        charged,
+                        pool,
+                        free_queued,
+                    },
+                ..
+            }) if *free_queued == queued => (*mapped_len, *charged, *pool),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        inner.regions.remove(&addr);
+        inner.device_used -= charged;
+        os::unmap(addr, mapped_len);
+        Ok((charged, pool))
+    }
+
+    /// `cuMemAllocHost`/`cuMemHostAlloc`: pinned host memory, not charged to the device.
+    pub fn alloc_host(&self, size: u64, ctx: usize) -> Result<u64, CUresult> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mapped_len = size
+            .checked_next_multiple_of(PAGE)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let start =
+            os::map_anonymous(mapped_len, libc::PROT_READ | libc::PROT_WRITE, 0).map_err(os_err)?;
+        let kind = RegionKind::HostPinned { mapped_len };
+        let region = Region {
+            start,
+            len: size,
+            kind,
+            access: Access::ReadWrite,
+            ctx,
+        };
+        self.write_lock().regions.insert(start, region);
+        Ok(start)
+    }
+
+    /// `cuMemFreeHost`.
+    pub fn free_host(&self, addr: u64) -> Result<(), CUresult> {
+        let mut inner = self.write_lock();
+        match inner.regions.get(&addr) {
+            Some(Region {
+                kind: RegionKind::HostPinned { mapped_len },
+                ..
+            }) => {
+                let len = *mapped_len;
+                inner.regions.remove(&addr);
+                os::unmap(addr, len);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// The registered range containing `addr`, if any.
+    pub fn region_of(&self, addr: u64) -> Option<Region> {
+        let inner = self.read_lock();
+        find(&inner, addr).copied()
+    }
+
+    /// Checks that `[addr, addr + len)` is covered by registered ranges allowing `kind`.
+    fn check(inner: &Inner, addr: u64, len: u64, kind: AccessKind) -> Result<(), Fault> {
+        let fault = Fault { addr, len, kind };
+        if len == 0 {
+            return Ok(());
+        }
+        let end = addr.checked_add(len).ok_or(fault)?;
+        let mut cursor = addr;
+        while cursor < end {
+            match find(inner, cursor) {
+                Some(r) if r.access.allows(kind) => cursor = r.end(),
+                _ => return Err(fault),
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies device memory at `src` to the host bytes at `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `len` bytes.
+    pub unsafe fn read_to_host(&self, src: u64, dst: *mut u8, len: usize) -> Result<(), Fault> {
+        let inner = self.read_lock();
+        Self::check(&inner, src, len as u64, AccessKind::Read)?;
+        // SAFETY: the source range is registered and readable (checked above, under the read
+        // lock, so it stays mapped: module invariant); the caller vouches for `dst`.
+        unsafe { std::ptr::copy(src as *const u8, dst, len) };
+        Ok(())
+    }
+
+    /// Copies the host bytes at `src` to device memory at `dst`.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    pub unsafe fn write_from_host(
+        &self,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+    ) -> Result<(), Fault> {
+        let inner = self.read_lock();
+        Self::check(&inner, dst, len as u64, AccessKind::Write)?;
+        // SAFETY: the destination is registered and writable and stays mapped while the read
+        // lock is held (module invariant); the caller vouches for `src`.
+        unsafe { std::ptr::copy(src, dst as *mut u8, len) };
+        Ok(())
+    }
+
+    /// Device-to-device copy (ranges may overlap).
+    pub fn copy_device(&self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
+        let inner = self.read_lock();
+        Self::check(&inner, src, len, AccessKind::Read)?;
+        Self::check(&inner, dst, len, AccessKind::Write)?;
+        // SAFETY: both ranges are registered with the needed access and stay mapped while the
+        // read lock is held (module invariant).
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+        Ok(())
+    }
+
+    /// Fills `count` elements of `pattern.len()` bytes (1, 2 or 4) at `dst` with `pattern`.
+    pub fn fill(&self, dst: u64, pattern: &[u8], count: u64) -> Result<(), Fault> {
+        let fault = Fault {
+            addr: dst,
+            len: u64::MAX,
+            kind: AccessKind::Write,
+        };
+        let len = count.checked_mul(pattern.len() as u64).ok_or(fault)?;
+        let inner = self.read_lock();
+        Self::check(&inner, dst, len, AccessKind::Write)?;
+        // A chunk of repeated pattern, copied as many times as needed: no references to
+        // device memory are formed.
+        const CHUNK: usize = 1 << 16;
+        let chunk: Vec<u8> = pattern.iter().copied().cycle().take(CHUNK).collect();
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(CHUNK as u64) as usize;
+            // SAFETY: [dst, dst + len) is registered, writable and stays mapped while the read
+            // lock is held; `chunk` holds at least `n` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(chunk.as_ptr(), (dst + done) as *mut u8, n) };
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// The registered range containing `addr`.
+fn find(inner: &Inner, addr: u64) -> Option<&Region> {
+    inner
+        .regions
+        .range(..=addr)
+        .next_back()
+        .map(|(_, r)| r)
+        .filter(|r| addr < r.end())
+}
+
+impl DeviceMemory for AddressSpace {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        // SAFETY: `buf` is valid for writes of its length.
+        unsafe { self.read_to_host(addr, buf.as_mut_ptr(), buf.len()) }
+    }
+
+    fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        // SAFETY: `data` is valid for reads of its length.
+        unsafe { self.write_from_host(addr, data.as_ptr(), data.len()) }
+    }
+}

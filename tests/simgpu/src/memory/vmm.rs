@@ -1,0 +1,306 @@
+//! Virtual memory management on host memory: reservations, physical allocations (`memfd`s),
+//! mappings and access rights, with the CUDA driver's rules for each.
+//!
+//! A physical allocation's bytes live in its `memfd`, so unmapping a range and mapping the same
+//! handle elsewhere (or mapping a host-located handle where a device one was) keeps the data,
+//! as on the GPU. Map and unmap happen when called, not in stream order.
+//!
+//! Stricter than the driver in one documented way: `cuMemAddressFree` of a reservation that
+//! still has mappings is refused (`CUDA_ERROR_INVALID_VALUE`) rather than unmapping them.
+
+use tensile_driver_abi::*;
+
+use super::{find, os_err, Access, AddressSpace, Inner, Physical, Region, RegionKind};
+use crate::os::{self, MemFd};
+
+/// Allocation and mapping granularity (device and host-NUMA), as on the H100.
+pub const GRANULARITY: u64 = 2 << 20;
+
+fn aligned(v: u64) -> bool {
+    v % GRANULARITY == 0
+}
+
+fn prot(access: Access) -> i32 {
+    match access {
+        Access::None => libc::PROT_NONE,
+        Access::Read => libc::PROT_READ,
+        Access::ReadWrite => libc::PROT_READ | libc::PROT_WRITE,
+    }
+}
+
+/// Checks a location a physical allocation may live at; returns whether it is the device.
+pub fn check_location(loc: &CUmemLocation) -> Result<bool, CUresult> {
+    match loc.type_ {
+        CU_MEM_LOCATION_TYPE_DEVICE if loc.id == 0 => Ok(true),
+        CU_MEM_LOCATION_TYPE_DEVICE => Err(CUDA_ERROR_INVALID_DEVICE),
+        CU_MEM_LOCATION_TYPE_HOST_NUMA if loc.id == 0 => Ok(false),
+        CU_MEM_LOCATION_TYPE_HOST => Ok(false),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+impl Inner {
+    /// The reservation holding all of `[addr, addr + len)`.
+    fn reservation_of(&self, addr: u64, len: u64) -> Option<(u64, u64)> {
+        let (&start, &rlen) = self.reservations.range(..=addr).next_back()?;
+        let end = addr.checked_add(len)?;
+        (end <= start + rlen).then_some((start, rlen))
+    }
+
+    /// Regions intersecting `[addr, end)`, in address order.
+    fn regions_in(&self, addr: u64, end: u64) -> Vec<Region> {
+        let first = find(self, addr).map_or(addr, |r| r.start);
+        self.regions.range(first..end).map(|(_, r)| *r).collect()
+    }
+
+    /// Drops one mapping or reference of `handle`; frees it (and uncharges it) when none remain.
+    fn unref(&mut self, handle: u64, mapping: bool) {
+        let Some(p) = self.physical.get_mut(&handle) else {
+            return;
+        };
+        if mapping {
+            p.maps -= 1;
+        } else {
+            p.refs -= 1;
+        }
+        if p.maps == 0 && p.refs == 0 {
+            let charged = p.charged;
+            self.physical.remove(&handle);
+            self.device_used -= charged;
+        }
+    }
+
+    /// Splits the mapping containing `at` so that a region starts at `at`.
+    fn split_at(&mut self, at: u64) {
+        let Some(r) = find(self, at).copied() else {
+            return;
+        };
+        let RegionKind::Mapped { handle, offset } = r.kind else {
+            return;
+        };
+        if r.start == at {
+            return;
+        }
+        let head = Region {
+            len: at - r.start,
+            ..r
+        };
+        let tail = Region {
+            start: at,
+            len: r.end() - at,
+            kind: RegionKind::Mapped {
+                handle,
+                offset: offset + (at - r.start),
+            },
+            ..r
+        };
+        self.regions.insert(head.start, head);
+        self.regions.insert(tail.start, tail);
+        if let Some(p) = self.physical.get_mut(&handle) {
+            p.maps += 1;
+        }
+    }
+}
+
+impl AddressSpace {
+    /// `cuMemAddressReserve`.
+    pub fn reserve(&self, size: u64, align: u64, hint: u64) -> Result<u64, CUresult> {
+        if size == 0 || !aligned(size) || (align != 0 && !align.is_power_of_two()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let align = align.max(GRANULARITY);
+        let hint = if hint % align == 0 { hint } else { 0 };
+        let mut inner = self.write_lock();
+        let start = os::reserve(size, align, hint).map_err(os_err)?;
+        inner.reservations.insert(start, size);
+        Ok(start)
+    }
+
+    /// `cuMemAddressFree`: the whole reservation, with nothing mapped in it.
+    pub fn address_free(&self, ptr: u64, size: u64) -> Result<(), CUresult> {
+        let mut inner = self.write_lock();
+        if inner.reservations.get(&ptr) != Some(&size)
+            || !inner.regions_in(ptr, ptr + size).is_empty()
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        inner.reservations.remove(&ptr);
+        os::unmap(ptr, size);
+        Ok(())
+    }
+
+    /// `cuMemCreate`: a physical allocation at `location`; device memory counts against
+    /// capacity.
+    pub fn create(&self, size: u64, location: CUmemLocation) -> Result<u64, CUresult> {
+        let on_device = check_location(&location)?;
+        if size == 0 || !aligned(size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut inner = self.write_lock();
+        let charged = if on_device { size } else { 0 };
+        self.charge(&mut inner, charged)?;
+        let fd = match MemFd::create(size) {
+            Ok(fd) => fd,
+            Err(e) => {
+                inner.device_used -= charged;
+                return Err(os_err(e));
+            }
+        };
+        let handle = inner.next_handle;
+        inner.next_handle += 1;
+        inner.physical.insert(
+            handle,
+            Physical {
+                fd,
+                size,
+                location,
+                charged,
+                refs: 1,
+                maps: 0,
+            },
+        );
+        Ok(handle)
+    }
+
+    /// `cuMemRelease`: the memory goes when it is also unmapped everywhere.
+    pub fn release(&self, handle: u64) -> Result<(), CUresult> {
+        let mut inner = self.write_lock();
+        match inner.physical.get(&handle) {
+            Some(p) if p.refs > 0 => {
+                inner.unref(handle, false);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemMap`: maps `size` bytes of `handle` from `offset` at `ptr`, inaccessible until
+    /// `cuMemSetAccess`.
+    pub fn map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> Result<(), CUresult> {
+        if size == 0 || !aligned(ptr) || !aligned(size) || !aligned(offset) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut inner = self.write_lock();
+        let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let phys = match inner.physical.get(&handle) {
+            Some(p) if p.refs > 0 => p,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        if offset.checked_add(size).is_none_or(|e| e > phys.size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if inner.reservation_of(ptr, size).is_none() || !inner.regions_in(ptr, end).is_empty() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        os::map_fd_fixed(ptr, size, &phys.fd, offset).map_err(os_err)?;
+        let kind = RegionKind::Mapped { handle, offset };
+        inner.regions.insert(
+            ptr,
+            Region {
+                start: ptr,
+                len: size,
+                kind,
+                access: Access::None,
+                ctx: 0,
+            },
+        );
+        if let Some(p) = inner.physical.get_mut(&handle) {
+            p.maps += 1;
+        }
+        Ok(())
+    }
+
+    /// `cuMemUnmap`: the range must consist of whole mappings, back to back.
+    pub fn unmap(&self, ptr: u64, size: u64) -> Result<(), CUresult> {
+        if size == 0 || !aligned(ptr) || !aligned(size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut inner = self.write_lock();
+        let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if inner.reservation_of(ptr, size).is_none() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let regions = inner.regions_in(ptr, end);
+        let mut cursor = ptr;
+        for r in &regions {
+            if r.start != cursor || !matches!(r.kind, RegionKind::Mapped { .. }) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            cursor = r.end();
+        }
+        if cursor != end {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for r in regions {
+            os::reset_to_reserved(r.start, r.len).map_err(os_err)?;
+            inner.regions.remove(&r.start);
+            if let RegionKind::Mapped { handle, .. } = r.kind {
+                inner.unref(handle, true);
+            }
+        }
+        Ok(())
+    }
+
+    /// `cuMemSetAccess`: the range must be fully mapped; `access` is what the device gets.
+    pub fn set_access(&self, ptr: u64, size: u64, access: Access) -> Result<(), CUresult> {
+        if size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut inner = self.write_lock();
+        let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut cursor = ptr;
+        for r in inner.regions_in(ptr, end) {
+            if r.start > cursor || !matches!(r.kind, RegionKind::Mapped { .. }) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            cursor = r.end();
+        }
+        if cursor < end {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        inner.split_at(ptr);
+        inner.split_at(end);
+        let starts: Vec<u64> = inner.regions.range(ptr..end).map(|(s, _)| *s).collect();
+        for s in starts {
+            if let Some(r) = inner.regions.get_mut(&s) {
+                os::protect(r.start, r.len, prot(access)).map_err(os_err)?;
+                r.access = access;
+            }
+        }
+        Ok(())
+    }
+
+    /// `cuMemGetAccess` for the device: the access of the mapping containing `ptr`.
+    pub fn get_access(&self, ptr: u64) -> Result<Access, CUresult> {
+        let inner = self.read_lock();
+        match find(&inner, ptr) {
+            Some(r) if matches!(r.kind, RegionKind::Mapped { .. }) => Ok(r.access),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// (location, size) of a live physical allocation.
+    pub fn properties(&self, handle: u64) -> Result<(CUmemLocation, u64), CUresult> {
+        let inner = self.read_lock();
+        match inner.physical.get(&handle) {
+            Some(p) if p.refs > 0 => Ok((p.location, p.size)),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemRetainAllocationHandle`: the handle mapped at `addr`, with one more reference.
+    pub fn retain_handle(&self, addr: u64) -> Result<u64, CUresult> {
+        let mut inner = self.write_lock();
+        let handle = match find(&inner, addr) {
+            Some(Region {
+                kind: RegionKind::Mapped { handle, .. },
+                ..
+            }) => *handle,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        if let Some(p) = inner.physical.get_mut(&handle) {
+            p.refs += 1;
+        }
+        Ok(handle)
+    }
+}

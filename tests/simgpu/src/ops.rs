@@ -1,0 +1,196 @@
+//! The work a stream executes: kernels, copies, memsets, event records, host functions and
+//! stream-ordered frees, and what executing each means on the simulated device.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use tensile_driver_abi::*;
+use tensile_kernels::twins::TwinFn;
+use tensile_kernels::{Dim3, Launch, TwinError};
+
+use crate::config;
+use crate::event::Event;
+use crate::memory::{AddressSpace, HostPtr};
+use crate::pool::Pool;
+
+/// A 2D copy with both sides resolved to device addresses or host pointers.
+#[derive(Debug, Clone, Copy)]
+pub struct Copy2D {
+    pub src: Side,
+    pub src_pitch: u64,
+    pub dst: Side,
+    pub dst_pitch: u64,
+    pub width: u64,
+    pub height: u64,
+}
+
+/// One end of a copy.
+#[derive(Debug, Clone, Copy)]
+pub enum Side {
+    Device(u64),
+    Host(HostPtr),
+}
+
+impl Side {
+    fn offset(self, by: u64) -> Side {
+        match self {
+            Side::Device(a) => Side::Device(a + by),
+            Side::Host(HostPtr(p)) => Side::Host(HostPtr(p + by as usize)),
+        }
+    }
+}
+
+pub enum Op {
+    Kernel {
+        name: Arc<str>,
+        run: TwinFn,
+        grid: Dim3,
+        block: Dim3,
+        params: Vec<u8>,
+    },
+    Copy {
+        dst: Side,
+        src: Side,
+        len: u64,
+    },
+    Copy2D(Copy2D),
+    Memset {
+        dst: u64,
+        pattern: Vec<u8>,
+        count: u64,
+    },
+    Record(Arc<Event>, u64),
+    HostFn {
+        f: unsafe extern "C" fn(*mut c_void),
+        data: usize,
+    },
+    /// A `cuMemFreeAsync` reaching its place in the stream.
+    Free {
+        addr: u64,
+        pool: Option<Arc<Pool>>,
+    },
+    /// Nothing: carries the dependencies of a `cuStreamWaitEvent`.
+    Nop,
+}
+
+/// Why an operation broke the context: the sticky error and a line for the log.
+pub struct OpFailure {
+    pub code: CUresult,
+    pub message: String,
+}
+
+fn fault(what: &str, f: impl std::fmt::Display) -> OpFailure {
+    OpFailure {
+        code: CUDA_ERROR_ILLEGAL_ADDRESS,
+        message: format!("{what}: {f}"),
+    }
+}
+
+/// # Safety
+/// Host pointers in `dst`/`src` must be valid for `len` bytes (the application's contract).
+unsafe fn copy(space: &AddressSpace, dst: Side, src: Side, len: u64) -> Result<(), OpFailure> {
+    let n = len as usize;
+    let r = match (dst, src) {
+        // SAFETY: the caller vouches for the host pointers.
+        (Side::Device(d), Side::Host(HostPtr(s))) => unsafe {
+            space.write_from_host(d, s as *const u8, n)
+        },
+        // SAFETY: as above.
+        (Side::Host(HostPtr(d)), Side::Device(s)) => unsafe {
+            space.read_to_host(s, d as *mut u8, n)
+        },
+        (Side::Device(d), Side::Device(s)) => space.copy_device(d, s, len),
+        (Side::Host(HostPtr(d)), Side::Host(HostPtr(s))) => {
+            // SAFETY: as above.
+            unsafe { std::ptr::copy(s as *const u8, d as *mut u8, n) };
+            Ok(())
+        }
+    };
+    r.map_err(|f| fault("copy", f))
+}
+
+impl Op {
+    /// Runs the operation. `broken`: the context already has a sticky error, so only the
+    /// bookkeeping that keeps waiters from hanging (event records, frees) is done.
+    pub fn execute(self, space: &AddressSpace, broken: bool) -> Result<(), OpFailure> {
+        match self {
+            Op::Record(ev, generation) => ev.complete(generation),
+            Op::Free { addr, pool } => {
+                if let Ok((bytes, _)) = space.free_linear(addr, true) {
+                    if let Some(p) = pool {
+                        p.freed(bytes);
+                    }
+                }
+            }
+            Op::Nop => {}
+            _ if broken => {}
+            Op::Kernel {
+                name,
+                run,
+                grid,
+                block,
+                params,
+            } => {
+                let launch = Launch {
+                    grid,
+                    block,
+                    params: &params,
+                };
+                let result = run(&launch, space);
+                let d = config::kernel_duration();
+                if !d.is_zero() {
+                    std::thread::sleep(d);
+                }
+                match result {
+                    Ok(()) => {}
+                    Err(TwinError::Fault(f)) => return Err(fault(&format!("kernel {name}"), f)),
+                    Err(e @ TwinError::Params(_)) => {
+                        return Err(OpFailure {
+                            code: CUDA_ERROR_LAUNCH_FAILED,
+                            message: format!("kernel {name}: {e}"),
+                        })
+                    }
+                }
+            }
+            Op::Copy { dst, src, len } => {
+                // SAFETY: host pointers were given by the application for this copy.
+                unsafe { copy(space, dst, src, len)? };
+                model_transfer(len);
+            }
+            Op::Copy2D(c) => {
+                for row in 0..c.height {
+                    let (d, s) = (
+                        c.dst.offset(row * c.dst_pitch),
+                        c.src.offset(row * c.src_pitch),
+                    );
+                    // SAFETY: as for `Op::Copy`, row by row.
+                    unsafe { copy(space, d, s, c.width)? };
+                }
+                model_transfer(c.width * c.height);
+            }
+            Op::Memset {
+                dst,
+                pattern,
+                count,
+            } => {
+                space
+                    .fill(dst, &pattern, count)
+                    .map_err(|f| fault("memset", f))?;
+                model_transfer(count * pattern.len() as u64);
+            }
+            Op::HostFn { f, data } => {
+                // SAFETY: the application gave this function and its argument to be called
+                // exactly so, once, in stream order.
+                unsafe { f(data as *mut c_void) };
+            }
+        }
+        Ok(())
+    }
+}
+
+fn model_transfer(bytes: u64) {
+    let d = config::copy_duration(bytes);
+    if !d.is_zero() {
+        std::thread::sleep(d);
+    }
+}

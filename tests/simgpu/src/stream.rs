@@ -1,0 +1,214 @@
+//! Streams: one worker thread per stream executes its queue in order, so the host API
+//! returns at once and work on different streams really overlaps.
+//!
+//! Each queued item carries the dependencies it must wait for before running (another
+//! stream's progress, for legacy-default-stream semantics, or an event record, for
+//! `cuStreamWaitEvent`). Dependencies always refer to work submitted earlier, so the waits
+//! cannot form a cycle. A stream counts items submitted and completed; synchronizing waits
+//! until `completed` reaches the count taken at the call.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+use crate::context::Context;
+use crate::event::Event;
+use crate::memory::AddressSpace;
+use crate::ops::Op;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// The legacy default stream (`NULL`, `CU_STREAM_LEGACY`).
+    Legacy,
+    /// A thread's per-thread default stream (blocking).
+    PerThread,
+    /// Created with `cuStreamCreate*`.
+    User,
+}
+
+/// Something a queued item waits for before it runs.
+pub enum Dependency {
+    /// The stream has completed at least this many items.
+    Stream(Arc<Stream>, u64),
+    /// The event's record of this generation has completed.
+    Event(Arc<Event>, u64),
+}
+
+struct Item {
+    waits: Vec<Dependency>,
+    op: Op,
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    submitted: u64,
+    completed: u64,
+    shutdown: bool,
+}
+
+pub struct Stream {
+    pub kind: StreamKind,
+    pub flags: u32,
+    pub priority: i32,
+    pub id: u64,
+    pub ctx: Weak<Context>,
+    fault: Arc<AtomicU32>,
+    queue: Mutex<Queue>,
+    cv: Condvar,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stream#{}({:?})", self.id, self.kind)
+    }
+}
+
+impl Stream {
+    /// Creates a stream whose worker is not started yet (see [`Stream::start`]).
+    pub fn new(
+        kind: StreamKind,
+        flags: u32,
+        priority: i32,
+        ctx: Weak<Context>,
+        fault: Arc<AtomicU32>,
+    ) -> Arc<Self> {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Arc::new(Stream {
+            kind,
+            flags,
+            priority,
+            id,
+            ctx,
+            fault,
+            queue: Mutex::new(Queue::default()),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Starts the worker thread.
+    pub fn start(self: &Arc<Self>, space: &'static AddressSpace) -> Result<(), std::io::Error> {
+        let worker = Arc::clone(self);
+        std::thread::Builder::new()
+            .name(format!("simgpu-stream-{}", self.id))
+            .spawn(move || worker.run(space))?;
+        Ok(())
+    }
+
+    /// Creates a stream and starts its worker.
+    pub fn spawn(
+        kind: StreamKind,
+        flags: u32,
+        priority: i32,
+        ctx: Weak<Context>,
+        fault: Arc<AtomicU32>,
+        space: &'static AddressSpace,
+    ) -> Result<Arc<Self>, std::io::Error> {
+        let s = Self::new(kind, flags, priority, ctx, fault);
+        s.start(space)?;
+        Ok(s)
+    }
+
+    pub fn is_blocking(&self) -> bool {
+        self.flags & tensile_driver_abi::CU_STREAM_NON_BLOCKING == 0
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `op` after `waits`; returns its ticket (the `submitted` count including it).
+    pub fn push(&self, waits: Vec<Dependency>, op: Op) -> u64 {
+        let mut q = self.lock();
+        q.items.push_back(Item { waits, op });
+        q.submitted += 1;
+        self.cv.notify_all();
+        q.submitted
+    }
+
+    /// (submitted, completed).
+    pub fn progress(&self) -> (u64, u64) {
+        let q = self.lock();
+        (q.submitted, q.completed)
+    }
+
+    /// Blocks until the item with `ticket` (and everything before it) has completed.
+    pub fn wait_for(&self, ticket: u64) {
+        let mut q = self.lock();
+        while q.completed < ticket {
+            q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Blocks until everything submitted so far has completed.
+    pub fn synchronize(&self) {
+        let ticket = self.progress().0;
+        self.wait_for(ticket);
+    }
+
+    pub fn is_idle(&self) -> bool {
+        let (s, c) = self.progress();
+        s == c
+    }
+
+    /// Lets the worker finish what is queued and exit.
+    pub fn shutdown(&self) {
+        let mut q = self.lock();
+        q.shutdown = true;
+        self.cv.notify_all();
+    }
+
+    fn run(self: Arc<Self>, space: &'static AddressSpace) {
+        loop {
+            let item = {
+                let mut q = self.lock();
+                loop {
+                    if let Some(item) = q.items.pop_front() {
+                        break item;
+                    }
+                    if q.shutdown {
+                        return;
+                    }
+                    q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            for dep in &item.waits {
+                match dep {
+                    Dependency::Stream(s, ticket) => s.wait_for(*ticket),
+                    Dependency::Event(e, generation) => e.wait_generation(*generation),
+                }
+            }
+            let broken = self.fault.load(Ordering::Acquire) != 0;
+            // A panic inside an operation must not kill the worker (its waiters would hang):
+            // it breaks the context like a fault.
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                item.op.execute(space, broken)
+            }));
+            let failure = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(f)) => Some((f.code, f.message)),
+                Err(_) => Some((
+                    tensile_driver_abi::CUDA_ERROR_UNKNOWN,
+                    "internal panic".into(),
+                )),
+            };
+            if let Some((code, message)) = failure {
+                if self
+                    .fault
+                    .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    eprintln!(
+                        "tensile-simgpu: stream {}: {message}; context is now broken",
+                        self.id
+                    );
+                }
+            }
+            let mut q = self.lock();
+            q.completed += 1;
+            self.cv.notify_all();
+        }
+    }
+}
