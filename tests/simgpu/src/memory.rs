@@ -27,7 +27,7 @@
 
 pub mod vmm;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tensile_driver_abi::*;
@@ -113,7 +113,16 @@ struct Inner {
     physical: HashMap<u64, Physical>,
     next_handle: u64,
     device_used: u64,
+    /// Recently freed linear ranges, kept reserved (`PROT_NONE`, no memory behind them) so
+    /// that their addresses are not handed out again at once: a use after free then faults
+    /// deterministically instead of hitting whatever was allocated there next.
+    quarantine: VecDeque<(u64, u64)>,
+    quarantine_bytes: u64,
 }
+
+/// How much freed address space stays quarantined before the oldest is returned to the OS.
+const QUARANTINE_BYTES: u64 = 1 << 40;
+const QUARANTINE_RANGES: usize = 1 << 16;
 
 /// The address space. See the module docs for its invariants.
 #[derive(Debug)]
@@ -256,7 +265,21 @@ impl AddressSpace {
         };
         inner.regions.remove(&addr);
         inner.device_used -= charged;
-        os::unmap(addr, mapped_len);
+        if os::reset_to_reserved(addr, mapped_len).is_err() {
+            os::unmap(addr, mapped_len);
+            return Ok((charged, pool));
+        }
+        inner.quarantine.push_back((addr, mapped_len));
+        inner.quarantine_bytes += mapped_len;
+        while inner.quarantine_bytes > QUARANTINE_BYTES
+            || inner.quarantine.len() > QUARANTINE_RANGES
+        {
+            let Some((a, len)) = inner.quarantine.pop_front() else {
+                break;
+            };
+            inner.quarantine_bytes -= len;
+            os::unmap(a, len);
+        }
         Ok((charged, pool))
     }
 

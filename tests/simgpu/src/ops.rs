@@ -131,16 +131,19 @@ impl Op {
                 block,
                 params,
             } => {
+                // The modelled duration passes before the twin runs, so a kernel's reads and
+                // writes happen at its end: work that races ahead of it sees stale data, which
+                // is how ordering bugs become visible.
+                let d = config::kernel_duration();
+                if !d.is_zero() {
+                    std::thread::sleep(d);
+                }
                 let launch = Launch {
                     grid,
                     block,
                     params: &params,
                 };
                 let result = run(&launch, space);
-                let d = config::kernel_duration();
-                if !d.is_zero() {
-                    std::thread::sleep(d);
-                }
                 match result {
                     Ok(()) => {}
                     Err(TwinError::Fault(f)) => return Err(fault(&format!("kernel {name}"), f)),
@@ -153,11 +156,12 @@ impl Op {
                 }
             }
             Op::Copy { dst, src, len } => {
+                model_transfer(len);
                 // SAFETY: host pointers were given by the application for this copy.
                 unsafe { copy(space, dst, src, len)? };
-                model_transfer(len);
             }
             Op::Copy2D(c) => {
+                model_transfer(c.width * c.height);
                 for row in 0..c.height {
                     let (d, s) = (
                         c.dst.offset(row * c.dst_pitch),
@@ -166,17 +170,16 @@ impl Op {
                     // SAFETY: as for `Op::Copy`, row by row.
                     unsafe { copy(space, d, s, c.width)? };
                 }
-                model_transfer(c.width * c.height);
             }
             Op::Memset {
                 dst,
                 pattern,
                 count,
             } => {
+                model_transfer(count * pattern.len() as u64);
                 space
                     .fill(dst, &pattern, count)
                     .map_err(|f| fault("memset", f))?;
-                model_transfer(count * pattern.len() as u64);
             }
             Op::HostFn { f, data } => {
                 // SAFETY: the application gave this function and its argument to be called
@@ -188,6 +191,7 @@ impl Op {
     }
 }
 
+/// Like kernels, transfers take effect at their end (see `Op::Kernel`).
 fn model_transfer(bytes: u64) {
     let d = config::copy_duration(bytes);
     if !d.is_zero() {

@@ -41,7 +41,7 @@ fn fill_copy_checksum_through_the_driver() {
     ck(ctx_sync());
     let got = download_u32(b, n);
     let want: Vec<u32> = (0..n as u64).map(|i| pattern_value(7, i)).collect();
-    assert_eq!(got, want);
+    same(&got, &want, "copy of the pattern");
     let sum = download_u32(out, 2);
     let sum = u64::from(sum[0]) | (u64::from(sum[1]) << 32);
     let want_sum = want

@@ -13,6 +13,18 @@ use cuda::api::module::*;
 use cuda::api::stream::*;
 use tensile_driver_abi::*;
 
+/// Compares two word vectors without printing thousands of values on failure.
+#[track_caller]
+pub fn same(got: &[u32], want: &[u32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at {i}: got {:#x}, want {:#x}",
+            got[i], want[i]
+        );
+    }
+}
+
 /// Panics with the error's name unless `code` is CUDA_SUCCESS.
 #[track_caller]
 pub fn ck(code: CUresult) {
