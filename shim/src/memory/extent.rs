@@ -122,6 +122,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig { failure_persistence: None, ..ProptestConfig::default() })]
         /// Random takes and gives: extents never overlap, bytes are conserved, and each taken
         /// range is aligned and was free.
         #[test]

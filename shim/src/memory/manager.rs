@@ -343,6 +343,10 @@ impl Inner {
 
     fn alloc(&mut self, size: usize, stream: Stream) -> Result<CUdeviceptr, CUresult> {
         let slot = self.fences.slot_of(stream);
+        if self.sub.has_pending() {
+            // Learn which stream-ordered frees have matured (one event query per stream).
+            self.fences.poll_all(&*self.driver)?;
+        }
         let placed = match self.sub.alloc(size as u64, slot, self.fences.completed()) {
             Ok(p) => p,
             Err(SubAllocError::ZeroSize) => return Err(CUDA_ERROR_INVALID_VALUE),
@@ -930,14 +934,12 @@ impl Inner {
     /// waiting for their last uses if there are not enough idle ones).
     fn evict(&mut self, want: usize, need: usize) -> Result<(), CUresult> {
         self.fences.poll_all(&*self.driver)?;
-        let completed = self.fences.completed().to_vec();
-        let mut candidates: Vec<(u64, usize, bool)> = self
-            .pages
-            .iter()
-            .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
-            .map(|(p, e)| (e.last_access, p, e.is_idle(&completed)))
-            .collect();
-        candidates.sort_unstable();
+        let mut candidates = self.eviction_candidates();
+        if candidates.len() < need && !self.incoming.is_empty() {
+            // Pages still arriving hold frames too: let them land, then they can leave.
+            self.wait_incoming()?;
+            candidates = self.eviction_candidates();
+        }
         let mut victims: Vec<usize> = candidates
             .iter()
             .filter(|c| c.2)
@@ -977,6 +979,8 @@ impl Inner {
             }
             match self.take_host() {
                 Ok(h) => copy.push((p, h)),
+                // The extra victims of a batch are optional.
+                Err(_) if copy.len() >= need => break,
                 Err(e) => {
                     for (_, h) in copy {
                         self.host.give(h);
@@ -1011,6 +1015,37 @@ impl Inner {
         self.stats.bytes_to_host += (copy.len() * self.page) as u64;
         self.stats.pages_evicted += copy.len() as u64;
         Ok(())
+    }
+
+    /// Unpinned `Device` pages as (last access, page, idle), least recently used first.
+    fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
+        let completed = self.fences.completed();
+        let mut c: Vec<(u64, usize, bool)> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
+            .map(|(p, e)| (e.last_access, p, e.is_idle(completed)))
+            .collect();
+        c.sort_unstable();
+        c
+    }
+
+    /// Waits for the swap-ins in flight and completes them.
+    fn wait_incoming(&mut self) -> Result<(), CUresult> {
+        let mut evs: Vec<Event> = self
+            .incoming
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::ToDevice { event, .. }) => Some(event),
+                _ => None,
+            })
+            .collect();
+        evs.sort_unstable();
+        evs.dedup();
+        for ev in evs {
+            self.driver.event_synchronize(ev)?;
+        }
+        self.poll()
     }
 
     /// Waits for the swap-outs in flight and completes them.

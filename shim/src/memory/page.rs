@@ -395,7 +395,9 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
+        #![proptest_config(ProptestConfig {
+            cases: 512, failure_persistence: None, ..ProptestConfig::default()
+        })]
         /// Random transition attempts on a few pages, against a model: legal ones succeed and
         /// do what the model says, illegal ones fail and change nothing, frames are never
         /// duplicated, and nothing leaves a copy state before its event is done.

@@ -107,6 +107,11 @@ impl Suballocator {
         self.allocs.get(&ptr).copied()
     }
 
+    /// Whether any stream-ordered free is still waiting for its fence.
+    pub fn has_pending(&self) -> bool {
+        self.pending.iter().any(|l| !l.is_empty())
+    }
+
     /// Moves pending frees whose fence has completed to the shared free set.
     pub fn mature(&mut self, completed: &[u64]) {
         for (slot, list) in self.pending.iter_mut().enumerate() {
