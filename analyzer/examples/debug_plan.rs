@@ -19,9 +19,31 @@ fn main() {
         println!("evict t{} {:.1}MiB pers={} out_after {} fetch {} need {} (t {:.2}->{:.2} fetch {:.2} ms)", e.tensor, t.bytes as f64/1048576.0, t.is_persistent(), e.gap_from, e.fetch_unrolled, e.gap_to,
             times[e.out_after as usize] as f64/1e6, times[e.needed_by as usize] as f64/1e6, times[e.fetch_at as usize] as f64/1e6);
     }
-    let r = sim::simulate(&cycle, sim::Policy::Plan(&plan), budget, &cost, sim::SimOptions{cycles:3, record_curve:true}).unwrap();
-    let step = if args.len() > 3 { args[3].parse().unwrap() } else { 10 };
+    let r = sim::simulate(
+        &cycle,
+        sim::Policy::Plan(&plan),
+        budget,
+        &cost,
+        sim::SimOptions {
+            cycles: 3,
+            record_curve: true,
+        },
+    )
+    .unwrap();
+    let step = if args.len() > 3 {
+        args[3].parse().unwrap()
+    } else {
+        10
+    };
     for i in (0..cycle.len()).step_by(step) {
-        println!("op {i:4} t {:7.2} need {:.3} ntens {} dur {:.3} simt {:.2} simres {:.3}", times[i] as f64/1e6, gib(need[i]), cycle.ops[i].tensors.len(), cycle.ops[i].duration_ns as f64/1e6, r.resident_curve[i].0 as f64/1e6, gib(r.resident_curve[i].1));
+        println!(
+            "op {i:4} t {:7.2} need {:.3} ntens {} dur {:.3} simt {:.2} simres {:.3}",
+            times[i] as f64 / 1e6,
+            gib(need[i]),
+            cycle.ops[i].tensors.len(),
+            cycle.ops[i].duration_ns as f64 / 1e6,
+            r.resident_curve[i].0 as f64 / 1e6,
+            gib(r.resident_curve[i].1)
+        );
     }
 }

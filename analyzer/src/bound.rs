@@ -73,15 +73,27 @@ pub fn lower_bound(
     let p = cycle.len();
     for (i, &bytes) in op_bytes(cycle).iter().enumerate() {
         if bytes > budget.bytes {
-            return Err(BoundError::OpTooLarge { op: i as u32, bytes, budget: budget.bytes });
+            return Err(BoundError::OpTooLarge {
+                op: i as u32,
+                bytes,
+                budget: budget.bytes,
+            });
         }
     }
     let times = op_start_times(cycle);
     let compute = times[p];
     let live = Liveness::of(cycle);
     let needed = needed_bytes(cycle, &live);
-    let max_excess = needed.iter().map(|&m| m.saturating_sub(budget.bytes)).max().unwrap_or(0);
-    let idle_bytes: u64 = live.idle.iter().map(|&t| cycle.tensors[t as usize].bytes).sum();
+    let max_excess = needed
+        .iter()
+        .map(|&m| m.saturating_sub(budget.bytes))
+        .max()
+        .unwrap_or(0);
+    let idle_bytes: u64 = live
+        .idle
+        .iter()
+        .map(|&t| cycle.tensors[t as usize].bytes)
+        .sum();
     let d2h_rate = cost.d2h_gbps;
     let h2d_rate = cost.h2d_gbps;
     let trivial = [
@@ -99,8 +111,8 @@ pub fn lower_bound(
 
     let mut best_stall = 0.0f64;
     let mut critical = None;
-    for i in 0..p {
-        let excess = needed[i].saturating_sub(budget.bytes);
+    for (i, &need) in needed.iter().enumerate() {
+        let excess = need.saturating_sub(budget.bytes);
         if excess == 0 {
             continue;
         }
@@ -120,8 +132,14 @@ pub fn lower_bound(
                 continue;
             };
             let bytes = cycle.tensors[g.tensor as usize].bytes;
-            before.push(Side { window: start_at(i_u) - end_at(from), bytes });
-            after.push(Side { window: start_at(to) - end_at(i_u), bytes });
+            before.push(Side {
+                window: start_at(i_u) - end_at(from),
+                bytes,
+            });
+            after.push(Side {
+                window: start_at(to) - end_at(i_u),
+                bytes,
+            });
         }
         let f = side_stalls(&mut before, excess, idle_bytes, d2h_rate);
         let g = side_stalls(&mut after, excess, idle_bytes, h2d_rate);

@@ -52,7 +52,9 @@ impl CostModel {
             ("memset", self.memset_gbps),
         ] {
             if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{name} bandwidth must be a positive number of GB/s, got {v}"));
+                return Err(format!(
+                    "{name} bandwidth must be a positive number of GB/s, got {v}"
+                ));
             }
         }
         Ok(())
@@ -99,17 +101,23 @@ impl Budget {
 pub fn parse_size(text: &str, peak: Option<u64>) -> Result<u64, String> {
     let t = text.trim();
     if let Some(pct) = t.strip_suffix('%') {
-        let value: f64 =
-            pct.trim().parse().map_err(|_| format!("{text:?} is not a percentage"))?;
+        let value: f64 = pct
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?} is not a percentage"))?;
         let peak = peak.ok_or_else(|| format!("{text:?}: a percentage needs a known peak"))?;
         if !(value.is_finite() && value > 0.0) {
             return Err(format!("{text:?}: the percentage must be positive"));
         }
         return Ok((peak as f64 * value / 100.0).round() as u64);
     }
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a size"))?;
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size"))?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -120,7 +128,11 @@ pub fn parse_size(text: &str, peak: Option<u64>) -> Result<u64, String> {
         "mi" | "mib" => 1024.0 * 1024.0,
         "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
         "ti" | "tib" => 1024.0f64.powi(4),
-        other => return Err(format!("{text:?}: unknown unit {other:?} (use B, MiB, GiB, MB, GB or %)")),
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use B, MiB, GiB, MB, GB or %)"
+            ))
+        }
     };
     let bytes = value * scale;
     if !(bytes.is_finite() && bytes >= 1.0) {

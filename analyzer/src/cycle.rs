@@ -151,24 +151,28 @@ impl Cycle {
         self.tensors
             .iter()
             .map(|t| match t.identity {
-                Identity::Persistent { trace_id } => {
-                    trace.allocations.iter().enumerate().rev().find_map(|(i, a)| {
+                Identity::Persistent { trace_id } => trace
+                    .allocations
+                    .iter()
+                    .enumerate()
+                    .rev()
+                    .find_map(|(i, a)| {
                         let alive = a.before_op as usize <= span.start
                             && a.free.is_none_or(|f| f.before_op as usize >= span.end);
                         (a.trace_id == trace_id && alive).then_some(i as AllocIdx)
-                    })
-                }
+                    }),
                 Identity::Transient { ordinal, bytes } => {
                     // Exact position first, then the nearest same-sized allocation (a noisy
                     // iteration can allocate a few extra tensors).
                     let ord = ordinal as usize;
                     (0..=8usize).find_map(|d| {
-                        [ord.checked_sub(d), ord.checked_add(d)].into_iter().flatten().find_map(
-                            |o| {
+                        [ord.checked_sub(d), ord.checked_add(d)]
+                            .into_iter()
+                            .flatten()
+                            .find_map(|o| {
                                 let idx = *made.get(o)?;
                                 (trace.allocations[idx as usize].bytes == bytes).then_some(idx)
-                            },
-                        )
+                            })
                     })
                 }
             })
@@ -228,11 +232,17 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
                     };
                     (CostModel::ns_at(op.bytes, gbps), DurationSource::Modeled)
                 }
-                (OpKind::Memset, _) => {
-                    (CostModel::ns_at(op.bytes, cost.memset_gbps), DurationSource::Modeled)
-                }
+                (OpKind::Memset, _) => (
+                    CostModel::ns_at(op.bytes, cost.memset_gbps),
+                    DurationSource::Modeled,
+                ),
             };
-            CycleOp { kind: op.kind, duration_ns, source, tensors: Vec::new() }
+            CycleOp {
+                kind: op.kind,
+                duration_ns,
+                source,
+                tensors: Vec::new(),
+            }
         })
         .collect();
 
@@ -278,7 +288,10 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
                     (free_op.saturating_sub(next_start)).min(alloc_pos)
                 };
                 tensors.push(Tensor {
-                    identity: Identity::Transient { ordinal: my_ordinal, bytes: a.bytes },
+                    identity: Identity::Transient {
+                        ordinal: my_ordinal,
+                        bytes: a.bytes,
+                    },
                     bytes: a.bytes,
                     accesses,
                     alloc_at: Some(alloc_pos as u32),
@@ -290,8 +303,7 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
             // Lives longer than a period (or is never freed): in the steady state it behaves
             // like a persistent tensor; treat it as one.
         } else {
-            let alive_throughout =
-                alloc_op <= span.start && free_op.is_none_or(|f| f >= span.end);
+            let alive_throughout = alloc_op <= span.start && free_op.is_none_or(|f| f >= span.end);
             if !alive_throughout {
                 // Freed inside the iteration after being allocated before it: the previous
                 // instance of a transient tensor (counted through its successor), or a one-off.
@@ -304,7 +316,9 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
             .map(|&op| (op - span.start) as u32)
             .collect();
         tensors.push(Tensor {
-            identity: Identity::Persistent { trace_id: a.trace_id },
+            identity: Identity::Persistent {
+                trace_id: a.trace_id,
+            },
             bytes: a.bytes,
             accesses,
             alloc_at: None,
@@ -322,5 +336,10 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
         op.tensors.sort_unstable();
         op.tensors.dedup();
     }
-    Cycle { ops, tensors, span, estimated_launches }
+    Cycle {
+        ops,
+        tensors,
+        span,
+        estimated_launches,
+    }
 }

@@ -139,7 +139,11 @@ pub fn detect_in(symbols: &[u64], cost: &[u64]) -> Result<Iterations, IterationE
         return Err(IterationError::NoRepetition { ops: n, score });
     }
     let gram = gram.min(period);
-    let hashes = if gram == GRAM.min(n / 4).max(1) { hashes } else { gram_hashes(symbols, gram) };
+    let hashes = if gram == GRAM.min(n / 4).max(1) {
+        hashes
+    } else {
+        gram_hashes(symbols, gram)
+    };
     let starts = find_anchor_occurrences(&hashes, period, cost);
     let spans = spans_from_starts(&starts, period, n);
     if spans.len() < 2 {
@@ -178,7 +182,11 @@ fn lag_score(symbols: &[u64], p: usize) -> f64 {
     if p == 0 || p >= n {
         return 0.0;
     }
-    let matches = symbols[..n - p].iter().zip(&symbols[p..]).filter(|(a, b)| a == b).count();
+    let matches = symbols[..n - p]
+        .iter()
+        .zip(&symbols[p..])
+        .filter(|(a, b)| a == b)
+        .count();
     matches as f64 / (n - p) as f64
 }
 
@@ -191,11 +199,16 @@ fn find_period(symbols: &[u64], hashes: &[u64]) -> (usize, f64) {
             *gap_counts.entry(i - prev).or_default() += 1;
         }
     }
-    let mut gaps: Vec<(usize, usize)> = gap_counts.into_iter().filter(|&(g, _)| g <= n / 2).collect();
+    let mut gaps: Vec<(usize, usize)> = gap_counts
+        .into_iter()
+        .filter(|&(g, _)| g <= n / 2)
+        .collect();
     gaps.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     gaps.truncate(CANDIDATE_LAGS);
-    let mut scored: Vec<(usize, f64)> =
-        gaps.iter().map(|&(g, _)| (g, lag_score(symbols, g))).collect();
+    let mut scored: Vec<(usize, f64)> = gaps
+        .iter()
+        .map(|&(g, _)| (g, lag_score(symbols, g)))
+        .collect();
     if scored.is_empty() {
         return (0, 0.0);
     }

@@ -16,6 +16,7 @@
 pub mod bound;
 pub mod cost;
 pub mod cycle;
+pub mod evaluate;
 pub mod import;
 pub mod iteration;
 pub mod model;
@@ -25,4 +26,5 @@ pub mod timeline;
 
 pub use cost::{Budget, CostModel};
 pub use cycle::Cycle;
+pub use evaluate::{analyze, evaluate, Analysis, Evaluation, PolicyKind};
 pub use model::Trace;

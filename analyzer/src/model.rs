@@ -166,11 +166,17 @@ impl Trace {
 
     /// Number of kernel launches.
     pub fn launch_count(&self) -> usize {
-        self.ops.iter().filter(|op| matches!(op.kind, OpKind::Launch { .. })).count()
+        self.ops
+            .iter()
+            .filter(|op| matches!(op.kind, OpKind::Launch { .. }))
+            .count()
     }
 
     /// Name of a kernel handle, if the trace named it.
     pub fn kernel_name(&self, id: u32) -> Option<&str> {
-        self.kernels.iter().find(|k| k.id == id).map(|k| k.name.as_str())
+        self.kernels
+            .iter()
+            .find(|k| k.id == id)
+            .map(|k| k.name.as_str())
     }
 }

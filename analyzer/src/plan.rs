@@ -76,7 +76,10 @@ impl SwapPlan {
 
     /// Bytes written out per iteration.
     pub fn bytes_out(&self, cycle: &Cycle) -> u64 {
-        self.evictions.iter().map(|e| cycle.tensors[e.tensor as usize].bytes).sum()
+        self.evictions
+            .iter()
+            .map(|e| cycle.tensors[e.tensor as usize].bytes)
+            .sum()
     }
 }
 
@@ -106,7 +109,12 @@ pub fn op_bytes(cycle: &Cycle) -> Vec<u64> {
     cycle
         .ops
         .iter()
-        .map(|op| op.tensors.iter().map(|&t| cycle.tensors[t as usize].bytes).sum())
+        .map(|op| {
+            op.tensors
+                .iter()
+                .map(|&t| cycle.tensors[t as usize].bytes)
+                .sum()
+        })
         .collect()
 }
 
@@ -131,7 +139,11 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
     let b = i128::from(budget.bytes);
     for (i, &bytes) in op_bytes(cycle).iter().enumerate() {
         if bytes > budget.bytes {
-            return Err(PlanError::OpTooLarge { op: i as u32, bytes, budget: budget.bytes });
+            return Err(PlanError::OpTooLarge {
+                op: i as u32,
+                bytes,
+                budget: budget.bytes,
+            });
         }
     }
     let live = Liveness::of(cycle);
@@ -165,7 +177,11 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
     events.sort_unstable_by_key(|e| e.0);
     let mut heap: BinaryHeap<Candidate> = BinaryHeap::new();
     for i in 0..live.idle.len() {
-        heap.push(Candidate { to: u64::MAX, gap: usize::MAX - i, from: 0 });
+        heap.push(Candidate {
+            to: u64::MAX,
+            gap: usize::MAX - i,
+            from: 0,
+        });
     }
     let mut next_event = 0;
     let time_at = |unrolled: u64| -> u64 {
@@ -203,7 +219,15 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
                 deferred.push(c);
                 continue;
             }
-            select(&mut selected, &mut order, &mut resident, &live.gaps, c.gap, p, bytes);
+            select(
+                &mut selected,
+                &mut order,
+                &mut resident,
+                &live.gaps,
+                c.gap,
+                p,
+                bytes,
+            );
         }
         if resident[pos] > b {
             // Nothing hideable left: take the others, furthest next use first.
@@ -212,7 +236,15 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
             for c in deferred {
                 if resident[pos] > b {
                     let bytes = tensor_bytes(live.gaps[c.gap].tensor);
-                    select(&mut selected, &mut order, &mut resident, &live.gaps, c.gap, p, bytes);
+                    select(
+                        &mut selected,
+                        &mut order,
+                        &mut resident,
+                        &live.gaps,
+                        c.gap,
+                        p,
+                        bytes,
+                    );
                 } else {
                     rest.push(c);
                 }
@@ -226,15 +258,33 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
     for &gi in order.iter().rev() {
         let g = live.gaps[gi];
         let bytes = i128::from(tensor_bytes(g.tensor));
-        if fits_with(&resident, p, u64::from(g.from) + 1, u64::from(g.to), bytes, b) {
+        if fits_with(
+            &resident,
+            p,
+            u64::from(g.from) + 1,
+            u64::from(g.to),
+            bytes,
+            b,
+        ) {
             selected[gi] = false;
-            add_range(&mut resident, p, u64::from(g.from) + 1, u64::from(g.to), bytes);
+            add_range(
+                &mut resident,
+                p,
+                u64::from(g.from) + 1,
+                u64::from(g.to),
+                bytes,
+            );
         }
     }
 
     // Fetch as early as memory allows, nearest next use first.
-    let mut chosen: Vec<Gap> =
-        live.gaps.iter().zip(&selected).filter(|(_, &s)| s).map(|(g, _)| *g).collect();
+    let mut chosen: Vec<Gap> = live
+        .gaps
+        .iter()
+        .zip(&selected)
+        .filter(|(_, &s)| s)
+        .map(|(g, _)| *g)
+        .collect();
     chosen.sort_unstable_by_key(|g| (time_at(u64::from(g.to)) % period_ns.max(1), g.to));
     let mut evictions = Vec::with_capacity(chosen.len());
     for g in chosen {
@@ -249,7 +299,13 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
         }
         if fetch == u64::from(g.from) + 1 {
             // Fits for the whole gap after all: keep it on the device.
-            add_range(&mut resident, p, u64::from(g.from) + 1, u64::from(g.to), bytes);
+            add_range(
+                &mut resident,
+                p,
+                u64::from(g.from) + 1,
+                u64::from(g.to),
+                bytes,
+            );
             continue;
         }
         add_range(&mut resident, p, fetch, u64::from(g.to), bytes);
@@ -264,9 +320,19 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
         });
     }
     evictions.sort_unstable_by_key(|e| (e.out_after, e.tensor));
-    let host_resident =
-        live.idle.iter().zip(&idle_selected).filter(|(_, &s)| s).map(|(&t, _)| t).collect();
-    Ok(SwapPlan { period: p as u32, budget_bytes: budget.bytes, evictions, host_resident })
+    let host_resident = live
+        .idle
+        .iter()
+        .zip(&idle_selected)
+        .filter(|(_, &s)| s)
+        .map(|(&t, _)| t)
+        .collect();
+    Ok(SwapPlan {
+        period: p as u32,
+        budget_bytes: budget.bytes,
+        evictions,
+        host_resident,
+    })
 }
 
 /// Marks gap `gi` evicted and removes its bytes from the resident curve over the gap.
@@ -282,7 +348,13 @@ fn select(
     let g = gaps[gi];
     selected[gi] = true;
     order.push(gi);
-    add_range(resident, p, u64::from(g.from) + 1, u64::from(g.to), -i128::from(bytes));
+    add_range(
+        resident,
+        p,
+        u64::from(g.from) + 1,
+        u64::from(g.to),
+        -i128::from(bytes),
+    );
 }
 
 /// Adds `delta` to positions `[first, end)` (unrolled, taken modulo `p`).

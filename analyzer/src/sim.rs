@@ -60,7 +60,10 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { cycles: 3, record_curve: false }
+        SimOptions {
+            cycles: 3,
+            record_curve: false,
+        }
     }
 }
 
@@ -207,9 +210,17 @@ pub fn simulate(
     let enforce_budget = !matches!(policy, Policy::None);
     if enforce_budget {
         for (i, op) in cycle.ops.iter().enumerate() {
-            let bytes: u64 = op.tensors.iter().map(|&t| cycle.tensors[t as usize].bytes).sum();
+            let bytes: u64 = op
+                .tensors
+                .iter()
+                .map(|&t| cycle.tensors[t as usize].bytes)
+                .sum();
             if bytes > budget.bytes {
-                return Err(SimError::OpTooLarge { op: i as u32, bytes, budget: budget.bytes });
+                return Err(SimError::OpTooLarge {
+                    op: i as u32,
+                    bytes,
+                    budget: budget.bytes,
+                });
             }
         }
     }
@@ -275,8 +286,10 @@ pub fn simulate(
         }
     }
     boundaries.push(sim.time);
-    let steps: Vec<u64> =
-        boundaries.windows(2).map(|w| (w[1] - w[0]).round() as u64).collect();
+    let steps: Vec<u64> = boundaries
+        .windows(2)
+        .map(|w| (w[1] - w[0]).round() as u64)
+        .collect();
     let last = cycles - 1;
     let compute_ns = cycle.compute_ns();
     Ok(SimReport {
@@ -304,7 +317,11 @@ impl Sim<'_> {
         self.used += bytes;
         self.peak = self.peak.max(self.used);
         if self.enforce_budget && self.used > self.budget {
-            return Err(SimError::BudgetExceeded { op: op as u32, bytes: self.used, budget: self.budget });
+            return Err(SimError::BudgetExceeded {
+                op: op as u32,
+                bytes: self.used,
+                budget: self.budget,
+            });
         }
         Ok(())
     }
@@ -410,7 +427,10 @@ impl Sim<'_> {
         let waited = self.time - ready_at;
         for &t in &op.tensors {
             if self.place[t as usize] != Place::Device {
-                return Err(SimError::NotResident { op: pos as u32, tensor: t });
+                return Err(SimError::NotResident {
+                    op: pos as u32,
+                    tensor: t,
+                });
             }
             self.host_valid[t as usize] = false;
             self.last_use[t as usize] = global;
@@ -484,7 +504,8 @@ impl Sim<'_> {
                 Place::ToDevice => ready = false,
                 Place::Host | Place::ToHost => {
                     ready = false;
-                    if !self.h2d.queue.contains(&t) && self.h2d.active.is_none_or(|a| a.tensor != t) {
+                    if !self.h2d.queue.contains(&t) && self.h2d.active.is_none_or(|a| a.tensor != t)
+                    {
                         // On demand: LRU's normal path, a plan's miss.
                         if !self.lru {
                             self.demand_fetches += 1;
@@ -562,11 +583,16 @@ impl Sim<'_> {
     fn start_copies(&mut self, pos: usize) -> Result<(), SimError> {
         if self.d2h.active.is_none() {
             if let Some(t) = self.d2h.queue.pop_front() {
-                self.d2h.active = Some(Transfer { tensor: t, remaining: self.bytes(t) as f64 });
+                self.d2h.active = Some(Transfer {
+                    tensor: t,
+                    remaining: self.bytes(t) as f64,
+                });
             }
         }
         while self.h2d.active.is_none() {
-            let Some(&t) = self.h2d.queue.front() else { break };
+            let Some(&t) = self.h2d.queue.front() else {
+                break;
+            };
             match self.place[t as usize] {
                 Place::Host => {
                     let b = self.bytes(t);
@@ -577,7 +603,10 @@ impl Sim<'_> {
                     self.place[t as usize] = Place::ToDevice;
                     self.grow(b, pos)?;
                     self.bytes_h2d[self.stats_cycle] += b;
-                    self.h2d.active = Some(Transfer { tensor: t, remaining: b as f64 });
+                    self.h2d.active = Some(Transfer {
+                        tensor: t,
+                        remaining: b as f64,
+                    });
                 }
                 // Still being written out: the read-back waits for it.
                 Place::ToHost => break,

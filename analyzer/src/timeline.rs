@@ -68,14 +68,22 @@ impl Liveness {
             }
             let acc = unrolled_accesses(&t.accesses, period);
             for w in acc.windows(2) {
-                gaps.push(Gap { tensor: tid, from: w[0], to: w[1] });
+                gaps.push(Gap {
+                    tensor: tid,
+                    from: w[0],
+                    to: w[1],
+                });
             }
             if t.is_persistent() {
                 // Persistent data survives into the next iteration's first access.
                 let first = acc[0];
                 let last = acc[acc.len() - 1];
                 let next = first + period * ((last - first) / period + 1);
-                gaps.push(Gap { tensor: tid, from: last, to: next });
+                gaps.push(Gap {
+                    tensor: tid,
+                    from: last,
+                    to: next,
+                });
             }
         }
         Liveness { period, gaps, idle }
@@ -99,10 +107,14 @@ pub(crate) fn add_open_interval(curve: &mut [i128], period: u32, from: u32, to: 
 
 fn integrate(delta: Vec<i128>, n: usize) -> Vec<u64> {
     let mut acc = 0i128;
-    delta.into_iter().take(n).map(|d| {
-        acc += d;
-        acc.max(0) as u64
-    }).collect()
+    delta
+        .into_iter()
+        .take(n)
+        .map(|d| {
+            acc += d;
+            acc.max(0) as u64
+        })
+        .collect()
 }
 
 /// Bytes holding live data at each op (the op's own tensors included).
@@ -110,14 +122,28 @@ pub fn needed_bytes(cycle: &Cycle, live: &Liveness) -> Vec<u64> {
     let n = cycle.len();
     let mut delta = vec![0i128; n + 1];
     for g in &live.gaps {
-        add_open_interval(&mut delta, live.period, g.from, g.to, cycle.tensors[g.tensor as usize].bytes);
+        add_open_interval(
+            &mut delta,
+            live.period,
+            g.from,
+            g.to,
+            cycle.tensors[g.tensor as usize].bytes,
+        );
     }
-    let idle: u64 = live.idle.iter().map(|&t| cycle.tensors[t as usize].bytes).sum();
+    let idle: u64 = live
+        .idle
+        .iter()
+        .map(|&t| cycle.tensors[t as usize].bytes)
+        .sum();
     delta[0] += i128::from(idle);
     delta[n] -= i128::from(idle);
     let mut out = integrate(delta, n);
     for (i, op) in cycle.ops.iter().enumerate() {
-        out[i] += op.tensors.iter().map(|&t| cycle.tensors[t as usize].bytes).sum::<u64>();
+        out[i] += op
+            .tensors
+            .iter()
+            .map(|&t| cycle.tensors[t as usize].bytes)
+            .sum::<u64>();
     }
     out
 }

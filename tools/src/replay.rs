@@ -1,13 +1,302 @@
-//! `tensile replay`: simulate a trace under a policy and budget (being written).
+//! `tensile replay`: simulate a trace under swap policies for a memory budget.
+//!
+//! Loads a trace (either format, gzipped or not), learns its iteration, and for each requested
+//! policy prints the predicted step time, copies, stalls and peak residency next to the lower
+//! bound for the budget. `--json` prints the same as one JSON object (one policy) or an array of
+//! objects (several policies); `--plot` writes an SVG of the footprint. All the modelling is in
+//! `tensile-analyzer`; this module parses arguments and formats results.
+
+mod plot;
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tensile_analyzer::cost::{parse_size, CostModel};
+use tensile_analyzer::import::{load_with_progress, LoadOptions};
+use tensile_analyzer::model::SourceFormat;
+use tensile_analyzer::{analyze, evaluate, Analysis, Budget, Evaluation, PolicyKind, Trace};
 
 /// Arguments of `tensile replay`.
-#[derive(clap::Args)]
+#[derive(clap::Args, Debug)]
 pub struct ReplayArgs {
     /// Trace file (the project's format or capture format v1, gzipped or not).
-    pub trace: std::path::PathBuf,
+    pub trace: PathBuf,
+    /// Device memory budget: bytes with a unit (4GiB, 512MiB, 6GB) or a percentage of the
+    /// steady-state iteration's peak allocated bytes (50%).
+    #[arg(long)]
+    pub budget: String,
+    /// Policies to simulate: plan, lru, none, or several (repeat the flag, separate with commas,
+    /// or say `all`).
+    #[arg(long, value_delimiter = ',', default_value = "plan")]
+    pub policy: Vec<String>,
+    /// Host-to-device bandwidth in GB/s (one direction active).
+    #[arg(long, default_value_t = 55.0)]
+    pub h2d_gbps: f64,
+    /// Device-to-host bandwidth in GB/s (one direction active).
+    #[arg(long, default_value_t = 55.0)]
+    pub d2h_gbps: f64,
+    /// Total bandwidth in GB/s with both directions active at once.
+    #[arg(long, default_value_t = 92.0)]
+    pub bidir_gbps: f64,
+    /// Print JSON: one object for one policy, an array of objects for several.
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG plot of the footprint, the budget and the plan's residency to this file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Show a progress indicator while reading even when stderr is not a terminal.
+    #[arg(long)]
+    pub progress: bool,
+    /// Analyze the complete part of a truncated trace instead of refusing it.
+    #[arg(long)]
+    pub allow_truncated: bool,
 }
+
+/// Files at least this large get a progress indicator on a terminal.
+const PROGRESS_MIN_BYTES: u64 = 4 << 20;
 
 /// Runs `tensile replay`.
 pub fn run(args: ReplayArgs) -> Result<(), String> {
-    Err(format!("replay of {} is not implemented yet", args.trace.display()))
+    let policies = parse_policies(&args.policy)?;
+    let cost = CostModel {
+        h2d_gbps: args.h2d_gbps,
+        d2h_gbps: args.d2h_gbps,
+        bidir_gbps: args.bidir_gbps,
+        ..CostModel::default()
+    };
+    cost.validate()?;
+    let trace = load(&args)?;
+    let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    let peak = analysis.footprint.peak_allocated;
+    let budget =
+        Budget::new(parse_size(&args.budget, Some(peak)).map_err(|e| format!("--budget {e}"))?);
+    let mut results = Vec::new();
+    for &policy in &policies {
+        let evaluation = evaluate(&analysis.cycle, policy, budget, &cost)
+            .map_err(|e| format!("policy {}: {e}", policy_name(policy)))?;
+        results.push(evaluation);
+    }
+    if let Some(path) = &args.plot {
+        let svg = plot::footprint_svg(&analysis, budget, &results, &args.trace);
+        std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
+    if args.json {
+        let objects: Vec<Value> = results
+            .iter()
+            .map(|r| json_object(&args, &trace, &analysis, budget, r))
+            .collect();
+        let out = if objects.len() == 1 {
+            objects.into_iter().next().unwrap_or(Value::Null)
+        } else {
+            Value::Array(objects)
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
+        );
+    } else {
+        print_human(&args, &trace, &analysis, budget, &results);
+    }
+    Ok(())
+}
+
+fn parse_policies(values: &[String]) -> Result<Vec<PolicyKind>, String> {
+    let mut out = Vec::new();
+    for v in values {
+        if v.trim().eq_ignore_ascii_case("all") {
+            out.extend([PolicyKind::Plan, PolicyKind::Lru, PolicyKind::None]);
+            continue;
+        }
+        out.push(
+            v.parse::<PolicyKind>()
+                .map_err(|e| format!("--policy: {e}"))?,
+        );
+    }
+    let mut seen = Vec::new();
+    out.retain(|p| {
+        let fresh = !seen.contains(p);
+        seen.push(*p);
+        fresh
+    });
+    if out.is_empty() {
+        return Err("--policy: no policy given".into());
+    }
+    Ok(out)
+}
+
+fn policy_name(p: PolicyKind) -> &'static str {
+    match p {
+        PolicyKind::Plan => "plan",
+        PolicyKind::Lru => "lru",
+        PolicyKind::None => "none",
+    }
+}
+
+fn load(args: &ReplayArgs) -> Result<Trace, String> {
+    let size = std::fs::metadata(&args.trace)
+        .map_err(|e| format!("cannot read {}: {e}", args.trace.display()))?
+        .len();
+    let show = args.progress || (std::io::stderr().is_terminal() && size >= PROGRESS_MIN_BYTES);
+    let options = LoadOptions {
+        allow_truncated: args.allow_truncated,
+    };
+    let mut last = Instant::now();
+    let mut shown = false;
+    let mut progress = |done: u64, total: u64| {
+        if show && last.elapsed() >= Duration::from_millis(200) {
+            last = Instant::now();
+            shown = true;
+            let pct = if total == 0 {
+                100.0
+            } else {
+                done as f64 * 100.0 / total as f64
+            };
+            eprint!("\rreading {}: {pct:5.1}%", args.trace.display());
+        }
+    };
+    let result = load_with_progress(&args.trace, options, &mut progress);
+    if shown {
+        eprintln!("\rreading {}: done  ", args.trace.display());
+    }
+    result.map_err(|e| e.to_string())
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.2} ms", ns as f64 / 1e6)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
+
+fn format_name(f: SourceFormat) -> &'static str {
+    match f {
+        SourceFormat::CaptureV1 => "capture v1",
+        SourceFormat::Tensile => "tensile",
+    }
+}
+
+fn print_human(
+    args: &ReplayArgs,
+    trace: &Trace,
+    analysis: &Analysis,
+    budget: Budget,
+    results: &[Evaluation],
+) {
+    let it = &analysis.iterations;
+    let fp = &analysis.footprint;
+    let cycle = &analysis.cycle;
+    println!(
+        "trace      {} ({}, {} ops{})",
+        args.trace.display(),
+        format_name(trace.format),
+        trace.ops.len(),
+        if trace.complete {
+            ""
+        } else {
+            ", no clean end marker"
+        }
+    );
+    println!(
+        "iterations {} of {} ops (steady state: iteration {}, ops {}..{})",
+        it.spans.len(),
+        it.period,
+        it.representative + 1,
+        cycle.span.start,
+        cycle.span.end
+    );
+    println!(
+        "memory     peak {} allocated, {} holding data; budget {} ({:.1}% of peak)",
+        gib(fp.peak_allocated),
+        gib(fp.peak_needed),
+        gib(budget.bytes),
+        budget.bytes as f64 * 100.0 / fp.peak_allocated.max(1) as f64
+    );
+    let bound = results.iter().find_map(|r| r.bound);
+    match bound {
+        Some(b) => println!(
+            "time       compute {} per iteration; lower bound {} ({:.2}x compute)",
+            ms(b.compute_ns),
+            ms(b.bound_ns),
+            b.bound_ns as f64 / b.compute_ns.max(1) as f64
+        ),
+        None => println!(
+            "time       compute {} per iteration; no plan fits this budget (an op touches more)",
+            ms(cycle.compute_ns())
+        ),
+    }
+    if cycle.estimated_launches > 0 {
+        println!(
+            "note       {} launches had no measured duration: used their kernel's median, or {} µs",
+            cycle.estimated_launches,
+            tensile_analyzer::cost::DEFAULT_LAUNCH_NS / 1000
+        );
+    }
+    println!();
+    println!(
+        "{:<6} {:>12} {:>9} {:>12} {:>11} {:>11} {:>14}  budget",
+        "policy", "step", "vs bound", "stall", "H2D/iter", "D2H/iter", "peak resident"
+    );
+    for r in results {
+        let rep = &r.report;
+        let vs = bound
+            .map(|b| format!("{:.3}x", rep.step_ns as f64 / b.bound_ns.max(1) as f64))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<6} {:>12} {:>9} {:>12} {:>11} {:>11} {:>14}  {}",
+            policy_name(r.policy),
+            ms(rep.step_ns),
+            vs,
+            ms(rep.stall_ns),
+            gib(rep.bytes_h2d),
+            gib(rep.bytes_d2h),
+            gib(rep.peak_resident_bytes),
+            if rep.fits {
+                "kept"
+            } else {
+                "EXCEEDED (would run out of memory)"
+            }
+        );
+    }
+}
+
+fn json_object(
+    args: &ReplayArgs,
+    trace: &Trace,
+    analysis: &Analysis,
+    budget: Budget,
+    r: &Evaluation,
+) -> Value {
+    let rep = &r.report;
+    let it = &analysis.iterations;
+    json!({
+        "trace": args.trace.display().to_string(),
+        "format": format_name(trace.format),
+        "policy": policy_name(r.policy),
+        "iterations": it.spans.len(),
+        "period_ops": it.period,
+        "iteration_starts": it.starts(),
+        "steady_state_iteration": it.representative,
+        "peak_bytes": analysis.footprint.peak_allocated,
+        "peak_needed_bytes": analysis.footprint.peak_needed,
+        "budget_bytes": budget.bytes,
+        "compute_ns": rep.compute_ns,
+        "predicted_ns": rep.step_ns,
+        "lower_bound_ns": r.bound.map(|b| b.bound_ns),
+        "trivial_bound_ns": r.bound.map(|b| b.trivial_ns),
+        "bytes_h2d": rep.bytes_h2d,
+        "bytes_d2h": rep.bytes_d2h,
+        "stall_ns": rep.stall_ns,
+        "peak_resident_bytes": rep.peak_resident_bytes,
+        "fits_budget": rep.fits,
+        "demand_fetches": rep.demand_fetches,
+        "evictions": r.plan.as_ref().map(|p| p.evictions.len()),
+        "estimated_launches": analysis.cycle.estimated_launches,
+        "default_launch_ns": tensile_analyzer::cost::DEFAULT_LAUNCH_NS,
+        "h2d_gbps": args.h2d_gbps,
+        "d2h_gbps": args.d2h_gbps,
+        "bidir_gbps": args.bidir_gbps,
+    })
 }

@@ -21,7 +21,11 @@ pub(crate) struct TraceBuilder {
 
 impl TraceBuilder {
     pub(crate) fn new(format: SourceFormat) -> Self {
-        TraceBuilder { trace: Trace::new(format), by_id: HashMap::new(), op_by_seq: HashMap::new() }
+        TraceBuilder {
+            trace: Trace::new(format),
+            by_id: HashMap::new(),
+            op_by_seq: HashMap::new(),
+        }
     }
 
     fn next_op(&self) -> u32 {
@@ -48,7 +52,9 @@ impl TraceBuilder {
         bytes: u64,
     ) -> Result<(), ModelError> {
         if id == 0 {
-            return Err(ModelError("allocation id 0 is reserved for host memory".into()));
+            return Err(ModelError(
+                "allocation id 0 is reserved for host memory".into(),
+            ));
         }
         let idx = self.trace.allocations.len() as AllocIdx;
         if let Some(prev) = self.by_id.insert(id, idx) {
@@ -127,11 +133,9 @@ impl TraceBuilder {
     }
 
     pub(crate) fn duration(&mut self, seq: u64, gpu_ns: u64) -> Result<(), ModelError> {
-        let op = self
-            .op_by_seq
-            .get(&seq)
-            .copied()
-            .ok_or_else(|| ModelError(format!("duration for launch {seq}, which was never seen")))?;
+        let op = self.op_by_seq.get(&seq).copied().ok_or_else(|| {
+            ModelError(format!("duration for launch {seq}, which was never seen"))
+        })?;
         self.trace.ops[op as usize].gpu_ns = Some(gpu_ns);
         Ok(())
     }
@@ -180,7 +184,11 @@ impl TraceBuilder {
 
     pub(crate) fn sync(&mut self, t_ns: u64, scope: SyncScope) {
         let before_op = self.next_op();
-        self.trace.syncs.push(Sync { t_ns, scope, before_op });
+        self.trace.syncs.push(Sync {
+            t_ns,
+            scope,
+            before_op,
+        });
     }
 
     pub(crate) fn finish(mut self, complete: bool) -> Trace {

@@ -29,7 +29,9 @@ pub fn read_capture(
     let mut complete = false;
     loop {
         buf.clear();
-        let n = input.read_until(b'\n', &mut buf).map_err(|e| read_error(path, line_no + 1, e))?;
+        let n = input
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| read_error(path, line_no + 1, e))?;
         if n == 0 {
             break;
         }
@@ -56,7 +58,10 @@ pub fn read_capture(
             found: String::from_utf8_lossy(&buf).into_owned(),
         })?;
         if line_no == 1 && !text.as_bytes().starts_with(CAPTURE_V1_SIGNATURE) {
-            return Err(LoadError::Foreign { path: path.into(), start: printable(&buf) });
+            return Err(LoadError::Foreign {
+                path: path.into(),
+                start: printable(&buf),
+            });
         }
         if text.is_empty() {
             continue;
@@ -68,14 +73,20 @@ pub fn read_capture(
             continue;
         }
         parse_line(&mut builder, text).map_err(|e| match e {
-            LineError::Syntax { expected, found } => {
-                LoadError::Syntax { path: path.into(), at, expected, found }
-            }
+            LineError::Syntax { expected, found } => LoadError::Syntax {
+                path: path.into(),
+                at,
+                expected,
+                found,
+            },
             LineError::Model(m) => m.at(path, at),
         })?;
     }
     if line_no == 0 {
-        return Err(LoadError::Foreign { path: path.into(), start: "nothing (empty file)".into() });
+        return Err(LoadError::Foreign {
+            path: path.into(),
+            start: "nothing (empty file)".into(),
+        });
     }
     Ok(builder.finish(complete))
 }
@@ -88,7 +99,10 @@ fn read_error(path: &str, line: u64, e: std::io::Error) -> LoadError {
             what: "the compressed stream ends early (the file was cut)".into(),
         }
     } else {
-        LoadError::Io { path: path.into(), source: e }
+        LoadError::Io {
+            path: path.into(),
+            source: e,
+        }
     }
 }
 
@@ -97,7 +111,13 @@ pub(crate) fn printable(bytes: &[u8]) -> String {
     let head = &bytes[..bytes.len().min(24)];
     let text: String = head
         .iter()
-        .map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' })
+        .map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                b as char
+            } else {
+                '.'
+            }
+        })
         .collect();
     format!("{text:?}")
 }
@@ -114,7 +134,10 @@ impl From<ModelError> for LineError {
 }
 
 fn syntax(expected: &str, found: &str) -> LineError {
-    LineError::Syntax { expected: expected.into(), found: found.into() }
+    LineError::Syntax {
+        expected: expected.into(),
+        found: found.into(),
+    }
 }
 
 /// Splits a line into its space-separated fields and parses them with context.
@@ -125,17 +148,23 @@ struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     fn next(&mut self, what: &str) -> Result<&'a str, LineError> {
-        self.parts.next().ok_or_else(|| syntax(&format!("{what} (line too short)"), self.line))
+        self.parts
+            .next()
+            .ok_or_else(|| syntax(&format!("{what} (line too short)"), self.line))
     }
 
     fn u64(&mut self, what: &str) -> Result<u64, LineError> {
         let field = self.next(what)?;
-        field.parse().map_err(|_| syntax(&format!("{what} as a decimal integer"), field))
+        field
+            .parse()
+            .map_err(|_| syntax(&format!("{what} as a decimal integer"), field))
     }
 
     fn u32(&mut self, what: &str) -> Result<u32, LineError> {
         let field = self.next(what)?;
-        field.parse().map_err(|_| syntax(&format!("{what} as a decimal integer"), field))
+        field
+            .parse()
+            .map_err(|_| syntax(&format!("{what} as a decimal integer"), field))
     }
 
     fn hex(&mut self, what: &str) -> Result<u64, LineError> {
@@ -184,7 +213,10 @@ fn parse_stream(field: &str) -> Option<u64> {
 }
 
 fn parse_line(builder: &mut TraceBuilder, line: &str) -> Result<(), LineError> {
-    let mut f = Fields { line, parts: line.split_ascii_whitespace() };
+    let mut f = Fields {
+        line,
+        parts: line.split_ascii_whitespace(),
+    };
     let tag = f.next("a record letter")?;
     match tag {
         "N" => {
@@ -224,8 +256,9 @@ fn parse_line(builder: &mut TraceBuilder, line: &str) -> Result<(), LineError> {
                     .split_once('@')
                     .ok_or_else(|| syntax("an access as <id>@<offset>", access))?;
                 let id = id.parse().map_err(|_| syntax("an allocation id", access))?;
-                let _offset: u32 =
-                    offset.parse().map_err(|_| syntax("a parameter offset", access))?;
+                let _offset: u32 = offset
+                    .parse()
+                    .map_err(|_| syntax("a parameter offset", access))?;
                 ids.push(id);
             }
             builder.launch(t, stream, seq, kernel, ids)?;

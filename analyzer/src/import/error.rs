@@ -90,6 +90,10 @@ pub(crate) struct ModelError(pub String);
 
 impl ModelError {
     pub(crate) fn at(self, path: &str, at: Location) -> LoadError {
-        LoadError::Inconsistent { path: path.to_string(), at, reason: self.0 }
+        LoadError::Inconsistent {
+            path: path.to_string(),
+            at,
+            reason: self.0,
+        }
     }
 }

@@ -43,11 +43,17 @@ pub fn load_with_progress(
     progress: ProgressFn<'_>,
 ) -> Result<Trace, LoadError> {
     let name = path.display().to_string();
-    let io_err = |source| LoadError::Io { path: name.clone(), source };
+    let io_err = |source| LoadError::Io {
+        path: name.clone(),
+        source,
+    };
     let file = File::open(path).map_err(io_err)?;
     let total = file.metadata().map_err(io_err)?.len();
     let consumed = Rc::new(Cell::new(0u64));
-    let counting = CountingReader { inner: file, consumed: Rc::clone(&consumed) };
+    let counting = CountingReader {
+        inner: file,
+        consumed: Rc::clone(&consumed),
+    };
     let mut raw = BufReader::with_capacity(1 << 16, counting);
     let gzipped = raw.fill_buf().map_err(io_err)?.starts_with(&[0x1f, 0x8b]);
     let mut tick = || progress(consumed.get(), total);
@@ -77,7 +83,10 @@ fn dispatch(
         }
         Err(e) => {
             // A gzip header that does not decode means the file only looks compressed.
-            return Err(LoadError::Foreign { path: name.into(), start: format!("bad gzip data ({e})") });
+            return Err(LoadError::Foreign {
+                path: name.into(),
+                start: format!("bad gzip data ({e})"),
+            });
         }
     };
     if head.starts_with(&tensile_trace::MAGIC[..4]) {
@@ -85,7 +94,10 @@ fn dispatch(
     } else if head.starts_with(b"#") {
         read_capture_lenient(input, name, options, tick)
     } else {
-        Err(LoadError::Foreign { path: name.into(), start: capture::printable(head) })
+        Err(LoadError::Foreign {
+            path: name.into(),
+            start: capture::printable(head),
+        })
     }
 }
 

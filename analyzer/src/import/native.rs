@@ -23,8 +23,7 @@ pub fn read_tensile(
     let mut builder = TraceBuilder::new(SourceFormat::Tensile);
     let mut complete = false;
     // The header is record 0 and was consumed by `Reader::new`.
-    let mut record_no = 1u64;
-    for item in reader {
+    for (record_no, item) in (1u64..).zip(reader) {
         let record = match item {
             Ok(record) => record,
             Err(TraceError::Truncated { .. }) if allow_truncated => break,
@@ -34,7 +33,6 @@ pub fn read_tensile(
             tick();
         }
         let at = Location::Record(record_no);
-        record_no += 1;
         let result = match record {
             Record::Header(_) => {
                 return Err(LoadError::Inconsistent {
@@ -96,7 +94,10 @@ fn format_error(path: &str, e: TraceError) -> LoadError {
                 what: "the compressed stream ends early (the file was cut)".into(),
             }
         }
-        TraceError::Io(source) => LoadError::Io { path: path.into(), source },
+        TraceError::Io(source) => LoadError::Io {
+            path: path.into(),
+            source,
+        },
         TraceError::Truncated { records_read } => LoadError::Truncated {
             path: path.into(),
             at: Location::Record(records_read),
@@ -105,6 +106,9 @@ fn format_error(path: &str, e: TraceError) -> LoadError {
                  (the recording process probably died)"
             ),
         },
-        other => LoadError::Format { path: path.into(), reason: other.to_string() },
+        other => LoadError::Format {
+            path: path.into(),
+            reason: other.to_string(),
+        },
     }
 }

@@ -1,0 +1,128 @@
+//! The analyzer's front door: analyze a trace once, then evaluate policies for budgets.
+//!
+//! [`analyze`] runs iteration detection and builds the steady-state cycle and its footprint;
+//! [`evaluate`] plans (for `plan`), simulates, and bounds. This is what `tensile replay` and an
+//! online re-planner call; it adds no modelling of its own.
+
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::bound::{lower_bound, BoundError, LowerBound};
+use crate::cost::{Budget, CostModel};
+use crate::cycle::Cycle;
+use crate::iteration::{detect, IterationError, Iterations};
+use crate::model::Trace;
+use crate::plan::{plan, PlanError, SwapPlan};
+use crate::sim::{simulate, Policy, SimError, SimOptions, SimReport};
+use crate::timeline::Footprint;
+
+/// A trace's structure, ready for planning.
+#[derive(Debug, Clone)]
+pub struct Analysis {
+    /// The detected iterations.
+    pub iterations: Iterations,
+    /// The steady-state iteration.
+    pub cycle: Cycle,
+    /// Its footprint.
+    pub footprint: Footprint,
+}
+
+/// Detects the iteration and builds the steady-state cycle.
+pub fn analyze(trace: &Trace, cost: &CostModel) -> Result<Analysis, IterationError> {
+    let iterations = detect(trace)?;
+    let cycle = Cycle::from_trace(trace, &iterations, cost);
+    let footprint = Footprint::of(&cycle);
+    Ok(Analysis {
+        iterations,
+        cycle,
+        footprint,
+    })
+}
+
+/// A policy by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum PolicyKind {
+    /// The planner's periodic plan.
+    Plan,
+    /// On-demand LRU.
+    Lru,
+    /// No swapping.
+    None,
+}
+
+impl FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "plan" => Ok(PolicyKind::Plan),
+            "lru" => Ok(PolicyKind::Lru),
+            "none" | "off" => Ok(PolicyKind::None),
+            other => Err(format!(
+                "unknown policy {other:?} (expected plan, lru or none)"
+            )),
+        }
+    }
+}
+
+/// The outcome of one policy at one budget.
+#[derive(Debug, Clone, Serialize)]
+pub struct Evaluation {
+    /// Which policy.
+    pub policy: PolicyKind,
+    /// The simulated steady state.
+    pub report: SimReport,
+    /// The plan, for `plan`.
+    pub plan: Option<SwapPlan>,
+    /// The lower bound for this budget (`None`: no plan can run within it; only `none`, which
+    /// ignores the budget, is evaluated then).
+    pub bound: Option<LowerBound>,
+}
+
+/// Why a policy could not be evaluated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EvalError {
+    /// No plan exists for this budget.
+    #[error("{0}")]
+    Plan(#[from] PlanError),
+    /// The budget is infeasible for any plan.
+    #[error("{0}")]
+    Bound(#[from] BoundError),
+    /// The simulator found a violation or a deadlock.
+    #[error("simulation failed: {0}")]
+    Sim(#[from] SimError),
+}
+
+/// Plans (if needed), simulates and bounds `policy` for `budget`.
+pub fn evaluate(
+    cycle: &Cycle,
+    policy: PolicyKind,
+    budget: Budget,
+    cost: &CostModel,
+) -> Result<Evaluation, EvalError> {
+    let bound = match (lower_bound(cycle, &budget, cost), policy) {
+        (Ok(b), _) => Some(b),
+        (Err(_), PolicyKind::None) => None,
+        (Err(e), _) => return Err(e.into()),
+    };
+    let options = SimOptions {
+        cycles: 3,
+        record_curve: true,
+    };
+    let (report, plan) = match policy {
+        PolicyKind::Plan => {
+            let plan = plan(cycle, &budget, cost)?;
+            let report = simulate(cycle, Policy::Plan(&plan), budget, cost, options)?;
+            (report, Some(plan))
+        }
+        PolicyKind::Lru => (simulate(cycle, Policy::Lru, budget, cost, options)?, None),
+        PolicyKind::None => (simulate(cycle, Policy::None, budget, cost, options)?, None),
+    };
+    Ok(Evaluation {
+        policy,
+        report,
+        plan,
+        bound,
+    })
+}
