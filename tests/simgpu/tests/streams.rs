@@ -364,3 +364,17 @@ fn destroying_a_stream_lets_queued_work_finish() {
         "download_u32(x, 1024)",
     );
 }
+
+#[test]
+fn unmapping_while_a_kernel_is_queued_faults_the_kernel() {
+    setup();
+    let va = reserve(GRAN);
+    let h = create(GRAN, device_loc());
+    ck(map(va, GRAN, h));
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ck(fill(va, 1024, 15, std::ptr::null_mut()));
+    // A buggy caller remaps without waiting for the queued kernel (VMM calls are not
+    // stream-ordered): the kernel runs after the unmap and faults.
+    ck(unmap(va, GRAN));
+    assert_eq!(ctx_sync(), CUDA_ERROR_ILLEGAL_ADDRESS);
+}

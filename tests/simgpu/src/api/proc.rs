@@ -298,3 +298,57 @@ pub unsafe extern "C" fn cuGetExportTable(
         Err(CUDA_ERROR_NOT_FOUND)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table lists exactly the functions the `api` modules export.
+    #[test]
+    fn table_lists_every_export() {
+        let sources = [
+            include_str!("context.rs"),
+            include_str!("copy.rs"),
+            include_str!("device.rs"),
+            include_str!("event.rs"),
+            include_str!("launch.rs"),
+            include_str!("memory.rs"),
+            include_str!("module.rs"),
+            include_str!("pool.rs"),
+            include_str!("proc.rs"),
+            include_str!("stream.rs"),
+            include_str!("vmm.rs"),
+        ];
+        let mut exported = std::collections::BTreeSet::new();
+        for src in sources {
+            let code = src.split("#[cfg(test)]").next().unwrap_or(src);
+            let words: Vec<&str> = code
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '!'))
+                .filter(|w| !w.is_empty())
+                .collect();
+            for (i, w) in words.iter().enumerate() {
+                match *w {
+                    "export!" => {
+                        exported.insert(words[i + 1]);
+                    }
+                    "per_thread_pair!" => {
+                        exported.insert(words[i + 1]);
+                        exported.insert(words[i + 2]);
+                    }
+                    "fn" if words[i + 1].starts_with("cu") && i >= 1 && words[i - 1] == "C" => {
+                        exported.insert(words[i + 1]);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let table: std::collections::BTreeSet<&str> =
+            implemented_symbols().keys().copied().collect();
+        let missing: Vec<_> = exported.difference(&table).collect();
+        let extra: Vec<_> = table.difference(&exported).collect();
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "not in table: {missing:?}; not exported: {extra:?}"
+        );
+    }
+}

@@ -164,3 +164,53 @@ pub fn device_attribute(attr: i32) -> i32 {
     ck(unsafe { cuDeviceGetAttribute(&mut v, attr, 0) });
     v
 }
+
+pub const GRAN: usize = 2 << 20;
+
+pub fn device_loc() -> CUmemLocation {
+    CUmemLocation {
+        type_: CU_MEM_LOCATION_TYPE_DEVICE,
+        id: 0,
+    }
+}
+
+pub fn host_loc() -> CUmemLocation {
+    CUmemLocation {
+        type_: CU_MEM_LOCATION_TYPE_HOST_NUMA,
+        id: 0,
+    }
+}
+
+pub fn reserve(size: usize) -> CUdeviceptr {
+    let mut va = 0;
+    // SAFETY: valid out-pointer.
+    ck(unsafe { cuda::api::vmm::cuMemAddressReserve(&mut va, size, 0, 0, 0) });
+    va
+}
+
+pub fn create(size: usize, loc: CUmemLocation) -> CUmemGenericAllocationHandle {
+    let mut h = 0;
+    let prop = CUmemAllocationProp::pinned(loc);
+    // SAFETY: valid out-pointer and properties.
+    ck(unsafe { cuda::api::vmm::cuMemCreate(&mut h, size, &prop, 0) });
+    h
+}
+
+pub fn map(va: CUdeviceptr, size: usize, h: CUmemGenericAllocationHandle) -> CUresult {
+    // SAFETY: plain driver call.
+    unsafe { cuda::api::vmm::cuMemMap(va, size, 0, h, 0) }
+}
+
+pub fn set_access(va: CUdeviceptr, size: usize, flags: u32) -> CUresult {
+    let desc = CUmemAccessDesc {
+        location: device_loc(),
+        flags,
+    };
+    // SAFETY: one valid descriptor.
+    unsafe { cuda::api::vmm::cuMemSetAccess(va, size, &desc, 1) }
+}
+
+pub fn unmap(va: CUdeviceptr, size: usize) -> CUresult {
+    // SAFETY: plain driver call.
+    unsafe { cuda::api::vmm::cuMemUnmap(va, size) }
+}

@@ -1,0 +1,289 @@
+//! Virtual memory management: data lives in the physical allocation, so remapping keeps it;
+//! access rights and mappings are enforced for kernels and copies; the driver's argument
+//! rules are checked.
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::*;
+use cuda::api::copy::*;
+use cuda::api::vmm::*;
+use tensile_driver_abi::*;
+use tensile_kernels::twins::pattern_value;
+use tensile_kernels::ParamBuilder;
+
+const WORDS: usize = GRAN / 4;
+
+fn fill(p: CUdeviceptr, n: usize, seed: u32) -> CUresult {
+    let params = ParamBuilder::new().ptr(p).u64(n as u64).u32(seed).build();
+    launch_packed(function("fill_pattern"), std::ptr::null_mut(), &params)
+}
+
+fn copy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    let params = ParamBuilder::new().ptr(dst).ptr(src).u64(n as u64).build();
+    launch_packed(function("copy_u32"), std::ptr::null_mut(), &params)
+}
+
+fn pattern(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u64).map(|i| pattern_value(seed, i)).collect()
+}
+
+#[test]
+fn remapping_a_host_copy_at_the_same_address_keeps_the_data() {
+    fresh_context();
+    let va = reserve(2 * GRAN);
+    let dev = create(GRAN, device_loc());
+    ck(map(va, GRAN, dev));
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ck(fill(va, WORDS, 21));
+    ck(ctx_sync());
+
+    // Swap out: copy the page into a host-NUMA allocation mapped elsewhere.
+    let host = create(GRAN, host_loc());
+    let staging = reserve(GRAN);
+    ck(map(staging, GRAN, host));
+    ck(set_access(
+        staging,
+        GRAN,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    ));
+    // SAFETY: both ranges are mapped device memory.
+    ck(unsafe { cuMemcpyDtoD_v2(staging, va, GRAN) });
+
+    // Map the host allocation at the tensor's address: a kernel reading it sees every value.
+    ck(unmap(va, GRAN));
+    ck(map(va, GRAN, host));
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    let out = alloc(GRAN);
+    ck(copy(out, va, WORDS));
+    same(
+        &download_u32(out, WORDS),
+        &pattern(21, WORDS),
+        "read through the host mapping",
+    );
+
+    // Swap back in: the device allocation still holds its bytes.
+    ck(unmap(va, GRAN));
+    ck(map(va, GRAN, dev));
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    same(
+        &download_u32(va, WORDS),
+        &pattern(21, WORDS),
+        "device page after remap",
+    );
+
+    // Writes through one mapping of a handle are seen through another.
+    ck(fill(staging, 16, 22));
+    let second = va + GRAN as u64;
+    ck(map(second, GRAN, host));
+    ck(set_access(second, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    same(
+        &download_u32(second, 16),
+        &pattern(22, 16),
+        "second mapping of the host page",
+    );
+    // Unmapping both ranges (device first, then host) and releasing both handles is clean.
+    ck(unmap(va, 2 * GRAN));
+    ck(unmap(staging, GRAN));
+    // SAFETY: plain driver calls.
+    unsafe {
+        ck(cuMemRelease(dev));
+        ck(cuMemRelease(host));
+        ck(cuMemAddressFree(va, 2 * GRAN));
+        ck(cuMemAddressFree(staging, GRAN));
+    }
+}
+
+#[test]
+fn mapped_but_inaccessible_memory_faults_and_the_fault_is_sticky() {
+    fresh_context();
+    let va = reserve(GRAN);
+    let h = create(GRAN, device_loc());
+    ck(map(va, GRAN, h));
+    let ok = alloc(4096);
+    ck(fill(va, 16, 1)); // no cuMemSetAccess yet
+    assert_eq!(ctx_sync(), CUDA_ERROR_ILLEGAL_ADDRESS);
+    // Sticky: everything after fails the same way, even valid work.
+    let mut p = 0;
+    // SAFETY: valid out-pointer.
+    assert_eq!(
+        unsafe { cuda::api::memory::cuMemAlloc_v2(&mut p, 4096) },
+        CUDA_ERROR_ILLEGAL_ADDRESS
+    );
+    assert_eq!(fill(ok, 16, 1), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(sync(std::ptr::null_mut()), CUDA_ERROR_ILLEGAL_ADDRESS);
+    assert_eq!(try_download_u32(ok, 4), Err(CUDA_ERROR_ILLEGAL_ADDRESS));
+}
+
+#[test]
+fn unmapped_memory_faults_in_kernels_and_copies() {
+    fresh_context();
+    let va = reserve(GRAN);
+    let h = create(GRAN, device_loc());
+    ck(map(va, GRAN, h));
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ck(fill(va, 16, 1));
+    ck(unmap(va, GRAN));
+    // A synchronous copy from the unmapped range is an illegal address...
+    assert_eq!(try_download_u32(va, 4), Err(CUDA_ERROR_ILLEGAL_ADDRESS));
+    fresh_context();
+    // ...and so is a kernel, in a new context.
+    ck(fill(va, 16, 1).max(0));
+    assert_eq!(ctx_sync(), CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+
+#[test]
+fn read_only_mappings_allow_reads_and_fault_writes() {
+    fresh_context();
+    let va = reserve(GRAN);
+    let h = create(GRAN, device_loc());
+    ck(map(va, GRAN, h));
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ck(fill(va, WORDS, 3));
+    // Access changes are host operations, not stream-ordered: wait for the writer first.
+    ck(ctx_sync());
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READ));
+    let mut flags = 0u64;
+    // SAFETY: valid pointers.
+    ck(unsafe { cuMemGetAccess(&mut flags, &device_loc(), va + 100) });
+    assert_eq!(flags, u64::from(CU_MEM_ACCESS_FLAGS_PROT_READ));
+    let out = alloc(GRAN);
+    ck(copy(out, va, WORDS));
+    same(
+        &download_u32(out, WORDS),
+        &pattern(3, WORDS),
+        "read-only source",
+    );
+    ck(copy(va, out, 4));
+    assert_eq!(ctx_sync(), CUDA_ERROR_ILLEGAL_ADDRESS);
+}
+
+#[test]
+fn access_can_be_set_on_part_of_a_mapping() {
+    fresh_context();
+    let va = reserve(2 * GRAN);
+    let h = create(2 * GRAN, device_loc());
+    ck(map(va, 2 * GRAN, h));
+    ck(set_access(
+        va + GRAN as u64,
+        GRAN,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    ));
+    ck(fill(va + GRAN as u64, 8, 4));
+    same(
+        &download_u32(va + GRAN as u64, 8),
+        &pattern(4, 8),
+        "second half",
+    );
+    assert_eq!(try_download_u32(va, 8), Err(CUDA_ERROR_ILLEGAL_ADDRESS));
+}
+
+#[test]
+fn driver_argument_rules_are_enforced() {
+    // SAFETY: plain driver calls with valid out-pointers.
+    unsafe {
+        ck(cuda::api::device::cuInit(0));
+        let prop = CUmemAllocationProp::pinned(device_loc());
+        let mut g = 0usize;
+        ck(cuMemGetAllocationGranularity(
+            &mut g,
+            &prop,
+            CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        ));
+        assert_eq!(g, GRAN);
+        let mut va = 0;
+        assert_eq!(
+            cuMemAddressReserve(&mut va, GRAN + 1, 0, 0, 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            cuMemAddressReserve(std::ptr::null_mut(), GRAN, 0, 0, 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let mut h = 0;
+        assert_eq!(
+            cuMemCreate(&mut h, 4096, &prop, 0),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let bad = CUmemAllocationProp::pinned(CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 3,
+        });
+        assert_eq!(
+            cuMemCreate(&mut h, GRAN, &bad, 0),
+            CUDA_ERROR_INVALID_DEVICE
+        );
+
+        let va = reserve(4 * GRAN);
+        let h = create(2 * GRAN, device_loc());
+        let mut props = CUmemAllocationProp::pinned(host_loc());
+        ck(cuMemGetAllocationPropertiesFromHandle(&mut props, h));
+        assert_eq!(props.location, device_loc());
+        assert_eq!(
+            map(va + 4096, GRAN, h),
+            CUDA_ERROR_INVALID_VALUE,
+            "unaligned address"
+        );
+        assert_eq!(
+            cuMemMap(va, GRAN, 2 * GRAN, h, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "offset past the end"
+        );
+        assert_eq!(
+            map(va + 3 * GRAN as u64, 2 * GRAN, h),
+            CUDA_ERROR_INVALID_VALUE,
+            "outside the reservation"
+        );
+        assert_eq!(
+            map(0x1000_0000, GRAN, h),
+            CUDA_ERROR_INVALID_VALUE,
+            "not reserved"
+        );
+        ck(map(va, 2 * GRAN, h));
+        assert_eq!(
+            map(va + GRAN as u64, GRAN, h),
+            CUDA_ERROR_INVALID_VALUE,
+            "already mapped"
+        );
+        assert_eq!(
+            unmap(va, GRAN),
+            CUDA_ERROR_INVALID_VALUE,
+            "part of a mapping"
+        );
+        assert_eq!(
+            set_access(va, 3 * GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+            CUDA_ERROR_INVALID_VALUE,
+            "not fully mapped"
+        );
+        assert_eq!(
+            set_access(va, GRAN, 2),
+            CUDA_ERROR_INVALID_VALUE,
+            "bad flags"
+        );
+        assert_eq!(
+            cuMemAddressFree(va, 4 * GRAN),
+            CUDA_ERROR_INVALID_VALUE,
+            "still mapped"
+        );
+        let mut retained = 0;
+        ck(cuMemRetainAllocationHandle(
+            &mut retained,
+            (va + 12345) as *mut c_void,
+        ));
+        assert_eq!(retained, h);
+        ck(cuMemRelease(retained));
+        ck(cuMemRelease(h));
+        assert_eq!(cuMemRelease(h), CUDA_ERROR_INVALID_VALUE, "released twice");
+        // Released but still mapped: the mapping keeps working.
+        ck(set_access(va, 2 * GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        ck(unmap(va, 2 * GRAN));
+        assert_eq!(map(va, GRAN, h), CUDA_ERROR_INVALID_VALUE, "handle is gone");
+        assert_eq!(
+            cuMemAddressFree(va, GRAN),
+            CUDA_ERROR_INVALID_VALUE,
+            "not the whole reservation"
+        );
+        ck(cuMemAddressFree(va, 4 * GRAN));
+    }
+}
