@@ -2,25 +2,32 @@
 //!
 //! Every launch asks "which live allocation, if any, contains this 8-byte word?" for each
 //! pointer-sized word of its parameters, from any thread, at up to a few hundred thousand
-//! launches per second. Allocations and frees are rarer (about one each per kernel in
-//! PyTorch with `cudaMallocAsync`). So reads must be lock-free and cache-friendly, and
-//! writes may cost more:
+//! launches per second. Allocations and frees are rarer but not rare (about one each per
+//! kernel in PyTorch with `cudaMallocAsync`, with thousands live). So reads must be
+//! lock-free and cache-friendly, and writes must not be `O(n)` copies of everything:
 //!
-//! - The index is an immutable [`Snapshot`]: starts, ends and ids in three sorted parallel
-//!   arrays (a binary search touches only `starts`), plus the lowest start and highest end
-//!   so that words that are clearly not device pointers (small integers, floats) are
-//!   rejected with two comparisons.
+//! - The index is an immutable [`Snapshot`]: the live ranges, sorted by start and cut into
+//!   chunks of at most [`MAX_CHUNK`] (a chunk keeps starts, ends and ids in parallel arrays,
+//!   so a binary search touches only starts), plus the first start of every chunk, and the
+//!   lowest start and highest end, so that words that clearly are not device pointers
+//!   (small integers, floats) are rejected with two comparisons.
 //! - Readers load the current snapshot through `arc_swap` (no lock, no reference-count
-//!   traffic on the common path) and search it.
-//! - Writers (alloc, free) serialize on a mutex, build the next snapshot (one `O(n)` copy:
-//!   about a microsecond per thousand live allocations) and publish it atomically. A launch
-//!   never waits for a writer; it sees the snapshot before or after the change.
+//!   traffic on the common path) and search it: chunk, then range.
+//! - Writers (alloc, free) serialize on a mutex, copy only the chunk they change (chunks
+//!   are shared between snapshots through `Arc`) and the small top-level arrays, and publish
+//!   the new snapshot atomically. A launch never waits for a writer; it sees the snapshot
+//!   before or after the change.
 //!
 //! This module knows nothing about CUDA or traces: it maps address ranges to ids.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use arc_swap::{ArcSwap, Guard};
+
+/// The most ranges a chunk holds; a fuller one is split in two.
+pub const MAX_CHUNK: usize = 128;
+/// A chunk this small is merged with a neighbour when the two fit in one.
+const MIN_CHUNK: usize = MAX_CHUNK / 8;
 
 /// One live allocation: `[start, start + len)` is `id`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,71 +43,34 @@ impl Range {
     pub fn end(&self) -> u64 {
         self.start.saturating_add(self.len)
     }
+
+    fn overlaps(&self, other: &Range) -> bool {
+        self.start < other.end() && other.start < self.end()
+    }
 }
 
-/// An immutable, sorted view of the live allocations.
-#[derive(Debug, Default)]
-pub struct Snapshot {
-    starts: Vec<u64>,
-    ends: Vec<u64>,
-    ids: Vec<u64>,
-    /// Lowest start (`u64::MAX` when empty).
-    lo: u64,
-    /// Highest end (`0` when empty).
-    hi: u64,
+/// Up to [`MAX_CHUNK`] consecutive ranges (never empty).
+#[derive(Debug)]
+struct Chunk {
+    starts: Box<[u64]>,
+    ends: Box<[u64]>,
+    ids: Box<[u64]>,
 }
 
-impl Snapshot {
-    fn from_sorted(ranges: impl Iterator<Item = Range>) -> Self {
-        let mut s = Snapshot {
-            lo: u64::MAX,
-            ..Snapshot::default()
-        };
-        for r in ranges {
-            s.starts.push(r.start);
-            s.ends.push(r.end());
-            s.ids.push(r.id);
-        }
-        s.lo = s.starts.first().copied().unwrap_or(u64::MAX);
-        s.hi = s.ends.iter().copied().max().unwrap_or(0);
-        s
+impl Chunk {
+    fn new(ranges: &[Range]) -> Arc<Chunk> {
+        Arc::new(Chunk {
+            starts: ranges.iter().map(|r| r.start).collect(),
+            ends: ranges.iter().map(|r| r.end()).collect(),
+            ids: ranges.iter().map(|r| r.id).collect(),
+        })
     }
 
-    /// The number of live allocations.
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.starts.len()
     }
 
-    /// Whether there are no live allocations.
-    pub fn is_empty(&self) -> bool {
-        self.starts.is_empty()
-    }
-
-    /// The position of the allocation containing `addr`.
-    #[inline]
-    fn position(&self, addr: u64) -> Option<usize> {
-        if addr < self.lo || addr >= self.hi {
-            return None;
-        }
-        // Ranges never overlap (the writer guarantees it), so the only candidate is the
-        // last one starting at or below `addr`.
-        let after = self.starts.partition_point(|&s| s <= addr);
-        let i = after.checked_sub(1)?;
-        (addr < self.ends[i]).then_some(i)
-    }
-
-    /// The id of the live allocation containing `addr`.
-    #[inline]
-    pub fn find_id(&self, addr: u64) -> Option<u64> {
-        self.position(addr).map(|i| self.ids[i])
-    }
-
-    /// The live allocation containing `addr`.
-    pub fn find(&self, addr: u64) -> Option<Range> {
-        self.position(addr).map(|i| self.range_at(i))
-    }
-
-    fn range_at(&self, i: usize) -> Range {
+    fn range(&self, i: usize) -> Range {
         Range {
             start: self.starts[i],
             len: self.ends[i] - self.starts[i],
@@ -108,9 +78,117 @@ impl Snapshot {
         }
     }
 
+    fn ranges(&self) -> impl Iterator<Item = Range> + '_ {
+        (0..self.len()).map(|i| self.range(i))
+    }
+}
+
+/// An immutable, sorted view of the live allocations.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// First start of each chunk.
+    firsts: Vec<u64>,
+    chunks: Vec<Arc<Chunk>>,
+    len: usize,
+    /// Lowest start (`u64::MAX` when empty).
+    lo: u64,
+    /// Highest end (`0` when empty).
+    hi: u64,
+}
+
+impl Snapshot {
+    fn from_chunks(chunks: Vec<Arc<Chunk>>) -> Self {
+        let firsts: Vec<u64> = chunks.iter().map(|c| c.starts[0]).collect();
+        let len = chunks.iter().map(|c| c.len()).sum();
+        let lo = firsts.first().copied().unwrap_or(u64::MAX);
+        // Ranges are sorted and disjoint, so ends are sorted too.
+        let hi = chunks
+            .last()
+            .and_then(|c| c.ends.last().copied())
+            .unwrap_or(0);
+        Snapshot {
+            firsts,
+            chunks,
+            len,
+            lo,
+            hi,
+        }
+    }
+
+    /// Sorted, disjoint `ranges`, cut into half-full chunks.
+    fn from_sorted(ranges: &[Range]) -> Self {
+        Self::from_chunks(ranges.chunks(MAX_CHUNK / 2).map(Chunk::new).collect())
+    }
+
+    /// The number of live allocations.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are no live allocations.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The chunk that would hold a range starting at `addr` (the last chunk starting at
+    /// or below it, or the first chunk).
+    #[inline]
+    fn chunk_for(&self, addr: u64) -> usize {
+        self.firsts
+            .partition_point(|&s| s <= addr)
+            .saturating_sub(1)
+    }
+
+    /// (chunk, position) of the allocation containing `addr`.
+    #[inline]
+    fn position(&self, addr: u64) -> Option<(usize, usize)> {
+        if addr < self.lo || addr >= self.hi {
+            return None;
+        }
+        let c = self.chunk_for(addr);
+        let chunk = &self.chunks[c];
+        // Ranges never overlap (the writer guarantees it), so the only candidate is the
+        // last one starting at or below `addr`.
+        let i = chunk
+            .starts
+            .partition_point(|&s| s <= addr)
+            .checked_sub(1)?;
+        (addr < chunk.ends[i]).then_some((c, i))
+    }
+
+    /// The id of the live allocation containing `addr`.
+    #[inline]
+    pub fn find_id(&self, addr: u64) -> Option<u64> {
+        self.position(addr).map(|(c, i)| self.chunks[c].ids[i])
+    }
+
+    /// The live allocation containing `addr`.
+    pub fn find(&self, addr: u64) -> Option<Range> {
+        self.position(addr).map(|(c, i)| self.chunks[c].range(i))
+    }
+
     /// Every live allocation, by start address.
     pub fn iter(&self) -> impl Iterator<Item = Range> + '_ {
-        (0..self.len()).map(|i| self.range_at(i))
+        self.chunks.iter().flat_map(|c| c.ranges())
+    }
+
+    /// Whether any live range overlaps `r`.
+    fn overlaps(&self, r: &Range) -> bool {
+        if self.is_empty() || r.len == 0 {
+            return false;
+        }
+        let c = self.chunk_for(r.start);
+        // The candidates: the last range starting at or below `r.start`, and the first
+        // starting above it (later ones start even further up).
+        let chunk = &self.chunks[c];
+        let after = chunk.starts.partition_point(|&s| s <= r.start);
+        let before = after.checked_sub(1).map(|i| chunk.range(i));
+        let next = if after < chunk.len() {
+            Some(chunk.range(after))
+        } else {
+            self.chunks.get(c + 1).map(|n| n.range(0))
+        };
+        before.iter().chain(next.iter()).any(|x| x.overlaps(r))
     }
 }
 
@@ -124,7 +202,7 @@ pub struct AllocIndex {
 impl Default for AllocIndex {
     fn default() -> Self {
         AllocIndex {
-            current: ArcSwap::from_pointee(Snapshot::from_sorted(std::iter::empty())),
+            current: ArcSwap::from_pointee(Snapshot::from_sorted(&[])),
             writer: Mutex::new(()),
         }
     }
@@ -152,37 +230,79 @@ impl AllocIndex {
     pub fn insert(&self, range: Range) -> Vec<Range> {
         let _w = self.lock();
         let old = self.current.load_full();
-        let new_end = range.end();
-        let mut displaced = Vec::new();
-        let mut kept = Vec::with_capacity(old.len() + 1);
-        for r in old.iter() {
-            if r.start < new_end && range.start < r.end() {
-                displaced.push(r);
-            } else {
-                kept.push(r);
-            }
+        if old.overlaps(&range) {
+            // Rare: rebuild everything.
+            let (displaced, mut kept): (Vec<Range>, Vec<Range>) =
+                old.iter().partition(|r| r.overlaps(&range));
+            let at = kept.partition_point(|r| r.start < range.start);
+            kept.insert(at, range);
+            self.current.store(Arc::new(Snapshot::from_sorted(&kept)));
+            return displaced;
         }
-        let at = kept.partition_point(|r| r.start < range.start);
-        kept.insert(at, range);
+        if old.is_empty() {
+            self.current
+                .store(Arc::new(Snapshot::from_sorted(&[range])));
+            return Vec::new();
+        }
+        let c = old.chunk_for(range.start);
+        let mut ranges: Vec<Range> = old.chunks[c].ranges().collect();
+        let at = ranges.partition_point(|r| r.start < range.start);
+        ranges.insert(at, range);
+        let replacement: Vec<Arc<Chunk>> = if ranges.len() > MAX_CHUNK {
+            let (a, b) = ranges.split_at(ranges.len() / 2);
+            vec![Chunk::new(a), Chunk::new(b)]
+        } else {
+            vec![Chunk::new(&ranges)]
+        };
         self.current
-            .store(Arc::new(Snapshot::from_sorted(kept.into_iter())));
-        displaced
+            .store(Arc::new(splice(&old, c..c + 1, replacement)));
+        Vec::new()
     }
 
     /// Removes the allocation that starts exactly at `start` (frees take the base pointer).
     pub fn remove(&self, start: u64) -> Option<Range> {
         let _w = self.lock();
         let old = self.current.load_full();
-        let i = old.starts.binary_search(&start).ok()?;
-        let removed = old.range_at(i);
-        let next = old
-            .iter()
-            .enumerate()
-            .filter(|&(j, _)| j != i)
-            .map(|(_, r)| r);
-        self.current.store(Arc::new(Snapshot::from_sorted(next)));
+        let (c, i) = old.position(start)?;
+        let chunk = &old.chunks[c];
+        if chunk.starts[i] != start {
+            return None;
+        }
+        let removed = chunk.range(i);
+        let mut ranges: Vec<Range> = chunk.ranges().collect();
+        ranges.remove(i);
+        // Merge a small chunk into a neighbour so chunks cannot dwindle to singletons.
+        let mut span = c..c + 1;
+        if ranges.len() < MIN_CHUNK {
+            let fits = |n: &Arc<Chunk>| n.len() + ranges.len() <= MAX_CHUNK;
+            if c + 1 < old.chunks.len() && fits(&old.chunks[c + 1]) {
+                ranges.extend(old.chunks[c + 1].ranges());
+                span = c..c + 2;
+            } else if c > 0 && fits(&old.chunks[c - 1]) {
+                let mut merged: Vec<Range> = old.chunks[c - 1].ranges().collect();
+                merged.append(&mut ranges);
+                ranges = merged;
+                span = c - 1..c + 1;
+            }
+        }
+        let replacement = if ranges.is_empty() {
+            Vec::new()
+        } else {
+            vec![Chunk::new(&ranges)]
+        };
+        self.current
+            .store(Arc::new(splice(&old, span, replacement)));
         Some(removed)
     }
+}
+
+/// `old` with the chunks in `span` replaced by `with` (unchanged chunks are shared).
+fn splice(old: &Snapshot, span: std::ops::Range<usize>, with: Vec<Arc<Chunk>>) -> Snapshot {
+    let mut chunks = Vec::with_capacity(old.chunks.len() + 1);
+    chunks.extend_from_slice(&old.chunks[..span.start]);
+    chunks.extend(with);
+    chunks.extend_from_slice(&old.chunks[span.end..]);
+    Snapshot::from_chunks(chunks)
 }
 
 #[cfg(test)]
@@ -250,6 +370,29 @@ mod tests {
         assert_eq!(ix.snapshot().find_id(0x1000), None);
     }
 
+    /// The structural invariants every published snapshot keeps.
+    fn check(s: &Snapshot) {
+        assert_eq!(s.firsts.len(), s.chunks.len());
+        let mut prev_end = 0;
+        for (c, chunk) in s.chunks.iter().enumerate() {
+            assert!(
+                chunk.len() > 0 && chunk.len() <= MAX_CHUNK,
+                "chunk {c} has {}",
+                chunk.len()
+            );
+            assert_eq!(s.firsts[c], chunk.starts[0]);
+            for r in chunk.ranges() {
+                assert!(
+                    r.start >= prev_end,
+                    "unsorted or overlapping at {:#x}",
+                    r.start
+                );
+                prev_end = r.end();
+            }
+        }
+        assert_eq!(s.len(), s.iter().count());
+    }
+
     #[test]
     fn agrees_with_a_linear_search_on_random_ranges() {
         // A small deterministic generator keeps the test reproducible without a dependency.
@@ -262,34 +405,56 @@ mod tests {
         };
         let ix = AllocIndex::default();
         let mut model: Vec<Range> = Vec::new();
-        for id in 1..400u64 {
-            let start = 0x7f00_0000_0000 + (next() % 4096) * 512;
-            let len = 1 + next() % 4096;
-            let new = r(start, len, id);
-            if next() % 4 == 0 && !model.is_empty() {
+        let base = 0x7f00_0000_0000u64;
+        for id in 1..6000u64 {
+            // Grow to about a thousand live ranges, then churn; remove in bursts so that
+            // chunks also shrink and merge.
+            let removals = if id % 1000 < 100 {
+                3
+            } else {
+                usize::from(next() % 4 == 0)
+            };
+            for _ in 0..removals {
+                if model.is_empty() {
+                    break;
+                }
                 let victim = model.remove((next() % model.len() as u64) as usize);
                 assert_eq!(ix.remove(victim.start), Some(victim));
             }
+            let start = base + (next() % 65536) * 512;
+            let len = 1 + next() % if id % 97 == 0 { 1 << 20 } else { 4096 };
+            let new = r(start, len, id);
             let mut displaced = ix.insert(new);
-            let mut expect: Vec<Range> = model
-                .iter()
-                .copied()
-                .filter(|m| m.start < new.end() && new.start < m.end())
-                .collect();
-            model.retain(|m| !(m.start < new.end() && new.start < m.end()));
+            let mut expect: Vec<Range> =
+                model.iter().copied().filter(|m| m.overlaps(&new)).collect();
+            model.retain(|m| !m.overlaps(&new));
             model.push(new);
             displaced.sort_by_key(|r| r.start);
             expect.sort_by_key(|r| r.start);
-            assert_eq!(displaced, expect);
+            assert_eq!(displaced, expect, "insert #{id}");
+            if id % 250 == 0 {
+                let s = ix.snapshot();
+                check(&s);
+                assert_eq!(s.len(), model.len());
+                for _ in 0..2_000 {
+                    let addr = base + next() % (65536 * 512 + (1 << 20));
+                    let want = model
+                        .iter()
+                        .find(|m| m.start <= addr && addr < m.end())
+                        .map(|m| m.id);
+                    assert_eq!(s.find_id(addr), want, "{addr:#x}");
+                }
+                for m in &model {
+                    assert_eq!(s.find_id(m.start), Some(m.id));
+                    assert_eq!(s.find_id(m.end() - 1), Some(m.id));
+                }
+            }
         }
-        let s = ix.snapshot();
-        for _ in 0..20_000 {
-            let addr = 0x7f00_0000_0000 + next() % (4096 * 512 + 8192);
-            let want = model
-                .iter()
-                .find(|m| m.start <= addr && addr < m.end())
-                .map(|m| m.id);
-            assert_eq!(s.find_id(addr), want, "{addr:#x}");
-        }
+        let chunks = ix.snapshot().chunks.len();
+        assert!(
+            chunks > 4,
+            "the test must exercise several chunks ({} live, {chunks} chunks)",
+            model.len()
+        );
     }
 }

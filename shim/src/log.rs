@@ -54,3 +54,15 @@ pub fn emergency(line: &str) {
         }
     }
 }
+
+/// Reports a panic caught at the C boundary in `function` (which then returns an error).
+pub fn hook_panicked(function: &str) {
+    let logged = std::panic::catch_unwind(|| {
+        tracing::error!(
+            "internal error (panic) in {function}; the call fails with CUDA_ERROR_UNKNOWN"
+        );
+    });
+    if logged.is_err() {
+        emergency("internal error (panic) in a hook; the call fails with CUDA_ERROR_UNKNOWN");
+    }
+}
