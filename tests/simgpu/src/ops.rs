@@ -54,6 +54,12 @@ pub enum Op {
         len: u64,
     },
     Copy2D(Copy2D),
+    /// A copy from pageable host memory, staged into `data` when it was queued (as the
+    /// driver does, so the caller may reuse its buffer at once).
+    Upload {
+        dst: Side,
+        data: Vec<u8>,
+    },
     Memset {
         dst: u64,
         pattern: Vec<u8>,
@@ -159,6 +165,12 @@ impl Op {
                 model_transfer(len);
                 // SAFETY: host pointers were given by the application for this copy.
                 unsafe { copy(space, dst, src, len)? };
+            }
+            Op::Upload { dst, data } => {
+                model_transfer(data.len() as u64);
+                let src = Side::Host(HostPtr(data.as_ptr() as usize));
+                // SAFETY: `src` is our own staging buffer of `data.len()` bytes.
+                unsafe { copy(space, dst, src, data.len() as u64)? };
             }
             Op::Copy2D(c) => {
                 model_transfer(c.width * c.height);

@@ -378,3 +378,40 @@ fn unmapping_while_a_kernel_is_queued_faults_the_kernel() {
     ck(unmap(va, GRAN));
     assert_eq!(ctx_sync(), CUDA_ERROR_ILLEGAL_ADDRESS);
 }
+
+#[test]
+fn async_copies_with_pageable_host_memory_behave_like_the_driver() {
+    setup();
+    let s = new_stream(CU_STREAM_NON_BLOCKING);
+    let x = alloc(4096);
+    // Device to pageable host: returns only once the copy (after the slow kernel) is done.
+    ck(fill(x, 1024, 16, s));
+    let mut out = vec![0u32; 1024];
+    // SAFETY: `out` holds 4096 bytes.
+    ck(unsafe {
+        cuda::api::copy::cuMemcpyDtoHAsync_v2(out.as_mut_ptr() as *mut c_void, x, 4096, s)
+    });
+    same(&out, &pattern(16, 1024), "pageable destination");
+    // Pageable host to device: the source is staged at the call, so reusing it at once is safe.
+    let mut src = pattern(17, 1024);
+    ck(fill(x, 1024, 1, s));
+    // SAFETY: `src` holds 4096 bytes.
+    ck(unsafe { cuda::api::copy::cuMemcpyHtoDAsync_v2(x, src.as_ptr() as *const c_void, 4096, s) });
+    src.iter_mut().for_each(|v| *v = 0);
+    ck(sync(s));
+    same(&download_u32(x, 1024), &pattern(17, 1024), "staged source");
+    // Pinned host memory is used in stream order: the call returns before the copy runs.
+    let mut pinned = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the pinned buffer holds 4096 bytes.
+    unsafe {
+        ck(cuMemAllocHost_v2(&mut pinned, 4096));
+        ck(fill(x, 1024, 18, s));
+        ck(cuda::api::copy::cuMemcpyDtoHAsync_v2(pinned, x, 4096, s));
+        let words = std::slice::from_raw_parts(pinned as *const u32, 1024);
+        assert_eq!(words[0], 0, "pinned copy completed before the kernel");
+        ck(sync(s));
+        let words = std::slice::from_raw_parts(pinned as *const u32, 1024);
+        same(words, &pattern(18, 1024), "pinned destination after sync");
+        ck(cuMemFreeHost(pinned));
+    }
+}

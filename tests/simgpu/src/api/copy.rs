@@ -28,34 +28,75 @@ fn host(p: *const c_void) -> Result<Side, CUresult> {
     }
 }
 
+/// Whether `[addr, addr + len)` is pinned host memory (`cuMemAllocHost`/`cuMemHostAlloc`).
+fn pinned(addr: usize, len: usize) -> Result<bool, CUresult> {
+    Ok(match st()?.space.region_of(addr as u64) {
+        Some(r) => !r.is_device() && (addr as u64).saturating_add(len as u64) <= r.end(),
+        None => false,
+    })
+}
+
 /// Queues (`stream = Some`) or runs synchronously a copy of `len` bytes.
-fn submit(
+///
+/// Asynchronous copies involving pageable (unpinned) host memory behave as on the driver:
+/// a pageable source is staged at the call, so the caller may reuse it at once; a copy to a
+/// pageable destination returns only once it has completed.
+///
+/// # Safety
+/// Host sides must be valid for `len` bytes (the API contract).
+unsafe fn submit(
     pt: bool,
     stream: Option<CUstream>,
     dst: Result<Side, CUresult>,
     src: Result<Side, CUresult>,
     len: usize,
 ) -> Result<(), CUresult> {
+    let (dst, src) = (dst?, src?);
+    let Some(h) = stream else {
+        if len == 0 {
+            return current_ctx().map(|_| ());
+        }
+        return run_sync(
+            pt,
+            Op::Copy {
+                dst,
+                src,
+                len: len as u64,
+            },
+        );
+    };
+    let (ctx, stream) = resolve_stream(h, pt)?;
+    ctx.check()?;
     if len == 0 {
-        match stream {
-            Some(h) => resolve_stream(h, pt).map(|_| ()),
-            None => current_ctx().map(|_| ()),
-        }?;
         return Ok(());
     }
-    let op = Op::Copy {
-        dst: dst?,
-        src: src?,
-        len: len as u64,
+    let op = match src {
+        Side::Host(HostPtr(p)) if !pinned(p, len)? => {
+            // SAFETY: the caller's source holds `len` bytes (API contract).
+            let data = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
+            Op::Upload { dst, data }
+        }
+        _ => Op::Copy {
+            dst,
+            src,
+            len: len as u64,
+        },
     };
-    match stream {
-        Some(h) => enqueue(h, pt, Vec::new(), op),
-        None => run_sync(pt, op),
+    let to_pageable = match dst {
+        Side::Host(HostPtr(p)) => !pinned(p, len)?,
+        Side::Device(_) => false,
+    };
+    let ticket = ctx.submit(&stream, Vec::new(), op);
+    if to_pageable {
+        stream.wait_for(ticket);
+        ctx.check()?;
     }
+    Ok(())
 }
 
 unsafe fn memcpy(pt: bool, dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> Result<(), CUresult> {
-    submit(pt, None, classify(dst), classify(src), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, None, classify(dst), classify(src), n) }
 }
 per_thread_pair!(cuMemcpy, cuMemcpy_ptds, memcpy, (dst: CUdeviceptr, src: CUdeviceptr, n: usize));
 
@@ -66,7 +107,8 @@ unsafe fn memcpy_async(
     n: usize,
     h: CUstream,
 ) -> Result<(), CUresult> {
-    submit(pt, Some(h), classify(dst), classify(src), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, Some(h), classify(dst), classify(src), n) }
 }
 per_thread_pair!(cuMemcpyAsync, cuMemcpyAsync_ptsz, memcpy_async, (dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream));
 
@@ -76,7 +118,8 @@ unsafe fn memcpy_htod(
     src: *const c_void,
     n: usize,
 ) -> Result<(), CUresult> {
-    submit(pt, None, Ok(Side::Device(dst)), host(src), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, None, Ok(Side::Device(dst)), host(src), n) }
 }
 per_thread_pair!(cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds, memcpy_htod, (dst: CUdeviceptr, src: *const c_void, n: usize));
 
@@ -86,7 +129,8 @@ unsafe fn memcpy_dtoh(
     src: CUdeviceptr,
     n: usize,
 ) -> Result<(), CUresult> {
-    submit(pt, None, host(dst), Ok(Side::Device(src)), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, None, host(dst), Ok(Side::Device(src)), n) }
 }
 per_thread_pair!(cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds, memcpy_dtoh, (dst: *mut c_void, src: CUdeviceptr, n: usize));
 
@@ -96,7 +140,8 @@ unsafe fn memcpy_dtod(
     src: CUdeviceptr,
     n: usize,
 ) -> Result<(), CUresult> {
-    submit(pt, None, Ok(Side::Device(dst)), Ok(Side::Device(src)), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, None, Ok(Side::Device(dst)), Ok(Side::Device(src)), n) }
 }
 per_thread_pair!(cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds, memcpy_dtod, (dst: CUdeviceptr, src: CUdeviceptr, n: usize));
 
@@ -107,7 +152,8 @@ unsafe fn memcpy_htod_async(
     n: usize,
     h: CUstream,
 ) -> Result<(), CUresult> {
-    submit(pt, Some(h), Ok(Side::Device(dst)), host(src), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, Some(h), Ok(Side::Device(dst)), host(src), n) }
 }
 per_thread_pair!(cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz, memcpy_htod_async, (dst: CUdeviceptr, src: *const c_void, n: usize, h: CUstream));
 
@@ -118,7 +164,8 @@ unsafe fn memcpy_dtoh_async(
     n: usize,
     h: CUstream,
 ) -> Result<(), CUresult> {
-    submit(pt, Some(h), host(dst), Ok(Side::Device(src)), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, Some(h), host(dst), Ok(Side::Device(src)), n) }
 }
 per_thread_pair!(cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz, memcpy_dtoh_async, (dst: *mut c_void, src: CUdeviceptr, n: usize, h: CUstream));
 
@@ -129,7 +176,8 @@ unsafe fn memcpy_dtod_async(
     n: usize,
     h: CUstream,
 ) -> Result<(), CUresult> {
-    submit(pt, Some(h), Ok(Side::Device(dst)), Ok(Side::Device(src)), n)
+    // SAFETY: forwarded under the API contract of the host pointers.
+    unsafe { submit(pt, Some(h), Ok(Side::Device(dst)), Ok(Side::Device(src)), n) }
 }
 per_thread_pair!(cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz, memcpy_dtod_async, (dst: CUdeviceptr, src: CUdeviceptr, n: usize, h: CUstream));
 
@@ -224,7 +272,8 @@ fn memset(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     if count == 0 {
-        return submit(pt, stream, Ok(Side::Device(dst)), Ok(Side::Device(dst)), 0);
+        // SAFETY: no host memory is involved.
+        return unsafe { submit(pt, stream, Ok(Side::Device(dst)), Ok(Side::Device(dst)), 0) };
     }
     let op = Op::Memset {
         dst,
