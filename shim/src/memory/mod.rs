@@ -5,7 +5,7 @@
 //! allocating calls, `prepare_access` + `note_access_done` around every launch, copy and
 //! memset that touches arena memory, `mem_get_info` for `cuMemGetInfo`. Everything the
 //! manager asks of the driver goes through the [`Driver`] trait, so it is tested on the
-//! in-memory [`fake::FakeDriver`] and on the simulated GPU (`cuda::DlDriver`).
+//! in-memory [`fake::FakeDriver`] and on the simulated GPU ([`cuda::DlDriver`]).
 //!
 //! Not here (yet): the hooks themselves, PyTorch specifics, the planned (non-LRU) policy,
 //! pinning of IPC-exported or graph-captured memory. See `docs/memory.md`.
@@ -25,6 +25,7 @@
 //! | [`stats`] | swap statistics |
 
 pub mod budget;
+pub mod cuda;
 
 pub mod driver;
 pub mod extent;
