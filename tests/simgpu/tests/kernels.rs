@@ -77,10 +77,10 @@ fn gather4_reads_pointers_inside_a_struct_parameter() {
         &mut params,
     ));
     let got = download_u32(dst, n);
-    for i in 0..n {
-        let want = (0..4).fold(0, |acc, j| acc ^ pattern_value(j + 10, i as u64));
-        assert_eq!(got[i], want, "index {i}");
-    }
+    let want: Vec<u32> = (0..n as u64)
+        .map(|i| (0..4).fold(0, |acc, j| acc ^ pattern_value(j + 10, i)))
+        .collect();
+    same(&got, &want, "gather4");
 }
 
 #[test]

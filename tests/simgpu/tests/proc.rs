@@ -11,7 +11,7 @@ const LOOKUPS: &str = include_str!("../../../driver-abi/tests/data/cudart-13.5-d
 
 fn ask(name: &str, version: i32, flags: u64) -> (CUresult, usize, i32) {
     let c = CString::new(name).unwrap();
-    let mut pfn: *mut c_void = 1 as *mut c_void;
+    let mut pfn: *mut c_void = std::ptr::dangling_mut::<c_void>();
     let mut status = -1;
     // SAFETY: valid string and out-pointers.
     let rc = unsafe { cuGetProcAddress_v2(c.as_ptr(), &mut pfn, version, flags, &mut status) };
@@ -166,7 +166,7 @@ fn unknown_unimplemented_and_invalid_questions() {
             CUDA_SUCCESS
         );
         assert_eq!(pfn as usize, implemented_symbols()["cuInit"]);
-        let mut table = 1 as *const c_void;
+        let mut table = std::ptr::dangling::<c_void>();
         assert_eq!(
             cuGetExportTable(&mut table, std::ptr::null()),
             CUDA_ERROR_NOT_FOUND

@@ -309,10 +309,8 @@ fn host_functions_run_in_stream_order() {
     ck(sync(s));
     assert_eq!(CALLS.load(Ordering::SeqCst), 5);
     // SAFETY: a NULL function is refused.
-    assert_eq!(
-        unsafe { cuLaunchHostFunc(s, None, std::ptr::null_mut()) },
-        CUDA_ERROR_INVALID_VALUE
-    );
+    let rc = unsafe { cuLaunchHostFunc(s, None, std::ptr::null_mut()) };
+    assert_eq!(rc, CUDA_ERROR_INVALID_VALUE);
 }
 
 #[test]

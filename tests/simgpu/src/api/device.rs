@@ -124,7 +124,7 @@ pub fn attribute(attr: CUdevice_attribute) -> Option<i32> {
         119 => 1,       // mempool handle types: POSIX fd
         141 | 142 => 1, // host-NUMA VMM and pools
         134 => 0,       // host NUMA id
-        1..=200 => 0,
+        a if (1..=200).contains(&a) => 0,
         _ => return None,
     })
 }
