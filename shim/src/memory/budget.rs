@@ -1,9 +1,9 @@
 //! Parsing of the memory-size settings `TENSILE_DEVICE_MEMORY` and `TENSILE_HOST_MEMORY`.
 //!
 //! Accepted forms: a byte count (`123456`), a number with a binary unit (`512MiB`, `1.5GiB`,
-//! `64KiB`, `1TiB`; also `K`/`M`/`G`/`T` and `KB`/`MB`/`GB`/`TB`, which mean the same binary
-//! units because that is what people writing `6GB` for a GPU mean), or a percentage of a
-//! total (`40%`). Case and whitespace around the unit are ignored.
+//! `64KiB`, `1TiB`, or the shorthands `K`/`M`/`G`/`T`), a number with a decimal SI unit
+//! (`KB`/`MB`/`GB`/`TB`: powers of 1000, as in the simulated GPU's `TENSILE_SIM_DEVICE_MEMORY`),
+//! or a percentage of a total (`40%`). Case and whitespace around the unit are ignored.
 //!
 //! This module only turns text into bytes; deciding what a missing setting means (the card's
 //! free memory, the coordinator's grant) is the caller's business.
@@ -86,10 +86,14 @@ impl SizeSpec {
         }
         let scale: u64 = match unit.to_ascii_lowercase().as_str() {
             "" | "b" => 1,
-            "k" | "kb" | "kib" => 1 << 10,
-            "m" | "mb" | "mib" => 1 << 20,
-            "g" | "gb" | "gib" => 1 << 30,
-            "t" | "tb" | "tib" => 1 << 40,
+            "k" | "kib" => 1 << 10,
+            "m" | "mib" => 1 << 20,
+            "g" | "gib" => 1 << 30,
+            "t" | "tib" => 1 << 40,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
             _ => return Err(BudgetError::UnknownUnit(unit.to_string())),
         };
         let bytes = if num.contains('.') {
@@ -117,6 +121,22 @@ impl SizeSpec {
     }
 }
 
+/// The device budget from the `TENSILE_DEVICE_MEMORY` setting (`None` when unset), the card's
+/// free and total memory. Unset: the card's free memory. A percentage is of the total.
+/// A bad setting is an error for the caller to report once; it then uses the default,
+/// [`default_device_budget`].
+pub fn device_budget(setting: Option<&str>, free: u64, total: u64) -> Result<u64, BudgetError> {
+    match setting {
+        None => Ok(default_device_budget(free)),
+        Some(text) => parse_size(text, total),
+    }
+}
+
+/// The budget when none (or a bad one) is set: what the card has free.
+pub fn default_device_budget(free: u64) -> u64 {
+    free
+}
+
 /// Parses `text` and resolves it against `total` in one go.
 pub fn parse_size(text: &str, total: u64) -> Result<u64, BudgetError> {
     SizeSpec::parse(text).map(|s| s.resolve(total))
@@ -135,7 +155,14 @@ mod tests {
         assert_eq!(parse_size("1.5GiB", 0), Ok(GIB + GIB / 2));
         assert_eq!(parse_size("123456", 0), Ok(123456));
         assert_eq!(parse_size("40%", 80 * GIB), Ok(32 * GIB));
-        assert_eq!(parse_size(" 6 gb ", 0), Ok(6 * GIB));
+        assert_eq!(parse_size(" 6 gib ", 0), Ok(6 * GIB));
+        assert_eq!(
+            parse_size("6GB", 0),
+            Ok(6_000_000_000),
+            "SI units are decimal"
+        );
+        assert_eq!(parse_size("6G", 0), Ok(6 * GIB), "the shorthand is binary");
+        assert_eq!(parse_size("1.5MB", 0), Ok(1_500_000));
         assert_eq!(parse_size("2T", 0), Ok(2 << 40));
         assert_eq!(parse_size("100%", 1000), Ok(1000));
         assert_eq!(parse_size("12.5%", 1000), Ok(125));
@@ -176,6 +203,17 @@ mod tests {
         assert_eq!(
             parse_size("99999999999999999999", 0),
             Err(BudgetError::Overflow)
+        );
+    }
+
+    #[test]
+    fn device_budget_defaults_to_free_memory() {
+        assert_eq!(device_budget(None, 70 * GIB, 80 * GIB), Ok(70 * GIB));
+        assert_eq!(device_budget(Some("40%"), 70 * GIB, 80 * GIB), Ok(32 * GIB));
+        assert_eq!(device_budget(Some("6GiB"), 1, 2), Ok(6 * GIB));
+        assert_eq!(
+            device_budget(Some("lots"), 1, 2),
+            Err(BudgetError::BadNumber(String::new()))
         );
     }
 

@@ -1088,6 +1088,10 @@ impl Inner {
             };
             if query(event)? {
                 if let Ok(h) = self.pages.finish_swap_in(p, |_| true) {
+                    if self.pages.get(p).is_some_and(|e| e.live == 0) {
+                        // Freed while it was coming in.
+                        self.dead_device.insert(p);
+                    }
                     self.host.give(h);
                     self.incoming.remove(&p);
                     self.unref_event(event);

@@ -369,6 +369,46 @@ fn dropping_the_manager_returns_everything() {
     assert_eq!(fake.host_bytes(), 0);
 }
 
+#[test]
+fn threads_on_their_own_streams_share_the_budget_without_losing_data() {
+    // Each thread pins at most 2 pages at a time: 3 others + 2 of its own fit in 8, so no
+    // access can find the whole budget pinned (see docs/memory.md, concurrency).
+    let (fake, mm) = setup(8, 4096, Progress::Immediate);
+    let mm = Arc::new(mm);
+    let workers: Vec<_> = (0..4u8)
+        .map(|t| {
+            let (fake, mm) = (fake.clone(), mm.clone());
+            std::thread::spawn(move || {
+                let s = fake.stream_create().unwrap();
+                let mut mine: Vec<(CUdeviceptr, Vec<u8>)> = Vec::new();
+                for i in 0..60usize {
+                    let size = 1 + (i * 7919 + t as usize * 104729) % (2 * PAGE);
+                    let p = mm.alloc(size, Some(s)).unwrap();
+                    let data = pattern(t.wrapping_mul(50).wrapping_add(i as u8), size);
+                    write(&fake, &mm, s, p, data.clone());
+                    mine.push((p, data));
+                    if i % 3 == 2 {
+                        let (p, data) = mine.remove((i * 31) % mine.len());
+                        let r = read(&fake, &mm, s, p, data.len());
+                        assert_eq!(r.get(), Some(data), "thread {t} op {i}");
+                        mm.free(p, Some(s)).unwrap();
+                    }
+                }
+                for (p, data) in mine {
+                    let r = read(&fake, &mm, s, p, data.len());
+                    assert_eq!(r.get(), Some(data), "thread {t} at the end");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(fake.device_bytes().1 <= 8 * PAGE);
+    assert!(mm.stats().bytes_to_host > 0);
+    assert_clean(&fake);
+}
+
 // ---- the randomized test against a model ----
 
 #[derive(Debug, Clone)]
