@@ -84,23 +84,22 @@ pub fn lower_bound(
     let compute = times[p];
     let live = Liveness::of(cycle);
     let needed = needed_bytes(cycle, &live);
+    let idle_bytes: u64 = live.idle.iter().map(|&t| cycle.tensors[t as usize].bytes).sum();
     let max_excess = needed
         .iter()
         .map(|&m| m.saturating_sub(budget.bytes))
         .max()
         .unwrap_or(0);
-    let idle_bytes: u64 = live
-        .idle
-        .iter()
-        .map(|&t| cycle.tensors[t as usize].bytes)
-        .sum();
     let d2h_rate = cost.d2h_gbps;
     let h2d_rate = cost.h2d_gbps;
+    // Never-touched tensors can cover part of the excess without moving; the rest was touched
+    // in the iteration, so it must leave and come back once per iteration at least.
+    let moving = max_excess.saturating_sub(idle_bytes) as f64;
     let trivial = [
         compute as f64,
-        max_excess as f64 / d2h_rate,
-        max_excess as f64 / h2d_rate,
-        2.0 * max_excess as f64 / cost.bidir_gbps,
+        moving / d2h_rate,
+        moving / h2d_rate,
+        2.0 * moving / cost.bidir_gbps,
     ]
     .into_iter()
     .fold(0.0, f64::max);

@@ -144,6 +144,39 @@ impl Cycle {
         build(trace, span, next_start, cost)
     }
 
+    /// Builds a cycle directly from op durations and tensors (for synthetic workloads and tests):
+    /// each op touches the tensors whose `accesses` name it. Access positions must be below
+    /// `durations.len()`; they are taken in lifetime order as given.
+    pub fn from_parts(durations: &[u64], tensors: Vec<Tensor>) -> Result<Cycle, String> {
+        let p = durations.len();
+        let mut ops: Vec<CycleOp> = durations
+            .iter()
+            .map(|&d| CycleOp {
+                kind: OpKind::Launch { kernel: 0 },
+                duration_ns: d,
+                source: DurationSource::Measured,
+                tensors: Vec::new(),
+            })
+            .collect();
+        for (tid, t) in tensors.iter().enumerate() {
+            for &a in &t.accesses {
+                let op = ops
+                    .get_mut(a as usize)
+                    .ok_or_else(|| format!("tensor {tid} accessed at {a}, beyond {p} ops"))?;
+                op.tensors.push(tid as TensorId);
+            }
+            let valid = |x: Option<u32>| x.is_none_or(|x| (x as usize) < p);
+            if !valid(t.alloc_at) || !valid(t.free_at) {
+                return Err(format!("tensor {tid} is allocated or freed beyond {p} ops"));
+            }
+        }
+        for op in &mut ops {
+            op.tensors.sort_unstable();
+            op.tensors.dedup();
+        }
+        Ok(Cycle { ops, tensors, span: 0..p, estimated_launches: 0 })
+    }
+
     /// Finds, for each tensor of the cycle, the allocation that plays its part in the trace's
     /// op range `span` (another instance of the iteration). `None` where no allocation matches.
     pub fn resolve(&self, trace: &Trace, span: Range<usize>) -> Vec<Option<AllocIdx>> {

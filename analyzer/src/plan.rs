@@ -130,8 +130,57 @@ struct Candidate {
     from: u64,
 }
 
-/// Makes a periodic swap plan for `cycle` within `budget`.
+/// Knobs of one planning pass; [`plan`] tries several and keeps the fastest in simulation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanOptions {
+    /// In the selection, prefer gaps whose copies can hide behind compute (else pure Belady).
+    pub prefer_hideable: bool,
+    /// Issue each read-back no earlier than this many times its copy duration before its use
+    /// (`None`: as early as memory allows).
+    pub fetch_lead: Option<f64>,
+}
+
+/// The variants [`plan`] compares.
+pub const PLAN_VARIANTS: [PlanOptions; 4] = [
+    PlanOptions { prefer_hideable: true, fetch_lead: None },
+    PlanOptions { prefer_hideable: false, fetch_lead: None },
+    PlanOptions { prefer_hideable: true, fetch_lead: Some(3.0) },
+    PlanOptions { prefer_hideable: false, fetch_lead: Some(3.0) },
+];
+
+/// Makes a periodic swap plan for `cycle` within `budget`: plans each of [`PLAN_VARIANTS`],
+/// simulates them, and returns the one with the shortest predicted step (the first on ties).
 pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan, PlanError> {
+    let mut best: Option<(u64, SwapPlan)> = None;
+    for options in PLAN_VARIANTS {
+        let candidate = plan_with(cycle, budget, cost, &options)?;
+        let sim = crate::sim::simulate(
+            cycle,
+            crate::sim::Policy::Plan(&candidate),
+            *budget,
+            cost,
+            crate::sim::SimOptions::default(),
+        );
+        // A variant the simulator rejects is skipped; if all are rejected the first is returned
+        // so the caller's own simulation reports why.
+        let Ok(report) = sim else { continue };
+        if best.as_ref().is_none_or(|(t, _)| report.step_ns < *t) {
+            best = Some((report.step_ns, candidate));
+        }
+    }
+    match best {
+        Some((_, plan)) => Ok(plan),
+        None => plan_with(cycle, budget, cost, &PLAN_VARIANTS[0]),
+    }
+}
+
+/// One planning pass with the given knobs.
+pub fn plan_with(
+    cycle: &Cycle,
+    budget: &Budget,
+    cost: &CostModel,
+    options: &PlanOptions,
+) -> Result<SwapPlan, PlanError> {
     let p = cycle.len();
     if p == 0 {
         return Err(PlanError::Empty);
@@ -162,13 +211,15 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
     // Candidate intervals in the sweep frame [start, start + p): each gap shifted by 0 or p.
     let mut events: Vec<(u64, Candidate)> = Vec::new();
     for (gi, g) in live.gaps.iter().enumerate() {
-        for shift in [0u64, p as u64] {
+        // The sweep runs over [start + p, start + 2p); a gap (with `from` in [0, p)) may cover
+        // parts of it shifted by 0, p or 2p.
+        for shift in [0u64, p as u64, 2 * p as u64] {
             let from = u64::from(g.from) + shift;
             let to = u64::from(g.to) + shift;
             let first = from + 1;
             let last = to.saturating_sub(1);
-            let lo = start as u64;
-            let hi = (start + p) as u64;
+            let lo = (start + p) as u64;
+            let hi = (start + 2 * p) as u64;
             if first <= last && first < hi && last >= lo {
                 events.push((first.max(lo), Candidate { to, gap: gi, from }));
             }
@@ -188,7 +239,7 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
         let k = unrolled / p as u64;
         times[(unrolled % p as u64) as usize] + k * period_ns
     };
-    for j in start as u64..(start + p) as u64 {
+    for j in (start + p) as u64..(start + 2 * p) as u64 {
         while next_event < events.len() && events[next_event].0 <= j {
             heap.push(events[next_event].1);
             next_event += 1;
@@ -215,7 +266,8 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
             let bytes = tensor_bytes(live.gaps[c.gap].tensor);
             let out_slack = time_at(j).saturating_sub(time_at(c.from + 1));
             let in_slack = time_at(c.to).saturating_sub(time_at(j));
-            if out_slack < cost.d2h_ns(bytes) || in_slack < cost.h2d_ns(bytes) {
+            let hidden = out_slack >= cost.d2h_ns(bytes) && in_slack >= cost.h2d_ns(bytes);
+            if options.prefer_hideable && !hidden {
                 deferred.push(c);
                 continue;
             }
@@ -290,9 +342,14 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
     for g in chosen {
         let bytes = i128::from(tensor_bytes(g.tensor));
         let mut fetch = u64::from(g.to);
+        let lead = options.fetch_lead.map(|k| (cost.h2d_ns(tensor_bytes(g.tensor)) as f64 * k) as u64);
+        let need_at = time_at(u64::from(g.to));
         while fetch > u64::from(g.from) + 1 {
             let pos = ((fetch - 1) % p as u64) as usize;
             if resident[pos] + bytes > b {
+                break;
+            }
+            if lead.is_some_and(|l| need_at - time_at(fetch) >= l) {
                 break;
             }
             fetch -= 1;

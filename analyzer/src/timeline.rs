@@ -14,8 +14,8 @@ use serde::Serialize;
 use crate::cycle::{Cycle, Identity, TensorId};
 
 /// A stretch during which a tensor holds data it will read again: from an access to its next
-/// access. Positions are unrolled: `from < to`, and `to` may exceed the period when the gap
-/// wraps into the next iteration. Ops strictly between `from` and `to` do not touch the tensor.
+/// access. Positions are unrolled: `from` lies in `[0, period)`, `from < to`, and `to` exceeds
+/// the period when the gap wraps into the next iteration. Ops strictly between `from` and `to` do not touch the tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Gap {
     /// The tensor.
@@ -68,11 +68,10 @@ impl Liveness {
             }
             let acc = unrolled_accesses(&t.accesses, period);
             for w in acc.windows(2) {
-                gaps.push(Gap {
-                    tensor: tid,
-                    from: w[0],
-                    to: w[1],
-                });
+                // Normalized so that `from` lies in the cycle: a gap between two accesses folded
+                // from the next iteration is the same gap one period earlier.
+                let shift = (w[0] / period) * period;
+                gaps.push(Gap { tensor: tid, from: w[0] - shift, to: w[1] - shift });
             }
             if t.is_persistent() {
                 // Persistent data survives into the next iteration's first access.

@@ -1,0 +1,84 @@
+//! Random synthetic cycles shared by the property tests.
+
+#![allow(dead_code)]
+
+use proptest::prelude::*;
+use tensile_analyzer::cycle::{Cycle, Identity, Tensor};
+
+/// Describes one tensor before it is placed in a cycle.
+#[derive(Debug, Clone)]
+pub struct TensorSpec {
+    pub mib: u64,
+    pub persistent: bool,
+    pub start: usize,
+    pub len_frac: f64,
+    pub access_fracs: Vec<f64>,
+}
+
+pub fn tensor_spec() -> impl Strategy<Value = TensorSpec> {
+    (
+        1u64..64,
+        prop::bool::weighted(0.3),
+        0usize..1000,
+        0.05f64..0.95,
+        prop::collection::vec(0.0f64..1.0, 0..5),
+    )
+        .prop_map(|(mib, persistent, start, len_frac, access_fracs)| TensorSpec {
+            mib,
+            persistent,
+            start,
+            len_frac,
+            access_fracs,
+        })
+}
+
+/// Builds a cycle of `durations.len()` ops from the specs.
+pub fn build(durations: &[u64], specs: &[TensorSpec]) -> Cycle {
+    let p = durations.len();
+    let mut tensors = Vec::new();
+    for (i, s) in specs.iter().enumerate() {
+        let bytes = s.mib << 20;
+        if s.persistent {
+            let mut acc: Vec<u32> =
+                s.access_fracs.iter().map(|f| ((f * p as f64) as usize).min(p - 1) as u32).collect();
+            acc.sort_unstable();
+            acc.dedup();
+            tensors.push(Tensor {
+                identity: Identity::Persistent { trace_id: i as u64 + 1 },
+                bytes,
+                accesses: acc,
+                alloc_at: None,
+                free_at: None,
+                source: i as u32,
+            });
+        } else {
+            let alloc = s.start % p;
+            let len = ((s.len_frac * p as f64) as usize).clamp(1, p - 1);
+            let mut offs: Vec<usize> =
+                s.access_fracs.iter().map(|f| ((f * len as f64) as usize).min(len - 1)).collect();
+            if offs.is_empty() {
+                offs.push(0);
+            }
+            offs.sort_unstable();
+            offs.dedup();
+            let accesses = offs.iter().map(|o| ((alloc + o) % p) as u32).collect();
+            tensors.push(Tensor {
+                identity: Identity::Transient { ordinal: i as u32, bytes },
+                bytes,
+                accesses,
+                alloc_at: Some(alloc as u32),
+                free_at: Some(((alloc + len) % p) as u32),
+                source: i as u32,
+            });
+        }
+    }
+    Cycle::from_parts(durations, tensors).expect("valid synthetic cycle")
+}
+
+pub fn cycle_strategy() -> impl Strategy<Value = Cycle> {
+    (
+        prop::collection::vec(1_000u64..2_000_000, 4..60),
+        prop::collection::vec(tensor_spec(), 1..40),
+    )
+        .prop_map(|(durations, specs)| build(&durations, &specs))
+}

@@ -1,0 +1,110 @@
+//! Property tests: on random cycles and budgets, the plan never exceeds the budget, every op
+//! finds its tensors on the device, no policy beats the lower bound, and the simulator really
+//! checks what it claims to check.
+
+mod common_synth;
+
+use proptest::prelude::*;
+use tensile_analyzer::bound::lower_bound;
+use tensile_analyzer::cost::{Budget, CostModel};
+use tensile_analyzer::plan::{op_bytes, plan, plan_with, SwapPlan, PLAN_VARIANTS};
+use tensile_analyzer::sim::{simulate, Policy, SimError, SimOptions};
+use tensile_analyzer::timeline::Footprint;
+
+/// A budget between the largest op and the peak, chosen by `frac`.
+fn budget_for(cycle: &tensile_analyzer::Cycle, frac: f64) -> Budget {
+    let fp = Footprint::of(cycle);
+    let floor = op_bytes(cycle).into_iter().max().unwrap_or(0).max(1);
+    let top = fp.peak_allocated.max(floor);
+    Budget::new(floor + ((top - floor) as f64 * frac) as u64)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plan_respects_budget_and_residency(cycle in common_synth::cycle_strategy(), frac in 0.0f64..1.0) {
+        let cost = CostModel::default();
+        let budget = budget_for(&cycle, frac);
+        for options in PLAN_VARIANTS {
+            let plan = plan_with(&cycle, &budget, &cost, &options).expect("feasible budget");
+            // The simulator returns an error on any budget or residency violation.
+            let report = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default())
+                .expect("plan simulates without violation");
+            prop_assert!(report.peak_resident_bytes <= budget.bytes);
+            prop_assert!(report.fits);
+            prop_assert_eq!(report.demand_fetches, 0, "plan left a tensor behind");
+            prop_assert!(report.step_ns >= report.compute_ns);
+        }
+    }
+
+    #[test]
+    fn nothing_beats_the_lower_bound(cycle in common_synth::cycle_strategy(), frac in 0.0f64..1.0) {
+        let cost = CostModel::default();
+        let budget = budget_for(&cycle, frac);
+        let bound = lower_bound(&cycle, &budget, &cost).expect("feasible");
+        let plan = plan(&cycle, &budget, &cost).expect("feasible");
+        let planned = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default()).unwrap();
+        // 1 ns of slack per op for rounding in the simulator's floating-point clock.
+        let slack = cycle.len() as u64 * 3;
+        prop_assert!(planned.step_ns + slack >= bound.bound_ns,
+            "plan {} < bound {}", planned.step_ns, bound.bound_ns);
+        let lru = simulate(&cycle, Policy::Lru, budget, &cost, SimOptions::default())
+            .expect("lru simulates without violation");
+        prop_assert!(lru.peak_resident_bytes <= budget.bytes);
+        prop_assert!(lru.step_ns + slack >= bound.bound_ns,
+            "lru {} < bound {}", lru.step_ns, bound.bound_ns);
+    }
+
+    #[test]
+    fn no_swapping_runs_at_compute_speed(cycle in common_synth::cycle_strategy()) {
+        let cost = CostModel::default();
+        let fp = Footprint::of(&cycle);
+        let budget = Budget::new(fp.peak_allocated.max(1));
+        let none = simulate(&cycle, Policy::None, budget, &cost, SimOptions::default()).unwrap();
+        prop_assert_eq!(none.step_ns, cycle.compute_ns());
+        prop_assert_eq!(none.stall_ns, 0);
+        prop_assert_eq!(none.bytes_h2d + none.bytes_d2h, 0);
+        // At the peak budget nothing needs to move, and the plan knows it.
+        let plan = plan(&cycle, &budget, &cost).unwrap();
+        prop_assert!(plan.evictions.is_empty());
+    }
+}
+
+#[test]
+fn simulator_rejects_a_plan_that_ignores_the_budget() {
+    // Two 64 MiB tensors used by every op, one 64 MiB tensor touched once: at a budget of two
+    // tensors an empty plan cannot fit the state at the start of the iteration.
+    let specs = vec![
+        common_synth::TensorSpec { mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.0, 0.5] },
+        common_synth::TensorSpec { mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.3, 0.9] },
+        common_synth::TensorSpec { mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.6] },
+    ];
+    let cycle = common_synth::build(&[10_000; 10], &specs);
+    let cost = CostModel::default();
+    let budget = Budget::new(128 << 20);
+    let empty = SwapPlan { period: 10, budget_bytes: budget.bytes, evictions: vec![], host_resident: vec![] };
+    let err = simulate(&cycle, Policy::Plan(&empty), budget, &cost, SimOptions::default()).unwrap_err();
+    assert!(matches!(err, SimError::BudgetExceeded { .. }), "{err:?}");
+    // The real plan for the same budget is fine and moves data.
+    let plan = plan(&cycle, &budget, &cost).unwrap();
+    let report = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default()).unwrap();
+    assert!(report.bytes_d2h > 0 && report.peak_resident_bytes <= budget.bytes);
+}
+
+#[test]
+fn a_budget_below_one_op_is_refused_with_the_op() {
+    let specs = vec![common_synth::TensorSpec {
+        mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.5],
+    }];
+    let cycle = common_synth::build(&[10_000; 4], &specs);
+    let budget = Budget::new(32 << 20);
+    let err = plan(&cycle, &budget, &CostModel::default()).unwrap_err();
+    assert_eq!(
+        err,
+        tensile_analyzer::plan::PlanError::OpTooLarge { op: 2, bytes: 64 << 20, budget: 32 << 20 }
+    );
+    let err = simulate(&cycle, Policy::Lru, budget, &CostModel::default(), SimOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, SimError::OpTooLarge { op: 2, .. }));
+}
