@@ -470,10 +470,8 @@ impl Inner {
             }
         }
         self.note_resident();
-        if result.is_err() {
-            // Roll back the pages of `want` that did get frames: leave them backed (they are
-            // consistent) and let the caller undo the allocation.
-        }
+        // On failure the pages that did get frames stay backed (and consistent); the caller
+        // undoes the allocation, which leaves them dead and reclaimable.
         result
     }
 

@@ -40,6 +40,9 @@ pub mod suballoc;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+mod bench;
+
 pub use budget::{parse_size, BudgetError, SizeSpec};
 pub use driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
 pub use manager::{AccessTicket, ManagerConfig, MemoryManager};
