@@ -285,3 +285,26 @@ fn driver_argument_rules_are_enforced() {
         ck(cuMemAddressFree(va, 4 * GRAN));
     }
 }
+
+#[test]
+fn one_access_may_span_mappings_of_different_handles() {
+    fresh_context();
+    let va = reserve(2 * GRAN);
+    let (h1, h2) = (create(GRAN, device_loc()), create(GRAN, host_loc()));
+    ck(map(va, GRAN, h1));
+    ck(map(va + GRAN as u64, GRAN, h2));
+    ck(set_access(va, 2 * GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ck(fill(va, 2 * WORDS, 30));
+    same(
+        &download_u32(va, 2 * WORDS),
+        &pattern(30, 2 * WORDS),
+        "across two mappings",
+    );
+    // A gap in the middle faults the whole access.
+    ck(ctx_sync());
+    ck(unmap(va + GRAN as u64, GRAN));
+    assert_eq!(
+        try_download_u32(va, 2 * WORDS),
+        Err(CUDA_ERROR_ILLEGAL_ADDRESS)
+    );
+}

@@ -51,11 +51,15 @@ unsafe fn submit(
     src: Result<Side, CUresult>,
     len: usize,
 ) -> Result<(), CUresult> {
+    // A zero-length copy is a no-op, whatever its pointers (only the context is checked).
+    if len == 0 {
+        return match stream {
+            Some(h) => resolve_stream(h, pt).map(|_| ()),
+            None => current_ctx().map(|_| ()),
+        };
+    }
     let (dst, src) = (dst?, src?);
     let Some(h) = stream else {
-        if len == 0 {
-            return current_ctx().map(|_| ());
-        }
         return run_sync(
             pt,
             Op::Copy {
@@ -67,9 +71,6 @@ unsafe fn submit(
     };
     let (ctx, stream) = resolve_stream(h, pt)?;
     ctx.check()?;
-    if len == 0 {
-        return Ok(());
-    }
     let op = match src {
         Side::Host(HostPtr(p)) if !pinned(p, len)? => {
             // SAFETY: the caller's source holds `len` bytes (API contract).

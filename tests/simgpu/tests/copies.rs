@@ -1,0 +1,181 @@
+//! Copies and memsets: every direction, sync and async, 2D with pitched allocations, and
+//! their argument and address checks.
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::*;
+use cuda::api::copy::*;
+use cuda::api::launch::cuLaunchKernelEx;
+use cuda::api::memory::*;
+use tensile_driver_abi::*;
+use tensile_kernels::twins::pattern_value;
+
+#[test]
+fn memsets_fill_with_8_16_and_32_bit_patterns() {
+    fresh_context();
+    let p = alloc(64);
+    let s = new_stream(0);
+    // SAFETY: in-bounds device ranges.
+    unsafe {
+        ck(cuMemsetD32_v2(p, 0xdead_beef, 16));
+        ck(cuMemsetD16Async(p + 8, 0x1234, 2, s));
+        ck(cuMemsetD8Async(p + 12, 0xab, 1, s));
+        ck(sync(s));
+        ck(cuMemsetD8_v2_ptds(p + 60, 0x01, 4));
+        assert_eq!(
+            cuMemsetD32_v2(p + 2, 0, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "unaligned D32"
+        );
+        assert_eq!(
+            cuMemsetD16_v2(p + 1, 0, 1),
+            CUDA_ERROR_INVALID_VALUE,
+            "unaligned D16"
+        );
+    }
+    let got = download_u32(p, 16);
+    assert_eq!(got[0..2], [0xdead_beef, 0xdead_beef]);
+    assert_eq!(got[2], 0x1234_1234);
+    assert_eq!(got[3], 0xdead_beab);
+    assert_eq!(got[15], 0x0101_0101);
+}
+
+#[test]
+fn copies_in_every_direction() {
+    fresh_context();
+    let n = 1000usize;
+    let src: Vec<u32> = (0..n as u64).map(|i| pattern_value(40, i)).collect();
+    let (a, b) = (alloc(n * 4), alloc(n * 4));
+    let s = new_stream(CU_STREAM_NON_BLOCKING);
+    let mut back = vec![0u32; n];
+    // SAFETY: host buffers hold n * 4 bytes, device ranges are allocated.
+    unsafe {
+        // Unified cuMemcpy: host -> device -> device -> host.
+        ck(cuMemcpy(a, src.as_ptr() as u64, n * 4));
+        ck(cuMemcpyAsync(b, a, n * 4, s));
+        ck(sync(s));
+        ck(cuMemcpy_ptds(back.as_mut_ptr() as u64, b, n * 4));
+        same(&back, &src, "unified copies");
+        ck(cuMemcpyDtoDAsync_v2_ptsz(a, b, 0, std::ptr::null_mut()));
+        ck(cuMemcpyHtoD_v2(a, std::ptr::null(), 0));
+        assert_eq!(
+            cuMemcpyHtoD_v2(a, std::ptr::null(), 4),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(
+            cuMemcpyDtoHAsync_v2(std::ptr::null_mut(), a, 4, s),
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+}
+
+#[test]
+fn pitched_allocations_and_2d_copies() {
+    fresh_context();
+    let (w, h) = (100usize, 7usize);
+    let (mut p, mut pitch) = (0, 0);
+    // SAFETY: valid out-pointers.
+    unsafe {
+        ck(cuMemAllocPitch_v2(&mut p, &mut pitch, w, h, 4));
+        assert_eq!(
+            cuMemAllocPitch_v2(&mut p, &mut pitch, w, h, 3),
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+    assert_eq!(pitch, 512);
+    let host: Vec<u8> = (0..w * h).map(|i| (i % 251) as u8).collect();
+    let mut back = vec![0u8; w * h];
+    let mut c = CUDA_MEMCPY2D {
+        src_x_in_bytes: 0,
+        src_y: 0,
+        src_memory_type: CU_MEMORYTYPE_HOST,
+        src_host: host.as_ptr() as *const c_void,
+        src_device: 0,
+        src_array: std::ptr::null_mut(),
+        src_pitch: w,
+        dst_x_in_bytes: 0,
+        dst_y: 0,
+        dst_memory_type: CU_MEMORYTYPE_DEVICE,
+        dst_host: std::ptr::null_mut(),
+        dst_device: p,
+        dst_array: std::ptr::null_mut(),
+        dst_pitch: pitch,
+        width_in_bytes: w,
+        height: h,
+    };
+    // SAFETY: the descriptors point at live buffers of the stated shapes.
+    unsafe {
+        ck(cuMemcpy2D_v2(&c));
+        c.src_memory_type = CU_MEMORYTYPE_DEVICE;
+        c.src_device = p;
+        c.src_pitch = pitch;
+        c.dst_memory_type = CU_MEMORYTYPE_HOST;
+        c.dst_host = back.as_mut_ptr() as *mut c_void;
+        c.dst_pitch = w;
+        ck(cuMemcpy2DAsync_v2(&c, std::ptr::null_mut()));
+        ck(ctx_sync());
+        c.width_in_bytes = pitch + 1;
+        assert_eq!(
+            cuMemcpy2D_v2(&c),
+            CUDA_ERROR_INVALID_VALUE,
+            "wider than the pitch"
+        );
+    }
+    assert_eq!(back, host);
+    // Row 1 starts at the pitch, not right after row 0.
+    let row1 = download_u32(p + pitch as u64, 1)[0].to_ne_bytes();
+    assert_eq!(row1, [host[w], host[w + 1], host[w + 2], host[w + 3]]);
+}
+
+#[test]
+fn a_copy_past_the_end_of_an_allocation_faults() {
+    fresh_context();
+    let p = alloc(4096);
+    // The guard page after the allocation is not device memory.
+    assert_eq!(
+        try_download_u32(p + 4092, 2),
+        Err(CUDA_ERROR_ILLEGAL_ADDRESS)
+    );
+}
+
+#[test]
+fn launch_kernel_ex_with_kernel_params() {
+    fresh_context();
+    let x = alloc(4096);
+    let f = function("fill_pattern");
+    let (mut p, mut n, mut seed) = (x, 1024u64, 41u32);
+    let mut args = [
+        &mut p as *mut u64 as *mut c_void,
+        &mut n as *mut u64 as *mut c_void,
+        &mut seed as *mut u32 as *mut c_void,
+    ];
+    let config = CUlaunchConfig {
+        grid_dim_x: 3,
+        grid_dim_y: 1,
+        grid_dim_z: 1,
+        block_dim_x: 256,
+        block_dim_y: 1,
+        block_dim_z: 1,
+        shared_mem_bytes: 0,
+        h_stream: std::ptr::null_mut(),
+        attrs: std::ptr::null_mut(),
+        num_attrs: 0,
+    };
+    // SAFETY: valid config and parameters.
+    unsafe {
+        ck(cuLaunchKernelEx(
+            &config,
+            f,
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        ));
+        assert_eq!(
+            cuLaunchKernelEx(std::ptr::null(), f, args.as_mut_ptr(), std::ptr::null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+    let want: Vec<u32> = (0..1024).map(|i| pattern_value(41, i)).collect();
+    same(&download_u32(x, 1024), &want, "cuLaunchKernelEx");
+}
