@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "tensile", version, about = "Transparent GPU memory management for deep learning")]
+#[command(
+    name = "tensile",
+    version,
+    about = "Transparent GPU memory management for deep learning"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

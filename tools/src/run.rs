@@ -48,10 +48,16 @@ pub fn run(args: RunArgs) -> Result<(), String> {
     let library = library
         .canonicalize()
         .map_err(|e| format!("cannot resolve {}: {e}", library.display()))?;
-    let (program, rest) = args.command.split_first().ok_or("no command given after --")?;
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or("no command given after --")?;
     let mut command = Command::new(program);
     command.args(rest);
-    command.env("LD_PRELOAD", preload_value(&library, std::env::var_os("LD_PRELOAD")));
+    command.env(
+        "LD_PRELOAD",
+        preload_value(&library, std::env::var_os("LD_PRELOAD")),
+    );
     let settings = [
         ("TENSILE_TRACE", args.trace.map(PathBuf::into_os_string)),
         ("TENSILE_DEVICE_MEMORY", args.budget.map(OsString::from)),
@@ -64,12 +70,16 @@ pub fn run(args: RunArgs) -> Result<(), String> {
         }
     }
     let error = command.exec();
-    Err(format!("cannot run {}: {error}", Path::new(program).display()))
+    Err(format!(
+        "cannot run {}: {error}",
+        Path::new(program).display()
+    ))
 }
 
 /// `libtensile.so` in the directory of the running `tensile` binary.
 pub fn library_next_to_exe() -> Result<PathBuf, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the tensile binary: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the tensile binary: {e}"))?;
     let dir = exe.parent().ok_or("the tensile binary has no directory")?;
     let library = dir.join(LIBRARY_NAME);
     if library.is_file() {
@@ -100,8 +110,14 @@ mod tests {
     #[test]
     fn preload_keeps_existing_entries_after_ours() {
         let lib = Path::new("/opt/tensile/libtensile.so");
-        assert_eq!(preload_value(lib, None), OsString::from("/opt/tensile/libtensile.so"));
-        assert_eq!(preload_value(lib, Some("".into())), OsString::from("/opt/tensile/libtensile.so"));
+        assert_eq!(
+            preload_value(lib, None),
+            OsString::from("/opt/tensile/libtensile.so")
+        );
+        assert_eq!(
+            preload_value(lib, Some("".into())),
+            OsString::from("/opt/tensile/libtensile.so")
+        );
         assert_eq!(
             preload_value(lib, Some("/usr/lib/libasan.so".into())),
             OsString::from("/opt/tensile/libtensile.so:/usr/lib/libasan.so")

@@ -166,9 +166,18 @@ impl TraceSummary {
                 format!("{:.5}%", 100.0 * part as f64 / whole as f64)
             }
         };
-        let _ = writeln!(out, "records:  {} over {:.3} s", self.records, self.span_ns as f64 / 1e9);
+        let _ = writeln!(
+            out,
+            "records:  {} over {:.3} s",
+            self.records,
+            self.span_ns as f64 / 1e9
+        );
         if self.dropped > 0 {
-            let _ = writeln!(out, "dropped:  {} records (the recorder's queue was full)", self.dropped);
+            let _ = writeln!(
+                out,
+                "dropped:  {} records (the recorder's queue was full)",
+                self.dropped
+            );
         }
         let _ = writeln!(
             out,
@@ -208,9 +217,17 @@ impl TraceSummary {
         let _ = writeln!(
             out,
             "top kernels by {}:",
-            if timed { "GPU time" } else { "launch count (no GPU times recorded)" }
+            if timed {
+                "GPU time"
+            } else {
+                "launch count (no GPU times recorded)"
+            }
         );
-        let _ = writeln!(out, "  {:>10} {:>12} {:>10}  name", "launches", "gpu total", "mean");
+        let _ = writeln!(
+            out,
+            "  {:>10} {:>12} {:>10}  name",
+            "launches", "gpu total", "mean"
+        );
         for (id, k) in kernels.into_iter().take(top) {
             let name = self.kernel_names.get(id).map_or("?", String::as_str);
             let (total, mean) = if k.timed > 0 {
@@ -218,7 +235,11 @@ impl TraceSummary {
             } else {
                 ("-".into(), "-".into())
             };
-            let _ = writeln!(out, "  {:>10} {:>12} {:>10}  {name}", k.launches, total, mean);
+            let _ = writeln!(
+                out,
+                "  {:>10} {:>12} {:>10}  {name}",
+                k.launches, total, mean
+            );
         }
         out
     }
@@ -250,7 +271,14 @@ mod tests {
     use tensile_trace::*;
 
     fn alloc(id: u64, bytes: u64) -> Record {
-        Record::Alloc(Alloc { t_ns: id, stream: 0, id, ptr: id << 30, bytes, kind: AllocKind::Async })
+        Record::Alloc(Alloc {
+            t_ns: id,
+            stream: 0,
+            id,
+            ptr: id << 30,
+            bytes,
+            kind: AllocKind::Async,
+        })
     }
 
     fn launch(seq: u64, kernel: u32, allocs: &[u64]) -> Record {
@@ -262,7 +290,13 @@ mod tests {
             grid: [1; 3],
             block: [1; 3],
             smem: 0,
-            accesses: allocs.iter().map(|&alloc| Access { alloc, param_offset: 0 }).collect(),
+            accesses: allocs
+                .iter()
+                .map(|&alloc| Access {
+                    alloc,
+                    param_offset: 0,
+                })
+                .collect(),
         })
     }
 
@@ -270,16 +304,38 @@ mod tests {
     fn summary_counts_resolution_and_freed_bytes_seen() {
         let mut s = TraceSummary::default();
         let records = [
-            Record::Kernel(KernelInfo { id: 1, name: "axpy".into(), nparams: 4 }),
-            Record::Kernel(KernelInfo { id: 2, name: "fill".into(), nparams: 3 }),
+            Record::Kernel(KernelInfo {
+                id: 1,
+                name: "axpy".into(),
+                nparams: 4,
+            }),
+            Record::Kernel(KernelInfo {
+                id: 2,
+                name: "fill".into(),
+                nparams: 3,
+            }),
             alloc(1, 1000),
             alloc(2, 3000),
             launch(0, 1, &[1]),
             launch(1, 2, &[]),
-            Record::LaunchTime(LaunchTime { seq: 0, gpu_ns: 5_000_000 }),
-            Record::LaunchTime(LaunchTime { seq: 1, gpu_ns: 1_000_000 }),
-            Record::Free(Free { t_ns: 200, stream: 0, id: 1 }),
-            Record::Free(Free { t_ns: 201, stream: 0, id: 2 }),
+            Record::LaunchTime(LaunchTime {
+                seq: 0,
+                gpu_ns: 5_000_000,
+            }),
+            Record::LaunchTime(LaunchTime {
+                seq: 1,
+                gpu_ns: 1_000_000,
+            }),
+            Record::Free(Free {
+                t_ns: 200,
+                stream: 0,
+                id: 1,
+            }),
+            Record::Free(Free {
+                t_ns: 201,
+                stream: 0,
+                id: 2,
+            }),
         ];
         for r in &records {
             s.add(r);
@@ -288,8 +344,14 @@ mod tests {
         assert_eq!((s.freed_bytes, s.freed_bytes_seen), (4000, 1000));
         assert_eq!(s.peak_live_bytes, 4000);
         let report = s.report(5);
-        assert!(report.contains("with a resolved allocation: 50.00000%"), "{report}");
-        assert!(report.contains("freed bytes seen in some launch: 25.00000%"), "{report}");
+        assert!(
+            report.contains("with a resolved allocation: 50.00000%"),
+            "{report}"
+        );
+        assert!(
+            report.contains("freed bytes seen in some launch: 25.00000%"),
+            "{report}"
+        );
         let axpy = report.find("axpy").unwrap();
         let fill = report.find("fill").unwrap();
         assert!(axpy < fill, "kernels must be sorted by GPU time:\n{report}");
