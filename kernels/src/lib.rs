@@ -12,6 +12,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod memory;
 pub mod params;
 pub mod ptx;
