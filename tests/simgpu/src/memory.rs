@@ -67,6 +67,8 @@ pub enum RegionKind {
     },
     /// Pinned host memory from `cuMemAllocHost`/`cuMemHostAlloc`.
     HostPinned { mapped_len: u64 },
+    /// Application memory registered with `cuMemHostRegister` (the application owns it).
+    HostRegistered,
     /// A `cuMemMap` of physical allocation `handle` at `offset`.
     Mapped { handle: u64, offset: u64 },
 }
@@ -88,7 +90,10 @@ impl Region {
     }
 
     pub fn is_device(&self) -> bool {
-        !matches!(self.kind, RegionKind::HostPinned { .. })
+        !matches!(
+            self.kind,
+            RegionKind::HostPinned { .. } | RegionKind::HostRegistered
+        )
     }
 }
 
@@ -319,6 +324,51 @@ impl AddressSpace {
                 Ok(())
             }
             _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemHostRegister`: makes application memory visible to the device. The application
+    /// must keep it mapped until `cuMemHostUnregister` (the driver's contract too).
+    pub fn register_host(
+        &self,
+        addr: u64,
+        len: u64,
+        access: Access,
+        ctx: usize,
+    ) -> Result<(), CUresult> {
+        if addr == 0 || len == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let end = addr.checked_add(len).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut inner = self.write_lock();
+        let overlaps =
+            find(&inner, addr).is_some() || inner.regions.range(addr..end).next().is_some();
+        if overlaps {
+            return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        let region = Region {
+            start: addr,
+            len,
+            kind: RegionKind::HostRegistered,
+            access,
+            ctx,
+        };
+        inner.regions.insert(addr, region);
+        Ok(())
+    }
+
+    /// `cuMemHostUnregister`.
+    pub fn unregister_host(&self, addr: u64) -> Result<(), CUresult> {
+        let mut inner = self.write_lock();
+        match inner.regions.get(&addr) {
+            Some(Region {
+                kind: RegionKind::HostRegistered,
+                ..
+            }) => {
+                inner.regions.remove(&addr);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
         }
     }
 

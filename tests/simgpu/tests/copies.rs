@@ -179,3 +179,32 @@ fn launch_kernel_ex_with_kernel_params() {
     let want: Vec<u32> = (0..1024).map(|i| pattern_value(41, i)).collect();
     same(&download_u32(x, 1024), &want, "cuLaunchKernelEx");
 }
+
+#[test]
+fn registered_host_memory_is_visible_to_kernels() {
+    fresh_context();
+    let mut host = vec![0u32; 1024];
+    let p = host.as_mut_ptr() as u64;
+    // SAFETY: `host` stays alive and is unregistered before it is dropped.
+    unsafe {
+        ck(cuMemHostRegister_v2(p as *mut c_void, 4096, 0));
+        assert_eq!(
+            cuMemHostRegister_v2((p + 8) as *mut c_void, 16, 0),
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+        );
+        let f = function("fill_pattern");
+        ck(launch_packed(
+            f,
+            std::ptr::null_mut(),
+            &tensile_kernels::args::fill_pattern(p, 1024, 42),
+        ));
+        ck(ctx_sync());
+        ck(cuMemHostUnregister(p as *mut c_void));
+        assert_eq!(
+            cuMemHostUnregister(p as *mut c_void),
+            CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+        );
+    }
+    let want: Vec<u32> = (0..1024).map(|i| pattern_value(42, i)).collect();
+    same(&host, &want, "kernel output in registered memory");
+}

@@ -176,6 +176,31 @@ unsafe fn mem_free_host(p: *mut c_void) -> Result<(), CUresult> {
 }
 export!(cuMemFreeHost, mem_free_host, (p: *mut c_void));
 
+const HOST_REGISTER_FLAGS: c_uint = 0xf; // PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY
+const HOST_REGISTER_READ_ONLY: c_uint = 0x8;
+
+unsafe fn mem_host_register(p: *mut c_void, size: usize, flags: c_uint) -> Result<(), CUresult> {
+    if flags & !HOST_REGISTER_FLAGS != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = current_ctx()?;
+    let access = if flags & HOST_REGISTER_READ_ONLY != 0 {
+        Access::Read
+    } else {
+        Access::ReadWrite
+    };
+    st()?
+        .space
+        .register_host(p as u64, size as u64, access, Registry::handle_of(&ctx))
+}
+export!(cuMemHostRegister_v2, mem_host_register, (p: *mut c_void, size: usize, flags: c_uint));
+
+unsafe fn mem_host_unregister(p: *mut c_void) -> Result<(), CUresult> {
+    current_ctx()?;
+    st()?.space.unregister_host(p as u64)
+}
+export!(cuMemHostUnregister, mem_host_unregister, (p: *mut c_void));
+
 unsafe fn mem_host_get_device_pointer(
     dptr: *mut CUdeviceptr,
     p: *mut c_void,

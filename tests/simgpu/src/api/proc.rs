@@ -132,6 +132,8 @@ implemented!(
     cuMemGetInfo_v2,
     cuMemHostAlloc,
     cuMemHostGetDevicePointer_v2,
+    cuMemHostRegister_v2,
+    cuMemHostUnregister,
     cuMemMap,
     cuMemPoolCreate,
     cuMemPoolDestroy,
