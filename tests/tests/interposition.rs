@@ -1,0 +1,129 @@
+//! Every call path of a driver program reaches libtensile, the trace records exactly what
+//! the program did (each launch with exactly the allocations it was given), and results
+//! are bit-identical with and without the shim.
+
+use tensile_tests::check::{canonical, compare_in_order, compare_unordered, normalize, read_trace};
+use tensile_tests::expect::{digests, expectations};
+use tensile_tests::harness::{temp_trace, Output, Run};
+use tensile_trace::Record;
+
+const RAW: &str = env!("CARGO_BIN_EXE_wl_raw");
+const STREAMS: &str = env!("CARGO_BIN_EXE_wl_streams");
+const THREADS: &str = env!("CARGO_BIN_EXE_wl_threads");
+
+/// Runs `exe args` three ways (no shim, shim without trace, shim with trace), checks that
+/// all three print the same digests, and returns the traced run's output and its trace
+/// events next to the expectations it printed.
+fn three_ways(exe: &str, args: &[&str]) -> (Output, Vec<Record>) {
+    let run = || args.iter().fold(Run::new(exe), |r, a| r.arg(*a));
+    let what = format!("{exe} {}", args.join(" "));
+    let plain = run().output();
+    plain.assert_ok(&format!("{what} without the shim"));
+    let shim = run().preload(true).output();
+    shim.assert_ok(&format!("{what} under the shim"));
+    let path = temp_trace("e2e");
+    let traced = run().trace(&path).output();
+    traced.assert_ok(&format!("{what} under the shim, traced"));
+    let want = digests(&plain.stdout);
+    assert!(!want.is_empty(), "{what} printed no digests");
+    assert_eq!(
+        digests(&shim.stdout),
+        want,
+        "{what}: results differ under the shim"
+    );
+    assert_eq!(
+        digests(&traced.stdout),
+        want,
+        "{what}: results differ when traced"
+    );
+    assert!(
+        !traced.stderr.contains("WARN") && !traced.stderr.contains("ERROR"),
+        "{what}: {}",
+        traced.stderr
+    );
+    let t = read_trace(&path);
+    assert!(
+        t.finished_cleanly,
+        "{what}: trace not closed cleanly ({:?})",
+        t.error
+    );
+    let _ = std::fs::remove_file(&path);
+    (traced, t.records)
+}
+
+fn header_and_end(what: &str, records: &[Record]) {
+    let Some(Record::Header(h)) = records.first() else {
+        panic!("{what}: no header")
+    };
+    assert!(
+        h.producer.starts_with("libtensile"),
+        "{what}: producer {:?}",
+        h.producer
+    );
+    assert!(h.command.contains("wl_"), "{what}: command {:?}", h.command);
+    let Some(Record::End(end)) = records.last() else {
+        panic!("{what}: last record is not End")
+    };
+    assert_eq!(end.dropped_records, 0, "{what}");
+    assert!(
+        records
+            .iter()
+            .any(|r| matches!(r, Record::Stats(s) if s.peak_resident_bytes > 0)),
+        "{what}: no stats"
+    );
+}
+
+#[test]
+fn raw_driver_programs_are_fully_traced_through_every_lookup_path() {
+    let configs = [
+        ("proc:12000:0", "module"),
+        ("proc:13000:2", "library"),
+        ("proc:13000:1", "module"),
+        ("dlsym:13000:0", "library"),
+        ("dlsym:12000:2", "module"),
+        ("default:13000:0", "module"),
+        ("default:13000:2", "library"),
+    ];
+    for (lookup, form) in configs {
+        let what = format!("wl_raw {lookup} {form}");
+        let (out, records) = three_ways(RAW, &[lookup, form]);
+        header_and_end(&what, &records);
+        let want = canonical(expectations(&out.stdout));
+        assert!(want.len() > 40, "{what}: only {} expectations", want.len());
+        if let Err(e) = compare_in_order(&normalize(&records), &want) {
+            panic!("{what}: {e}");
+        }
+    }
+}
+
+#[test]
+fn streams_async_allocation_extra_form_and_struct_params_are_traced() {
+    for lookup in ["proc:13000:0", "proc:13000:2", "dlsym:13000:2"] {
+        let what = format!("wl_streams {lookup}");
+        let (out, records) = three_ways(STREAMS, &[lookup]);
+        header_and_end(&what, &records);
+        let want = canonical(expectations(&out.stdout));
+        // The gather4 launches must resolve all five pointers inside the struct.
+        let gathers: Vec<_> = want
+            .iter()
+            .filter(|e| matches!(e, tensile_tests::expect::Expect::Launch { kernel, accesses, .. } if kernel == "gather4" && accesses.len() == 5))
+            .collect();
+        assert_eq!(gathers.len(), 3, "{what}");
+        if let Err(e) = compare_in_order(&normalize(&records), &want) {
+            panic!("{what}: {e}");
+        }
+    }
+}
+
+#[test]
+fn threads_started_before_the_first_cuda_call_are_all_traced() {
+    for lookup in ["proc:13000:0", "dlsym:13000:2"] {
+        let what = format!("wl_threads {lookup}");
+        let (out, records) = three_ways(THREADS, &[lookup, "6"]);
+        header_and_end(&what, &records);
+        let want = canonical(expectations(&out.stdout));
+        if let Err(e) = compare_unordered(&normalize(&records), &want) {
+            panic!("{what}: {e}");
+        }
+    }
+}
