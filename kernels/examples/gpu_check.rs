@@ -17,12 +17,15 @@ use tensile_kernels::testing::FlatMemory;
 use tensile_kernels::twins::pattern_value;
 use tensile_kernels::{args, ptx, twin, DeviceMemory, Dim3, Launch};
 
+/// Builds a kernel's parameter buffer from the device addresses of its buffers.
+type ParamsFn = Box<dyn Fn(&[u64]) -> Vec<u8>>;
+
 /// One kernel run: its input buffers (all are also outputs) and how to build its parameters
 /// from their device addresses.
 struct Case {
     kernel: &'static str,
     buffers: Vec<Vec<u8>>,
-    params: Box<dyn Fn(&[u64]) -> Vec<u8>>,
+    params: ParamsFn,
 }
 
 fn words(seed: u32, n: usize) -> Vec<u8> {
