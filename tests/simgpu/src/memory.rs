@@ -125,9 +125,11 @@ struct Inner {
     quarantine_bytes: u64,
 }
 
-/// How much freed address space stays quarantined before the oldest is returned to the OS.
+/// How much freed address space stays quarantined before the oldest is returned to the OS
+/// (bounded in ranges too: each may be a separate kernel mapping, and a process has at most
+/// `vm.max_map_count`, 65530 by default).
 const QUARANTINE_BYTES: u64 = 1 << 40;
-const QUARANTINE_RANGES: usize = 1 << 16;
+const QUARANTINE_RANGES: usize = 8192;
 
 /// The address space. See the module docs for its invariants.
 #[derive(Debug)]

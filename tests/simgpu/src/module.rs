@@ -64,9 +64,17 @@ pub unsafe fn read_image(image: *const c_void) -> Result<Vec<Arc<Entry>>, CUresu
     if image.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: every image format starts with at least 4 readable bytes (ELF and fatbin
-    // magics; a PTX text shorter than that still has its NUL within them).
-    let head = unsafe { std::slice::from_raw_parts(image as *const u8, 4) };
+    // Read the magic a byte at a time, stopping at a NUL: a short PTX string must not be
+    // read past its terminator, and binary images start with four non-zero bytes.
+    let mut head = [0u8; 4];
+    for (i, slot) in head.iter_mut().enumerate() {
+        // SAFETY: bytes up to and including the first NUL (or the 4-byte magic) are readable.
+        let b = unsafe { *(image as *const u8).add(i) };
+        *slot = b;
+        if b == 0 {
+            break;
+        }
+    }
     if head == b"\x7fELF" || head == [0x50, 0xed, 0x55, 0xba] || head == [0x46, 0x62, 0xec, 0x91] {
         return Err(CUDA_ERROR_INVALID_IMAGE);
     }
