@@ -75,7 +75,7 @@ pub unsafe fn read_image(image: *const c_void) -> Result<Vec<Arc<Entry>>, CUresu
             break;
         }
     }
-    if head == b"\x7fELF" || head == [0x50, 0xed, 0x55, 0xba] || head == [0x46, 0x62, 0xec, 0x91] {
+    if head == *b"\x7fELF" || head == [0x50, 0xed, 0x55, 0xba] || head == [0x46, 0x62, 0xec, 0x91] {
         return Err(CUDA_ERROR_INVALID_IMAGE);
     }
     // SAFETY: not a binary image, so by the API contract a NUL-terminated string.
