@@ -3,13 +3,14 @@
 //! are bit-identical with and without the shim.
 
 use tensile_tests::check::{canonical, compare_in_order, compare_unordered, normalize, read_trace};
-use tensile_tests::expect::{digests, expectations};
+use tensile_tests::expect::{digests, expectations, Expect};
 use tensile_tests::harness::{temp_trace, Output, Run};
 use tensile_trace::Record;
 
 const RAW: &str = env!("CARGO_BIN_EXE_wl_raw");
 const STREAMS: &str = env!("CARGO_BIN_EXE_wl_streams");
 const THREADS: &str = env!("CARGO_BIN_EXE_wl_threads");
+const CUDARC: &str = env!("CARGO_BIN_EXE_wl_cudarc");
 
 /// Runs `exe args` three ways (no shim, shim without trace, shim with trace), checks that
 /// all three print the same digests, and returns the traced run's output and its trace
@@ -106,7 +107,7 @@ fn streams_async_allocation_extra_form_and_struct_params_are_traced() {
         // The gather4 launches must resolve all five pointers inside the struct.
         let gathers: Vec<_> = want
             .iter()
-            .filter(|e| matches!(e, tensile_tests::expect::Expect::Launch { kernel, accesses, .. } if kernel == "gather4" && accesses.len() == 5))
+            .filter(|e| matches!(e, Expect::Launch { kernel, accesses, .. } if kernel == "gather4" && accesses.len() == 5))
             .collect();
         assert_eq!(gathers.len(), 3, "{what}");
         if let Err(e) = compare_in_order(&normalize(&records), &want) {
@@ -126,4 +127,52 @@ fn threads_started_before_the_first_cuda_call_are_all_traced() {
             panic!("{what}: {e}");
         }
     }
+}
+
+#[test]
+fn a_cudarc_program_is_traced_through_dlsym() {
+    let (out, records) = three_ways(CUDARC, &[]);
+    header_and_end("wl_cudarc", &records);
+    let events = normalize(&records);
+    // cudarc decides itself how to allocate and copy; the program knows its launches and
+    // the buffers it owns.
+    let launches: Vec<Expect> = events
+        .iter()
+        .filter(|e| matches!(e, Expect::Launch { .. }))
+        .cloned()
+        .collect();
+    let want = canonical(expectations(&out.stdout));
+    assert_eq!(want.len(), 4);
+    if let Err(e) = compare_in_order(&launches, &want) {
+        panic!("wl_cudarc: {e}");
+    }
+    for line in out.stdout.lines().filter(|l| l.starts_with("B ")) {
+        let ptr = u64::from_str_radix(
+            line.split_whitespace()
+                .nth(2)
+                .unwrap()
+                .trim_start_matches("0x"),
+            16,
+        )
+        .unwrap();
+        let allocs = events
+            .iter()
+            .filter(|e| matches!(e, Expect::Alloc { ptr: p, .. } if *p == ptr))
+            .count();
+        let frees = events
+            .iter()
+            .filter(|e| matches!(e, Expect::Free { ptr: p, .. } if *p == ptr))
+            .count();
+        assert_eq!(
+            (allocs, frees),
+            (1, 1),
+            "{line}: allocated and freed once each in the trace"
+        );
+    }
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Expect::Copy { kind, .. } if kind == "htod")));
+    assert!(events
+        .iter()
+        .any(|e| matches!(e, Expect::Copy { kind, .. } if kind == "dtoh")));
 }

@@ -5,6 +5,7 @@
 //! kernels are launched as `CUfunction`s or as `CUkernel`s. Every kernel of
 //! `tensile-kernels`, sync and async copies (1D, 2D, unified), memsets, pitched memory,
 //! interior pointers, a context sync, and frees. Prints expectations and digests.
+//! With `WL_RAW_ABORT_AFTER_MS=<ms>` it aborts (a crash) that long after the digests.
 
 use tensile_tests::driver::Lookup;
 use tensile_tests::session::{f32_bytes, u32_bytes, Arg, Form, Kernel, Session};
@@ -169,6 +170,14 @@ fn main() {
         ("flat", flat, pitch * height),
     ] {
         s.digest(name, p, len);
+    }
+    if let Some(ms) = std::env::var("WL_RAW_ABORT_AFTER_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        // Simulate a crash: no exit handlers run.
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        std::process::abort();
     }
     for p in [a, b, sum, x, y, m, ma, mb, mc, pm, flat] {
         s.free(p);
