@@ -65,6 +65,14 @@ pub enum Op {
         pattern: Vec<u8>,
         count: u64,
     },
+    /// `height` rows of `width` elements, rows `pitch` bytes apart.
+    Memset2D {
+        dst: u64,
+        pitch: u64,
+        pattern: Vec<u8>,
+        width: u64,
+        height: u64,
+    },
     Record(Arc<Event>, u64),
     HostFn {
         f: unsafe extern "C" fn(*mut c_void),
@@ -192,6 +200,20 @@ impl Op {
                 space
                     .fill(dst, &pattern, count)
                     .map_err(|f| fault("memset", f))?;
+            }
+            Op::Memset2D {
+                dst,
+                pitch,
+                pattern,
+                width,
+                height,
+            } => {
+                model_transfer(width * height * pattern.len() as u64);
+                for row in 0..height {
+                    space
+                        .fill(dst + row * pitch, &pattern, width)
+                        .map_err(|f| fault("memset", f))?;
+                }
             }
             Op::HostFn { f, data } => {
                 // SAFETY: the application gave this function and its argument to be called

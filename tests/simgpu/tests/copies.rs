@@ -208,3 +208,50 @@ fn registered_host_memory_is_visible_to_kernels() {
     let want: Vec<u32> = (0..1024).map(|i| pattern_value(42, i)).collect();
     same(&host, &want, "kernel output in registered memory");
 }
+
+#[test]
+fn two_dimensional_memsets_and_peer_copies() {
+    let ctx = fresh_context();
+    let (pitch, w, h) = (64usize, 10usize, 3usize);
+    let p = alloc(pitch * h);
+    let q = alloc(pitch * h);
+    // SAFETY: in-bounds device ranges; valid context handles.
+    unsafe {
+        ck(cuMemsetD8_v2(p, 0, pitch * h));
+        ck(cuMemsetD2D32_v2(p, pitch, 0x0102_0304, w / 2, h));
+        ck(cuMemsetD2D16Async(
+            p + 40,
+            pitch,
+            0xaaaa,
+            2,
+            h,
+            std::ptr::null_mut(),
+        ));
+        assert_eq!(
+            cuMemsetD2D32_v2(p, pitch, 0, 17, h),
+            CUDA_ERROR_INVALID_VALUE,
+            "row wider than pitch"
+        );
+        ck(cuMemcpyPeerAsync(
+            q,
+            ctx,
+            p,
+            ctx,
+            pitch * h,
+            std::ptr::null_mut(),
+        ));
+        ck(ctx_sync());
+        assert_eq!(
+            cuMemcpyPeer(q, std::ptr::null_mut(), p, ctx, 4),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+    }
+    let words = download_u32(q, pitch * h / 4);
+    for row in 0..h {
+        let r = &words[row * pitch / 4..(row + 1) * pitch / 4];
+        assert_eq!(r[..5], [0x0102_0304; 5], "row {row}");
+        assert_eq!(r[5..10], [0; 5], "row {row}");
+        assert_eq!(r[10], 0xaaaa_aaaa, "row {row}");
+        assert_eq!(r[11..], [0; 5], "row {row}");
+    }
+}

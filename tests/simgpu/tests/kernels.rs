@@ -234,6 +234,8 @@ fn ptx_versions_and_missing_twins() {
             m,
         )
     };
+    assert_eq!(load("").0, CUDA_ERROR_INVALID_PTX);
+    assert_eq!(load("\x7fELF and then some").0, CUDA_ERROR_INVALID_IMAGE);
     let newer = tensile_kernels::PTX.replace(".version 9.0", ".version 9.5");
     assert_eq!(load(&newer).0, CUDA_ERROR_UNSUPPORTED_PTX_VERSION);
     assert_eq!(

@@ -334,3 +334,149 @@ unsafe fn memset_d32_async(
     memset(pt, Some(h), dst, v.to_ne_bytes().to_vec(), n)
 }
 per_thread_pair!(cuMemsetD32Async, cuMemsetD32Async_ptsz, memset_d32_async, (dst: CUdeviceptr, v: u32, n: usize, h: CUstream));
+
+/// A 2D memset of `height` rows of `width` elements, `pitch` bytes apart (device memory,
+/// checked when it runs).
+fn memset_2d(
+    pt: bool,
+    stream: Option<CUstream>,
+    dst: u64,
+    pitch: usize,
+    pattern: Vec<u8>,
+    width: usize,
+    height: usize,
+) -> Result<(), CUresult> {
+    let elem = pattern.len();
+    if dst % elem as u64 != 0 || pitch % elem != 0 || (height > 1 && width * elem > pitch) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if width == 0 || height == 0 {
+        return memset(pt, stream, dst, pattern, 0);
+    }
+    let op = Op::Memset2D {
+        dst,
+        pitch: pitch as u64,
+        pattern,
+        width: width as u64,
+        height: height as u64,
+    };
+    match stream {
+        Some(h) => enqueue(h, pt, Vec::new(), op),
+        None => run_sync(pt, op),
+    }
+}
+
+unsafe fn memset_d2d8(
+    pt: bool,
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u8,
+    w: usize,
+    h: usize,
+) -> Result<(), CUresult> {
+    memset_2d(pt, None, dst, pitch, vec![v], w, h)
+}
+per_thread_pair!(cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds, memset_d2d8, (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize));
+
+unsafe fn memset_d2d16(
+    pt: bool,
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u16,
+    w: usize,
+    h: usize,
+) -> Result<(), CUresult> {
+    memset_2d(pt, None, dst, pitch, v.to_ne_bytes().to_vec(), w, h)
+}
+per_thread_pair!(cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds, memset_d2d16, (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize));
+
+unsafe fn memset_d2d32(
+    pt: bool,
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u32,
+    w: usize,
+    h: usize,
+) -> Result<(), CUresult> {
+    memset_2d(pt, None, dst, pitch, v.to_ne_bytes().to_vec(), w, h)
+}
+per_thread_pair!(cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds, memset_d2d32, (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize));
+
+unsafe fn memset_d2d8_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u8,
+    w: usize,
+    h: usize,
+    s: CUstream,
+) -> Result<(), CUresult> {
+    memset_2d(pt, Some(s), dst, pitch, vec![v], w, h)
+}
+per_thread_pair!(cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz, memset_d2d8_async, (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream));
+
+unsafe fn memset_d2d16_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u16,
+    w: usize,
+    h: usize,
+    s: CUstream,
+) -> Result<(), CUresult> {
+    memset_2d(pt, Some(s), dst, pitch, v.to_ne_bytes().to_vec(), w, h)
+}
+per_thread_pair!(cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz, memset_d2d16_async, (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream));
+
+unsafe fn memset_d2d32_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    pitch: usize,
+    v: u32,
+    w: usize,
+    h: usize,
+    s: CUstream,
+) -> Result<(), CUresult> {
+    memset_2d(pt, Some(s), dst, pitch, v.to_ne_bytes().to_vec(), w, h)
+}
+per_thread_pair!(cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz, memset_d2d32_async, (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream));
+
+/// Both contexts must be valid; with one device, a peer copy is a device-to-device copy.
+fn check_peer_contexts(dst_ctx: CUcontext, src_ctx: CUcontext) -> Result<(), CUresult> {
+    let s = st()?;
+    for c in [dst_ctx, src_ctx] {
+        s.contexts
+            .get(c as usize)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    }
+    Ok(())
+}
+
+unsafe fn memcpy_peer(
+    pt: bool,
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+) -> Result<(), CUresult> {
+    check_peer_contexts(dst_ctx, src_ctx)?;
+    // SAFETY: no host memory is involved.
+    unsafe { submit(pt, None, Ok(Side::Device(dst)), Ok(Side::Device(src)), n) }
+}
+per_thread_pair!(cuMemcpyPeer, cuMemcpyPeer_ptds, memcpy_peer, (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize));
+
+unsafe fn memcpy_peer_async(
+    pt: bool,
+    dst: CUdeviceptr,
+    dst_ctx: CUcontext,
+    src: CUdeviceptr,
+    src_ctx: CUcontext,
+    n: usize,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    check_peer_contexts(dst_ctx, src_ctx)?;
+    // SAFETY: no host memory is involved.
+    unsafe { submit(pt, Some(h), Ok(Side::Device(dst)), Ok(Side::Device(src)), n) }
+}
+per_thread_pair!(cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz, memcpy_peer_async, (dst: CUdeviceptr, dst_ctx: CUcontext, src: CUdeviceptr, src_ctx: CUcontext, n: usize, h: CUstream));

@@ -175,3 +175,38 @@ unsafe fn launch_ex(
     }
 }
 per_thread_pair!(cuLaunchKernelEx, cuLaunchKernelEx_ptsz, launch_ex, (config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void));
+
+/// Cooperative launches run like ordinary ones (the twins need no grid-wide sync).
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch_cooperative(
+    pt: bool,
+    f: CUfunction,
+    gx: c_uint,
+    gy: c_uint,
+    gz: c_uint,
+    bx: c_uint,
+    by: c_uint,
+    bz: c_uint,
+    shared: c_uint,
+    h: CUstream,
+    params: *mut *mut c_void,
+) -> Result<(), CUresult> {
+    // SAFETY: forwarded under the same contract, without the `extra` form.
+    unsafe {
+        launch(
+            pt,
+            f,
+            gx,
+            gy,
+            gz,
+            bx,
+            by,
+            bz,
+            shared,
+            h,
+            params,
+            std::ptr::null_mut(),
+        )
+    }
+}
+per_thread_pair!(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, launch_cooperative, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, h: CUstream, params: *mut *mut c_void));
