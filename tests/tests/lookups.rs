@@ -19,10 +19,12 @@ fn data_file() -> String {
     )
 }
 
-/// `(form, name, version, flags) -> (result, status, library, symbol)`.
-fn answers(
-    stdout: &str,
-) -> HashMap<(String, String, String, String), (String, String, String, String)> {
+/// `(form, name, version, flags)`.
+type Question = (String, String, String, String);
+/// `(result, status, library, symbol)`.
+type Answer = (String, String, String, String);
+
+fn answers(stdout: &str) -> HashMap<Question, Answer> {
     stdout
         .lines()
         .filter(|l| l.starts_with("L "))
