@@ -465,6 +465,48 @@ impl AddressSpace {
     }
 }
 
+impl AddressSpace {
+    /// Why `fault` faulted, in words: the first byte the access could not touch and what is
+    /// there (for the log line of a sticky error).
+    pub fn explain(&self, fault: &Fault) -> String {
+        let inner = self.read_lock();
+        let end = fault.addr.saturating_add(fault.len);
+        let mut cursor = fault.addr;
+        while cursor < end {
+            match find(&inner, cursor) {
+                Some(r) if r.access.allows(fault.kind) => cursor = r.end(),
+                Some(r) => {
+                    return format!(
+                        "{cursor:#x} is mapped ({:?}, {:#x}+{:#x}) with access {:?}",
+                        r.kind, r.start, r.len, r.access
+                    )
+                }
+                None => {
+                    let reserved = inner
+                        .reservations
+                        .range(..=cursor)
+                        .next_back()
+                        .filter(|(s, l)| cursor < *s + *l);
+                    let freed = inner
+                        .quarantine
+                        .iter()
+                        .find(|(s, l)| *s <= cursor && cursor < s + l);
+                    return match (reserved, freed) {
+                        (Some((s, l)), _) => {
+                            format!("{cursor:#x} is reserved ({s:#x}+{l:#x}) but not mapped")
+                        }
+                        (None, Some((s, _))) => {
+                            format!("{cursor:#x} is in the freed allocation at {s:#x}")
+                        }
+                        (None, None) => format!("{cursor:#x} is not device memory"),
+                    };
+                }
+            }
+        }
+        "the range is accessible now (it was not when the access ran)".into()
+    }
+}
+
 /// The registered range containing `addr`.
 fn find(inner: &Inner, addr: u64) -> Option<&Region> {
     inner

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tensile_driver_abi::*;
 use tensile_kernels::twins::TwinFn;
-use tensile_kernels::{Dim3, Launch, TwinError};
+use tensile_kernels::{Dim3, Fault, Launch, TwinError};
 
 use crate::config;
 use crate::event::Event;
@@ -93,10 +93,11 @@ pub struct OpFailure {
     pub message: String,
 }
 
-fn fault(what: &str, f: impl std::fmt::Display) -> OpFailure {
+fn fault(space: &AddressSpace, what: &str, f: Fault) -> OpFailure {
+    let why = space.explain(&f);
     OpFailure {
         code: CUDA_ERROR_ILLEGAL_ADDRESS,
-        message: format!("{what}: {f}"),
+        message: format!("{what}: {f} ({why})"),
     }
 }
 
@@ -120,7 +121,7 @@ unsafe fn copy(space: &AddressSpace, dst: Side, src: Side, len: u64) -> Result<(
             Ok(())
         }
     };
-    r.map_err(|f| fault("copy", f))
+    r.map_err(|f| fault(space, "copy", f))
 }
 
 impl Op {
@@ -160,7 +161,9 @@ impl Op {
                 let result = run(&launch, space);
                 match result {
                     Ok(()) => {}
-                    Err(TwinError::Fault(f)) => return Err(fault(&format!("kernel {name}"), f)),
+                    Err(TwinError::Fault(f)) => {
+                        return Err(fault(space, &format!("kernel {name}"), f))
+                    }
                     Err(e @ TwinError::Params(_)) => {
                         return Err(OpFailure {
                             code: CUDA_ERROR_LAUNCH_FAILED,
@@ -199,7 +202,7 @@ impl Op {
                 model_transfer(count * pattern.len() as u64);
                 space
                     .fill(dst, &pattern, count)
-                    .map_err(|f| fault("memset", f))?;
+                    .map_err(|f| fault(space, "memset", f))?;
             }
             Op::Memset2D {
                 dst,
@@ -212,7 +215,7 @@ impl Op {
                 for row in 0..height {
                     space
                         .fill(dst + row * pitch, &pattern, width)
-                        .map_err(|f| fault("memset", f))?;
+                        .map_err(|f| fault(space, "memset", f))?;
                 }
             }
             Op::HostFn { f, data } => {
