@@ -255,3 +255,49 @@ fn two_dimensional_memsets_and_peer_copies() {
         assert_eq!(r[11..], [0; 5], "row {row}");
     }
 }
+
+#[test]
+fn async_copies_to_host_numa_mappings_are_stream_ordered_and_checked() {
+    fresh_context();
+    let va = reserve(GRAN);
+    let h = create(GRAN, host_loc());
+    ck(map(va, GRAN, h));
+    let x = alloc(4096);
+    ck(launch_packed(
+        function("fill_pattern"),
+        std::ptr::null_mut(),
+        &tensile_kernels::args::fill_pattern(x, 1024, 43),
+    ));
+    // Mapped but without access: the copy faults (it does not touch the PROT_NONE pages from
+    // the host and crash).
+    // SAFETY: device and mapped addresses.
+    unsafe {
+        ck(cuMemcpyDtoHAsync_v2(
+            va as *mut c_void,
+            x,
+            4096,
+            std::ptr::null_mut(),
+        ))
+    };
+    assert_eq!(ctx_sync(), CUDA_ERROR_ILLEGAL_ADDRESS);
+    fresh_context();
+    ck(set_access(va, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    let y = alloc(4096);
+    ck(launch_packed(
+        function("fill_pattern"),
+        std::ptr::null_mut(),
+        &tensile_kernels::args::fill_pattern(y, 1024, 44),
+    ));
+    // SAFETY: as above.
+    unsafe {
+        ck(cuMemcpyDtoHAsync_v2(
+            va as *mut c_void,
+            y,
+            4096,
+            std::ptr::null_mut(),
+        ))
+    };
+    ck(ctx_sync());
+    let want: Vec<u32> = (0..1024).map(|i| pattern_value(44, i)).collect();
+    same(&download_u32(va, 1024), &want, "host-NUMA destination");
+}

@@ -20,25 +20,21 @@ fn classify(addr: u64) -> Result<Side, CUresult> {
     })
 }
 
+/// The host side of a copy. Host memory the device can access (pinned, registered, or a
+/// host-NUMA VMM mapping) goes through the checked path like device memory; anything else is
+/// pageable memory of the application.
 fn host(p: *const c_void) -> Result<Side, CUresult> {
     if p.is_null() {
         Err(CUDA_ERROR_INVALID_VALUE)
     } else {
-        Ok(Side::Host(HostPtr(p as usize)))
+        classify(p as u64)
     }
-}
-
-/// Whether `[addr, addr + len)` is pinned host memory (`cuMemAllocHost`/`cuMemHostAlloc`).
-fn pinned(addr: usize, len: usize) -> Result<bool, CUresult> {
-    Ok(match st()?.space.region_of(addr as u64) {
-        Some(r) => !r.is_device() && (addr as u64).saturating_add(len as u64) <= r.end(),
-        None => false,
-    })
 }
 
 /// Queues (`stream = Some`) or runs synchronously a copy of `len` bytes.
 ///
-/// Asynchronous copies involving pageable (unpinned) host memory behave as on the driver:
+/// Asynchronous copies involving pageable host memory (`Side::Host`: memory the simulator
+/// does not track) behave as on the driver:
 /// a pageable source is staged at the call, so the caller may reuse it at once; a copy to a
 /// pageable destination returns only once it has completed.
 ///
@@ -72,7 +68,7 @@ unsafe fn submit(
     let (ctx, stream) = resolve_stream(h, pt)?;
     ctx.check()?;
     let op = match src {
-        Side::Host(HostPtr(p)) if !pinned(p, len)? => {
+        Side::Host(HostPtr(p)) => {
             // SAFETY: the caller's source holds `len` bytes (API contract).
             let data = unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec();
             Op::Upload { dst, data }
@@ -83,10 +79,7 @@ unsafe fn submit(
             len: len as u64,
         },
     };
-    let to_pageable = match dst {
-        Side::Host(HostPtr(p)) => !pinned(p, len)?,
-        Side::Device(_) => false,
-    };
+    let to_pageable = matches!(dst, Side::Host(_));
     let ticket = ctx.submit(&stream, Vec::new(), op);
     if to_pageable {
         stream.wait_for(ticket);
