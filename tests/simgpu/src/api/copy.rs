@@ -189,7 +189,7 @@ fn side_2d(
         .and_then(|o| o.checked_add(x))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     match kind {
-        CU_MEMORYTYPE_HOST if host_ptr != 0 => Ok(Side::Host(HostPtr(host_ptr + off))),
+        CU_MEMORYTYPE_HOST if host_ptr != 0 => classify((host_ptr + off) as u64),
         CU_MEMORYTYPE_DEVICE => Ok(Side::Device(device + off as u64)),
         CU_MEMORYTYPE_UNIFIED => classify(device + off as u64),
         CU_MEMORYTYPE_ARRAY => Err(CUDA_ERROR_NOT_SUPPORTED),
