@@ -76,13 +76,18 @@ pub unsafe fn dlsym_intercept(
         return found;
     }
     let wrapper = wrappers(sym);
-    if found == wrapper {
-        // Found libtensile's own export (RTLD_DEFAULT, or a handle of the main program).
-        return found;
-    }
     // Creating the runtime loads the driver, whose constructors may call dlsym: then this
     // returns None on the same thread and the real answer stands.
-    let Some(rt) = runtime::get() else {
+    let rt = runtime::get();
+    if found == wrapper {
+        // Found libtensile's own export (RTLD_DEFAULT, or a handle of the main program).
+        // Answer as the driver would: not found if it lacks the function.
+        return match rt {
+            Some(rt) if rt.driver.get(sym).is_null() => std::ptr::null_mut(),
+            _ => found,
+        };
+    }
+    let Some(rt) = rt else {
         return found;
     };
     if rt.driver.get(sym) == found {
