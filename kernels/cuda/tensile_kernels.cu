@@ -3,7 +3,8 @@
 // Every kernel has a CPU twin in kernels/src/twins/ that computes the same result bit for
 // bit: floating-point work uses explicit fmaf (never a contraction the compiler may or may
 // not make), and reductions use wrapping integer sums, which are order-independent.
-// All kernels use 64-bit grid-stride loops, so any launch shape gives the same result.
+// All kernels use 64-bit grid-stride loops over every thread of the launch (x, y and z), so
+// any launch shape gives the same result.
 //
 // The committed PTX (kernels/ptx/tensile_kernels.ptx) is generated from this file by
 // kernels/gen/gen_ptx.py; change both together.
@@ -11,9 +12,22 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// Every thread of the launch (all three grid and block dimensions) gets a distinct linear
+// index, and the stride is the total thread count: each element is handled exactly once
+// whatever the launch shape.
+__device__ __forceinline__ u64 tensile_thread_index() {
+    u64 block = ((u64)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    u64 threads_per_block = (u64)blockDim.x * blockDim.y * blockDim.z;
+    u64 thread = ((u64)threadIdx.z * blockDim.y + threadIdx.y) * blockDim.x + threadIdx.x;
+    return block * threads_per_block + thread;
+}
+
+__device__ __forceinline__ u64 tensile_thread_count() {
+    return (u64)gridDim.x * gridDim.y * gridDim.z * blockDim.x * blockDim.y * blockDim.z;
+}
+
 #define GRID_STRIDE_LOOP(i, n)                                                  \
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);           \
-         i += (u64)blockDim.x * gridDim.x)
+    for (u64 i = tensile_thread_index(); i < (n); i += tensile_thread_count())
 
 // A cheap 64-bit mixer (the finalizer of MurmurHash3's 64-bit variant).
 __device__ __forceinline__ u64 tensile_mix64(u64 x) {

@@ -108,8 +108,9 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-const GRID: (u32, u32, u32) = (37, 1, 1);
-const BLOCK: (u32, u32, u32) = (96, 1, 1);
+/// Launch shapes (grid, block): the kernels must give the same result for any of them.
+const SHAPES: [((u32, u32, u32), (u32, u32, u32)); 2] =
+    [((37, 1, 1), (96, 1, 1)), ((5, 3, 2), (8, 4, 2))];
 
 fn run_twin(case: &Case) -> Vec<Vec<u8>> {
     let base = 0x1000_0000_0000u64;
@@ -125,9 +126,10 @@ fn run_twin(case: &Case) -> Vec<Vec<u8>> {
     }
     let params = (case.params)(&addrs);
     let t = twin(case.kernel).expect("twin");
+    let ((gx, gy, gz), (bx, by, bz)) = SHAPES[0];
     let launch = Launch {
-        grid: Dim3::new(GRID.0, GRID.1, GRID.2),
-        block: Dim3::new(BLOCK.0, BLOCK.1, BLOCK.2),
+        grid: Dim3::new(gx, gy, gz),
+        block: Dim3::new(bx, by, bz),
         params: &params,
     };
     (t.run)(&launch, &mem).expect("twin run");
@@ -143,6 +145,7 @@ fn run_twin(case: &Case) -> Vec<Vec<u8>> {
 }
 
 fn run_gpu(
+    shape: ((u32, u32, u32), (u32, u32, u32)),
     stream: &std::sync::Arc<CudaStream>,
     module: cudarc::driver::sys::CUmodule,
     case: &Case,
@@ -168,7 +171,8 @@ fn run_gpu(
     // SAFETY: `module` is loaded; `ptrs` point into `params`, laid out per the signature.
     unsafe {
         let f = result::module::get_function(module, name).expect("function");
-        result::launch_kernel(f, GRID, BLOCK, 0, stream.cu_stream(), &mut ptrs).expect("launch");
+        result::launch_kernel(f, shape.0, shape.1, 0, stream.cu_stream(), &mut ptrs)
+            .expect("launch");
     }
     stream.synchronize().expect("synchronize");
     slices
@@ -186,11 +190,14 @@ fn main() -> ExitCode {
     let module = unsafe { result::module::load_data(ptx_text.as_ptr() as *const c_void) }
         .expect("load the committed PTX");
     for case in cases() {
-        let (gpu, cpu) = (run_gpu(&stream, module, &case), run_twin(&case));
-        for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
-            if let Some(at) = g.iter().zip(c).position(|(a, b)| a != b) {
-                println!("{}: buffer {i} differs at byte {at}", case.kernel);
-                return ExitCode::FAILURE;
+        let cpu = run_twin(&case);
+        for shape in SHAPES {
+            let gpu = run_gpu(shape, &stream, module, &case);
+            for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+                if let Some(at) = g.iter().zip(c).position(|(a, b)| a != b) {
+                    println!("{} {shape:?}: buffer {i} differs at byte {at}", case.kernel);
+                    return ExitCode::FAILURE;
+                }
             }
         }
         println!("{}: identical", case.kernel);
