@@ -45,6 +45,17 @@ fn cudart_lookups_are_answered_correctly_under_the_shim() {
     plain.assert_ok("wl_lookups without the shim");
     let shim = Run::new(LOOKUPS).arg(data_file()).preload(true).output();
     shim.assert_ok("wl_lookups under the shim");
+    // The dlsym override keeps glibc's caller-relative RTLD_NEXT.
+    assert!(
+        plain.stdout.contains("N dlsym libc.so.6"),
+        "{}",
+        plain.stdout.lines().next().unwrap_or("")
+    );
+    assert!(
+        shim.stdout.contains("N dlsym libtensile.so"),
+        "{}",
+        shim.stdout.lines().next().unwrap_or("")
+    );
     let (plain, shim) = (answers(&plain.stdout), answers(&shim.stdout));
     assert!(plain.len() > 400, "only {} answers", plain.len());
     assert_eq!(plain.len(), shim.len());

@@ -4,7 +4,8 @@
 //! library and symbol the returned pointer belongs to (`dladdr`).
 //!
 //! `wl_lookups <file>`: lines of `name version flags`, `#` comments.
-//! Output: `L <v1|v2> <name> <version> <flags> <result> <status> <library> <symbol>`.
+//! Output: `L <v1|v2> <name> <version> <flags> <result> <status> <library> <symbol>`, and
+//! first `N dlsym <library>`: where `dlsym(RTLD_NEXT, "dlsym")` from the program leads.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
@@ -40,6 +41,12 @@ fn owner(p: *mut c_void) -> (String, String) {
 }
 
 fn main() {
+    // glibc resolves RTLD_NEXT relative to the caller: from this program, the next `dlsym`
+    // is the preloaded one if there is one. An override that called glibc from its own body
+    // would make this answer libc's.
+    // SAFETY: a C string literal.
+    let next = unsafe { libc::dlsym(libc::RTLD_NEXT, c"dlsym".as_ptr()) };
+    println!("N dlsym {}", owner(next).0);
     let file = std::env::args().nth(1).expect("usage: wl_lookups <file>");
     let text = std::fs::read_to_string(&file).expect("reading the lookup list");
     // SAFETY: C string literals.
