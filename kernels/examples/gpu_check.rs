@@ -109,8 +109,9 @@ fn cases() -> Vec<Case> {
 }
 
 /// Launch shapes (grid, block): the kernels must give the same result for any of them.
-const SHAPES: [((u32, u32, u32), (u32, u32, u32)); 2] =
-    [((37, 1, 1), (96, 1, 1)), ((5, 3, 2), (8, 4, 2))];
+type Shape = ((u32, u32, u32), (u32, u32, u32));
+
+const SHAPES: [Shape; 2] = [((37, 1, 1), (96, 1, 1)), ((5, 3, 2), (8, 4, 2))];
 
 fn run_twin(case: &Case) -> Vec<Vec<u8>> {
     let base = 0x1000_0000_0000u64;
@@ -145,7 +146,7 @@ fn run_twin(case: &Case) -> Vec<Vec<u8>> {
 }
 
 fn run_gpu(
-    shape: ((u32, u32, u32), (u32, u32, u32)),
+    shape: Shape,
     stream: &std::sync::Arc<CudaStream>,
     module: cudarc::driver::sys::CUmodule,
     case: &Case,
