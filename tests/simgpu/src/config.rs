@@ -5,6 +5,8 @@
 //! - `TENSILE_SIM_KERNEL_US`: modelled duration of every kernel in microseconds (default 0).
 //! - `TENSILE_SIM_COPY_GBPS`: modelled copy bandwidth in GB/s (10^9 bytes per second) for
 //!   copies and memsets (default: unlimited).
+//! - `TENSILE_SIM_JITTER_US`: each stream operation first waits a pseudo-random 0..N
+//!   microseconds (default 0), shuffling the interleaving of streams to shake out races.
 //!
 //! A value that does not parse is reported on stderr once and the default is used.
 
@@ -16,6 +18,7 @@ pub const DEFAULT_CAPACITY: u64 = 16 << 30;
 static KERNEL_NS: AtomicU64 = AtomicU64::new(0);
 /// Copy bandwidth in bytes per second; 0 = unlimited.
 static COPY_BPS: AtomicU64 = AtomicU64::new(0);
+static JITTER_US: AtomicU64 = AtomicU64::new(0);
 
 /// Parses a byte count with an optional binary (`KiB`, `MiB`, `GiB`, `TiB`) or decimal
 /// (`KB`, `MB`, `GB`, `TB`) suffix.
@@ -66,6 +69,8 @@ pub fn load() -> u64 {
             .filter(|g| g.is_finite() && *g > 0.0)
     });
     set_copy_gbps(gbps);
+    let jitter = env_or("TENSILE_SIM_JITTER_US", 0u64, |v| v.trim().parse().ok());
+    JITTER_US.store(jitter, Ordering::Relaxed);
     env_or("TENSILE_SIM_DEVICE_MEMORY", DEFAULT_CAPACITY, parse_bytes)
 }
 
@@ -92,6 +97,45 @@ pub fn copy_duration(bytes: u64) -> Duration {
         0 => Duration::ZERO,
         bps => Duration::from_secs_f64(bytes as f64 / bps as f64),
     }
+}
+
+/// Maximum random delay before each stream operation.
+pub fn set_jitter(max: Duration) {
+    JITTER_US.store(
+        u64::try_from(max.as_micros()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+/// A pseudo-random delay in `0..=jitter` (xorshift over a per-thread state; the sequence
+/// only needs to be varied, not unpredictable).
+pub fn jitter_delay() -> Duration {
+    let max = JITTER_US.load(Ordering::Relaxed);
+    if max == 0 {
+        return Duration::ZERO;
+    }
+    thread_local! {
+        static STATE: std::cell::Cell<u64> = std::cell::Cell::new(
+            0x9e37_79b9_7f4a_7c15 ^ (thread_seed() << 1 | 1),
+        );
+    }
+    let r = STATE.with(|s| {
+        let mut x = s.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.set(x);
+        x
+    });
+    Duration::from_micros(r % (max + 1))
+}
+
+/// A number that differs between threads, to seed each thread's jitter sequence.
+fn thread_seed() -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::thread::current().id().hash(&mut h);
+    h.finish()
 }
 
 #[cfg(test)]

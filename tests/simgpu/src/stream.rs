@@ -180,6 +180,10 @@ impl Stream {
                     Dependency::Event(e, generation) => e.wait_generation(*generation),
                 }
             }
+            let jitter = crate::config::jitter_delay();
+            if !jitter.is_zero() {
+                std::thread::sleep(jitter);
+            }
             let broken = self.fault.load(Ordering::Acquire) != 0;
             // A panic inside an operation must not kill the worker (its waiters would hang):
             // it breaks the context like a fault.
