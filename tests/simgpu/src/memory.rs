@@ -374,6 +374,21 @@ impl AddressSpace {
         }
     }
 
+    /// Whether `addr` is device-located memory (a linear allocation, or a mapping of a
+    /// device-located physical allocation); false for host memory of any kind and for
+    /// addresses the simulator does not track.
+    pub fn is_device_memory(&self, addr: u64) -> bool {
+        let inner = self.read_lock();
+        match find(&inner, addr).map(|r| r.kind) {
+            Some(RegionKind::Linear { .. }) => true,
+            Some(RegionKind::Mapped { handle, .. }) => inner
+                .physical
+                .get(&handle)
+                .is_some_and(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE),
+            _ => false,
+        }
+    }
+
     /// The registered range containing `addr`, if any.
     pub fn region_of(&self, addr: u64) -> Option<Region> {
         let inner = self.read_lock();

@@ -413,3 +413,28 @@ fn async_copies_with_pageable_host_memory_behave_like_the_driver() {
         ck(cuMemFreeHost(pinned));
     }
 }
+
+#[test]
+fn synchronous_device_copies_and_memsets_do_not_wait_but_stay_ordered() {
+    setup();
+    let (x, y) = (alloc(4096), alloc(4096));
+    ck(fill(x, 1024, 19, std::ptr::null_mut()));
+    let start = Instant::now();
+    // SAFETY: allocated device ranges.
+    unsafe {
+        ck(cuda::api::copy::cuMemcpyDtoD_v2(y, x, 4096));
+        ck(cuda::api::copy::cuMemsetD32_v2(x, 7, 1024));
+    }
+    assert!(
+        start.elapsed() < KERNEL / 2,
+        "a device-to-device copy waited: {:?}",
+        start.elapsed()
+    );
+    // Device to host does wait, and sees everything queued before it.
+    same(
+        &download_u32(y, 1024),
+        &pattern(19, 1024),
+        "copy after the kernel",
+    );
+    same(&download_u32(x, 1024), &[7; 1024], "memset after the copy");
+}

@@ -50,6 +50,8 @@ fn remapping_a_host_copy_at_the_same_address_keeps_the_data() {
     ));
     // SAFETY: both ranges are mapped device memory.
     ck(unsafe { cuMemcpyDtoD_v2(staging, va, GRAN) });
+    // A device-to-device copy returns before it runs: wait before remapping its source.
+    ck(ctx_sync());
 
     // Map the host allocation at the tensor's address: a kernel reading it sees every value.
     ck(unmap(va, GRAN));

@@ -1,5 +1,7 @@
 //! Copies and memsets. Synchronous forms run on the default stream (legacy, or per-thread for
-//! `_ptds`) and return after completion; asynchronous forms queue on the given stream.
+//! `_ptds`) and return after completion when host memory is involved (device-to-device copies
+//! and memsets of device memory return at once, as on the driver); asynchronous forms queue
+//! on the given stream.
 //! Device ranges are checked when the operation executes: a bad one is a fault
 //! (`CUDA_ERROR_ILLEGAL_ADDRESS`, sticky).
 
@@ -7,7 +9,7 @@ use std::ffi::c_void;
 
 use tensile_driver_abi::*;
 
-use super::{current_ctx, enqueue, per_thread_pair, resolve_stream, run_sync, st};
+use super::{current_ctx, enqueue, per_thread_pair, resolve_stream, run_default, st};
 use crate::memory::HostPtr;
 use crate::ops::{Copy2D, Op, Side};
 
@@ -31,7 +33,17 @@ fn host(p: *const c_void) -> Result<Side, CUresult> {
     }
 }
 
-/// Queues (`stream = Some`) or runs synchronously a copy of `len` bytes.
+/// Whether one side of a copy is device-located memory.
+fn on_device(side: Side) -> Result<bool, CUresult> {
+    Ok(match side {
+        Side::Device(a) => st()?.space.is_device_memory(a),
+        Side::Host(_) => false,
+    })
+}
+
+/// Queues (`stream = Some`) or runs on the default stream a copy of `len` bytes. The
+/// synchronous forms (`stream = None`) return after completion unless both sides are device
+/// memory, as on the driver.
 ///
 /// Asynchronous copies involving pageable host memory (`Side::Host`: memory the simulator
 /// does not track) behave as on the driver:
@@ -56,14 +68,13 @@ unsafe fn submit(
     }
     let (dst, src) = (dst?, src?);
     let Some(h) = stream else {
-        return run_sync(
-            pt,
-            Op::Copy {
-                dst,
-                src,
-                len: len as u64,
-            },
-        );
+        let wait = !(on_device(src)? && on_device(dst)?);
+        let op = Op::Copy {
+            dst,
+            src,
+            len: len as u64,
+        };
+        return run_default(pt, op, wait);
     };
     let (ctx, stream) = resolve_stream(h, pt)?;
     ctx.check()?;
@@ -238,7 +249,7 @@ unsafe fn copy_2d(
     });
     match stream {
         Some(h) => enqueue(h, pt, Vec::new(), op),
-        None => run_sync(pt, op),
+        None => run_default(pt, op, !(on_device(src)? && on_device(dst)?)),
     }
 }
 
@@ -276,7 +287,7 @@ fn memset(
     };
     match stream {
         Some(h) => enqueue(h, pt, Vec::new(), op),
-        None => run_sync(pt, op),
+        None => run_default(pt, op, !st()?.space.is_device_memory(dst)),
     }
 }
 
@@ -355,7 +366,7 @@ fn memset_2d(
     };
     match stream {
         Some(h) => enqueue(h, pt, Vec::new(), op),
-        None => run_sync(pt, op),
+        None => run_default(pt, op, !st()?.space.is_device_memory(dst)),
     }
 }
 

@@ -121,13 +121,24 @@ pub fn enqueue(
 }
 
 /// Runs `op` on the default stream (legacy, or per-thread) and waits for it, like the
-/// driver's synchronous copies and memsets.
+/// driver's synchronous copies and memsets that involve host memory.
 pub fn run_sync(per_thread: bool, op: Op) -> Result<(), CUresult> {
+    run_default(per_thread, op, true)
+}
+
+/// Queues `op` on the default stream (legacy, or per-thread); waits for it if `wait`. The
+/// driver's "synchronous" copies between device memory and memsets of device memory do not
+/// wait (see the CUDA documentation's "API synchronization behavior").
+pub fn run_default(per_thread: bool, op: Op, wait: bool) -> Result<(), CUresult> {
     let (ctx, stream) = resolve_stream(std::ptr::null_mut(), per_thread)?;
     ctx.check()?;
     let ticket = ctx.submit(&stream, Vec::new(), op);
-    stream.wait_for(ticket);
-    ctx.check()
+    if wait {
+        stream.wait_for(ticket);
+        ctx.check()
+    } else {
+        Ok(())
+    }
 }
 
 /// Declares a legacy export and its per-thread-default-stream twin over one implementation
