@@ -132,19 +132,22 @@ pub fn detect_in(symbols: &[u64], cost: &[u64]) -> Result<Iterations, IterationE
     if n == 0 {
         return Err(IterationError::Empty);
     }
-    let gram = GRAM.min(n / 4).max(1);
-    let hashes = gram_hashes(symbols, gram);
-    let (period, score) = find_period(symbols, &hashes);
+    let (period, score) = find_period(symbols);
     if score < MIN_SCORE || period == 0 {
         return Err(IterationError::NoRepetition { ops: n, score });
     }
-    let gram = gram.min(period);
-    let hashes = if gram == GRAM.min(n / 4).max(1) {
-        hashes
-    } else {
-        gram_hashes(symbols, gram)
-    };
-    let starts = find_anchor_occurrences(&hashes, period, cost);
+    let period = split_multiple(symbols, period);
+    // Anchors of several lengths: long ones are unique in a step, short ones miss noisy spots
+    // (a replaced kernel, an inserted one) more easily. The anchor seen in the most iterations
+    // wins; on a tie, the longer one.
+    let mut starts: Vec<usize> = Vec::new();
+    for gram in [GRAM, 8, 5, 3] {
+        let gram = gram.min(period).max(1);
+        let occ = find_anchor_occurrences(&gram_hashes(symbols, gram), period, cost);
+        if occ.len() > starts.len() {
+            starts = occ;
+        }
+    }
     let spans = spans_from_starts(&starts, period, n);
     if spans.len() < 2 {
         return Err(IterationError::NoRepetition { ops: n, score });
@@ -176,27 +179,45 @@ fn gram_hashes(symbols: &[u64], gram: usize) -> Vec<u64> {
         .collect()
 }
 
-/// Fraction of positions that match at lag `p`.
+/// How well the trace repeats at lag `p`: positions are compared with those `p` later, in
+/// chunks of at least a period (and at least a sixteenth of the trace), and the median chunk's
+/// match fraction is the score. The median ignores the few chunks an occasional extra kernel
+/// shifts out of step; chunks that long always include the parts of a step that a repeated
+/// layer does not explain. Only the later part of the trace counts (from a third of the way in,
+/// or earlier if that leaves less than two periods): the steady state is at the end, the
+/// prologue and the longer first step at the start.
 fn lag_score(symbols: &[u64], p: usize) -> f64 {
     let n = symbols.len();
-    if p == 0 || p >= n {
+    if p == 0 || 2 * p > n {
         return 0.0;
     }
-    let matches = symbols[..n - p]
-        .iter()
-        .zip(&symbols[p..])
-        .filter(|(a, b)| a == b)
-        .count();
-    matches as f64 / (n - p) as f64
+    let from = (n / 3).min(n - 2 * p);
+    let window = &symbols[from..];
+    let m = window.len() - p;
+    let chunk = p.max(n / 16).min(m).max(1);
+    let mut fractions: Vec<f64> = (0..m)
+        .step_by(chunk)
+        .map(|start| {
+            let end = (start + chunk).min(m);
+            let hits = (start..end).filter(|&i| window[i] == window[i + p]).count();
+            hits as f64 / (end - start) as f64
+        })
+        .collect();
+    fractions.sort_unstable_by(f64::total_cmp);
+    fractions[fractions.len() / 2]
 }
 
-fn find_period(symbols: &[u64], hashes: &[u64]) -> (usize, f64) {
+fn find_period(symbols: &[u64]) -> (usize, f64) {
     let n = symbols.len();
-    let mut last_seen: HashMap<u64, usize> = HashMap::with_capacity(hashes.len());
     let mut gap_counts: HashMap<usize, usize> = HashMap::new();
-    for (i, &h) in hashes.iter().enumerate() {
-        if let Some(prev) = last_seen.insert(h, i) {
-            *gap_counts.entry(i - prev).or_default() += 1;
+    // Short n-grams survive noise, long ones see past repeated layers; take candidates from both.
+    for gram in [3, 8] {
+        let hashes = gram_hashes(symbols, gram.min(n));
+        let mut last_seen: HashMap<u64, usize> = HashMap::with_capacity(hashes.len());
+        for (i, &h) in hashes.iter().enumerate() {
+            if let Some(prev) = last_seen.insert(h, i) {
+                *gap_counts.entry(i - prev).or_default() += 1;
+            }
         }
     }
     let mut gaps: Vec<(usize, usize)> = gap_counts
@@ -214,10 +235,52 @@ fn find_period(symbols: &[u64], hashes: &[u64]) -> (usize, f64) {
     }
     let best = scored.iter().map(|s| s.1).fold(0.0, f64::max);
     scored.sort_unstable_by_key(|s| s.0);
-    scored
-        .into_iter()
-        .find(|s| s.1 >= best - SCORE_MARGIN)
+    // The smallest good lag that anchors also confirm: a repeated layer scores well but has no
+    // n-gram that occurs once per layer-length throughout the trace.
+    let good: Vec<(usize, f64)> = scored.into_iter().filter(|s| s.1 >= best - SCORE_MARGIN).collect();
+    // The anchors also measure the step better than the lag does (the lag of a trace with an
+    // extra kernel every few steps can be off by one).
+    good.iter()
+        .find_map(|s| anchored_step(symbols, s.0, 2).map(|step| (step, s.1)))
+        .or(good.last().copied())
         .unwrap_or((0, 0.0))
+}
+
+/// A kernel that runs every k steps makes the exact period k steps long. If `period` splits
+/// into `m` parts (2 to 8) that each hold an anchor as regularly as a step would, the step is
+/// the part: the most parts wins.
+fn split_multiple(symbols: &[u64], period: usize) -> usize {
+    for m in (2..=8usize).rev() {
+        let q = period / m;
+        if q >= 3 {
+            if let Some(step) = anchored_step(symbols, q, 2 * m) {
+                return step;
+            }
+        }
+    }
+    period
+}
+
+/// Whether some anchor n-gram repeats every `q` ops (give or take a tenth) through the trace,
+/// at least `min_count` times; returns the step length it shows: the shortest gap seen twice
+/// (steps without the occasional extra kernel), else the most common gap.
+fn anchored_step(symbols: &[u64], q: usize, min_count: usize) -> Option<usize> {
+    let hashes = gram_hashes(symbols, (q / 4).clamp(3, GRAM).min(q));
+    let occ = find_anchor_occurrences(&hashes, q, &[]);
+    if occ.len() < min_count.max(2) {
+        return None;
+    }
+    let mut counts: HashMap<usize, usize> = HashMap::new();
+    for w in occ.windows(2) {
+        *counts.entry(w[1] - w[0]).or_default() += 1;
+    }
+    let repeated = counts.iter().filter(|(_, &c)| c >= 2).map(|(&g, _)| g).min();
+    let mode = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).map(|(&g, _)| g);
+    let step = repeated.or(mode)?;
+    // Regular: the step is about `q`, and the anchor shows up in nearly every step of the trace
+    // after its first occurrence.
+    let expected = (symbols.len() - occ[0]) / q;
+    (step.abs_diff(q) * 10 <= q && occ.len() * 10 >= expected * 8).then_some(step)
 }
 
 /// Occurrences of the best anchor n-gram: the starts of the iterations.
@@ -259,13 +322,11 @@ fn find_anchor_occurrences(hashes: &[u64], period: usize, cost: &[u64]) -> Vec<u
 fn spans_from_starts(starts: &[usize], period: usize, n: usize) -> Vec<Range<usize>> {
     let mut spans: Vec<Range<usize>> = starts.windows(2).map(|w| w[0]..w[1]).collect();
     if let Some(&last) = starts.last() {
-        // The tail after the last anchor is an iteration if it is long enough to be one; ops
-        // beyond a period's worth (plus slack) are an epilogue, not part of it.
+        // The last anchor starts an iteration too; it ends with the trace, or after a typical
+        // iteration's length if the trace goes on with something else (an epilogue). It may be
+        // partial when the trace was cut; `pick_representative` never picks a partial one.
         let typical = median_len(&spans).unwrap_or(period);
-        let tail = n - last;
-        if tail * 4 >= typical * 3 {
-            spans.push(last..n.min(last + typical + typical / 4));
-        }
+        spans.push(last..n.min(last + typical));
     }
     spans
 }
