@@ -4,7 +4,7 @@
 //! calls into this crate. Here live the real driver table ([`real`]), the managed entry
 //! points ([`syms`], [`entry`], [`hooks`], [`proc_address`], [`interpose`]), access
 //! tracking ([`alloc_index`], [`params`], [`kernels`], [`tracker`]), the trace recorder
-//! ([`recorder`]), configuration and logging ([`config`], [`log`]) and the process-wide
+//! ([`recorder`], [`timing`]), configuration and logging ([`config`], [`log`]) and the process-wide
 //! [`runtime`] tying them together.
 //!
 //! Data path of a launch: the wrapper ([`entry`]) finds the real function for the exact
@@ -26,6 +26,7 @@ pub mod real;
 pub mod recorder;
 pub mod runtime;
 pub mod syms;
+pub mod timing;
 pub mod tracker;
 
 pub use syms::{entry, pfn, Sym};

@@ -18,6 +18,7 @@ use tensile_trace::Stats;
 use crate::config::Config;
 use crate::real::RealDriver;
 use crate::recorder::{self, Recorder};
+use crate::timing::Timing;
 use crate::tracker::Tracker;
 
 /// The library name and version written into traces.
@@ -30,6 +31,8 @@ pub struct Runtime {
     pub driver: RealDriver,
     pub tracker: Tracker,
     pub recorder: Option<Recorder>,
+    /// GPU durations of launches, when tracing.
+    pub timing: Option<Timing>,
     pid: u32,
 }
 
@@ -138,11 +141,21 @@ impl Runtime {
             }
         });
         let tracker = Tracker::new(driver.introspection);
+        let timing = recorder.as_ref().and_then(|_| {
+            let t = Timing::new(&driver);
+            if t.is_none() {
+                tracing::warn!(
+                    "the driver lacks event functions; launches are traced without GPU times"
+                );
+            }
+            t
+        });
         Ok(Runtime {
             config,
             driver,
             tracker,
             recorder,
+            timing,
             pid: std::process::id(),
         })
     }
@@ -153,8 +166,17 @@ impl Runtime {
         self.recorder.as_ref().map_or(0, Recorder::now_ns)
     }
 
+    /// Collects finished launch times (after the host waited for the device).
+    pub fn collect_launch_times(&self) {
+        if let (Some(rec), Some(timing)) = (&self.recorder, &self.timing) {
+            timing.collect(rec);
+        }
+    }
+
     /// Completes the trace: statistics and the end marker.
     pub fn finish(&self) {
+        // No driver calls here (the driver and thread-locals may be half torn down at
+        // exit): launch times were collected at the program's syncs.
         if let Some(rec) = &self.recorder {
             rec.finish(Some(Stats {
                 bytes_to_host: 0,

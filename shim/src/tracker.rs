@@ -190,7 +190,7 @@ impl Tracker {
         kernel
     }
 
-    /// Records a launch the driver accepted.
+    /// Records a launch the driver accepted; returns its sequence number.
     pub fn launched(
         &self,
         rec: &Recorder,
@@ -198,7 +198,7 @@ impl Tracker {
         kernel: &KernelMeta,
         shape: LaunchShape,
         accesses: &[Access],
-    ) {
+    ) -> u64 {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         rec.record(Record::Launch(Launch {
             t_ns,
@@ -210,6 +210,7 @@ impl Tracker {
             smem: shape.shared_mem_bytes,
             accesses: accesses.to_vec(),
         }));
+        seq
     }
 
     /// Records a copy the driver accepted; `dst`/`src` are device addresses (`None` for

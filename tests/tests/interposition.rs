@@ -176,3 +176,46 @@ fn a_cudarc_program_is_traced_through_dlsym() {
         .iter()
         .any(|e| matches!(e, Expect::Copy { kind, .. } if kind == "dtoh")));
 }
+
+#[test]
+fn launch_times_come_from_the_gpu_clock() {
+    let path = temp_trace("timing");
+    let out = Run::new(RAW)
+        .arg("proc:13000:2")
+        .arg("module")
+        .env("TENSILE_SIM_KERNEL_US", "500")
+        .trace(&path)
+        .output();
+    out.assert_ok("wl_raw with modelled kernel time");
+    let t = read_trace(&path);
+    let _ = std::fs::remove_file(&path);
+    let mut launched = std::collections::HashSet::new();
+    let mut timed = std::collections::HashMap::new();
+    for r in &t.records {
+        match r {
+            Record::Launch(l) => assert!(launched.insert(l.seq), "launch seq {} twice", l.seq),
+            Record::LaunchTime(lt) => {
+                assert!(
+                    launched.contains(&lt.seq),
+                    "time for launch {} before the launch",
+                    lt.seq
+                );
+                assert!(
+                    timed.insert(lt.seq, lt.gpu_ns).is_none(),
+                    "launch {} timed twice",
+                    lt.seq
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(launched.len(), 8, "wl_raw launches eight kernels");
+    // The workload waits for the device after its last launch, so every launch is timed.
+    assert_eq!(timed.len(), launched.len(), "launches without a time");
+    for (seq, ns) in timed {
+        assert!(
+            (500_000..5_000_000_000).contains(&ns),
+            "launch {seq}: {ns} ns for a 500 us kernel"
+        );
+    }
+}

@@ -29,6 +29,10 @@ fn copy_with<F>(call: &Call<F>, d: CopyDesc, forward: impl FnOnce() -> CUresult)
     let t = call.rt.now_ns();
     let r = forward();
     if r == CUDA_SUCCESS {
+        if !d.asynchronous {
+            // A synchronous copy waited for earlier work: collect its launch times.
+            call.rt.collect_launch_times();
+        }
         if let Some(rec) = call.rt.recorder.as_ref() {
             call.rt.tracker.copied(
                 rec,

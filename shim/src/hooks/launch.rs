@@ -30,6 +30,7 @@ unsafe fn launch_with<F>(
     call: &Call<F>,
     f: CUfunction,
     shape: LaunchShape,
+    stream: CUstream,
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
     forward: impl FnOnce() -> CUresult,
@@ -38,8 +39,10 @@ unsafe fn launch_with<F>(
     let rec = rt.recorder.as_ref();
     let t = rt.now_ns();
     // Taking the buffer out of the cell (rather than borrowing it) keeps a re-entrant
-    // launch from the driver safe: it would just get an empty buffer of its own.
-    let mut accesses = SCRATCH.take();
+    // launch from the driver safe: it would just get an empty buffer of its own. During
+    // thread teardown (a launch from another library's TLS destructor) the cell may be gone
+    // already: use a fresh buffer then.
+    let mut accesses = SCRATCH.try_with(Cell::take).unwrap_or_default();
     accesses.clear();
     // SAFETY: forwarded from the caller.
     let kernel = unsafe {
@@ -52,13 +55,20 @@ unsafe fn launch_with<F>(
         )
     };
     // Issue #4: the memory manager makes `accesses` resident here, ordered on the stream.
+    let per_thread = call.sym.per_thread();
+    let timed = match (rec, rt.timing.as_ref()) {
+        (Some(_), Some(timing)) => timing.start(stream, per_thread).map(|s| (timing, s)),
+        _ => None,
+    };
     let r = forward();
-    if r == CUDA_SUCCESS {
-        if let Some(rec) = rec {
-            rt.tracker.launched(rec, t, kernel, shape, &accesses);
+    if let Some(rec) = rec {
+        let seq =
+            (r == CUDA_SUCCESS).then(|| rt.tracker.launched(rec, t, kernel, shape, &accesses));
+        if let Some((timing, started)) = timed {
+            timing.finish(started, stream, per_thread, seq, rec);
         }
     }
-    SCRATCH.set(accesses);
+    let _ = SCRATCH.try_with(|s| s.set(accesses));
     r
 }
 
@@ -89,7 +99,7 @@ pub unsafe fn launch_kernel(
     };
     // SAFETY: the caller's arguments; the real launch gets them unchanged.
     unsafe {
-        launch_with(&call, f, shape, kernel_params, extra, || {
+        launch_with(&call, f, shape, stream, kernel_params, extra, || {
             (call.real)(
                 f,
                 grid_x,
@@ -133,7 +143,7 @@ pub unsafe fn launch_kernel_ex(
     };
     // SAFETY: the caller's arguments; the real launch gets them unchanged.
     unsafe {
-        launch_with(&call, f, shape, kernel_params, extra, || {
+        launch_with(&call, f, shape, c.h_stream, kernel_params, extra, || {
             (call.real)(config, f, kernel_params, extra)
         })
     }
@@ -165,19 +175,27 @@ pub unsafe fn launch_cooperative_kernel(
     };
     // SAFETY: the caller's arguments; the real launch gets them unchanged.
     unsafe {
-        launch_with(&call, f, shape, kernel_params, std::ptr::null_mut(), || {
-            (call.real)(
-                f,
-                grid_x,
-                grid_y,
-                grid_z,
-                block_x,
-                block_y,
-                block_z,
-                shared_mem_bytes,
-                stream,
-                kernel_params,
-            )
-        })
+        launch_with(
+            &call,
+            f,
+            shape,
+            stream,
+            kernel_params,
+            std::ptr::null_mut(),
+            || {
+                (call.real)(
+                    f,
+                    grid_x,
+                    grid_y,
+                    grid_z,
+                    block_x,
+                    block_y,
+                    block_z,
+                    shared_mem_bytes,
+                    stream,
+                    kernel_params,
+                )
+            },
+        )
     }
 }

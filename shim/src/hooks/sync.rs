@@ -14,6 +14,8 @@ fn sync_with<F>(call: &Call<F>, scope: SyncScope, forward: impl FnOnce() -> CUre
         if let Some(rec) = call.rt.recorder.as_ref() {
             rec.record(Record::Sync(Sync { t_ns: t, scope }));
         }
+        // Work the host waited for has finished: its launch times can be read now.
+        call.rt.collect_launch_times();
     }
     r
 }
