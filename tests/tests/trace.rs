@@ -172,3 +172,37 @@ fn a_bad_setting_is_one_clear_line_and_the_default() {
         out.stderr
     );
 }
+
+#[test]
+fn a_forked_child_leaves_the_parents_trace_alone() {
+    let path = temp_trace("fork");
+    let out = Run::new(RAW)
+        .arg("proc:13000:0")
+        .arg("module")
+        .env("WL_RAW_FORK", "1")
+        .trace(&path)
+        .output();
+    out.assert_ok("wl_raw forking");
+    let t = read_trace(&path);
+    assert!(t.finished_cleanly, "{:?}", t.error);
+    compare_in_order(
+        &normalize(&t.records),
+        &canonical(expectations(&out.stdout)),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn processes_that_never_use_cuda_are_left_alone() {
+    let path = temp_trace("bystander");
+    let out = Run::new("/bin/sh")
+        .arg("-c")
+        .arg("echo hello; ls / > /dev/null")
+        .trace(&path)
+        .output();
+    out.assert_ok("sh under the shim");
+    assert_eq!(out.stdout, "hello\n");
+    assert_eq!(out.stderr, "");
+    assert!(!path.exists(), "a process without CUDA created a trace");
+}

@@ -5,7 +5,8 @@
 //! kernels are launched as `CUfunction`s or as `CUkernel`s. Every kernel of
 //! `tensile-kernels`, sync and async copies (1D, 2D, unified), memsets, pitched memory,
 //! interior pointers, a context sync, and frees. Prints expectations and digests.
-//! With `WL_RAW_ABORT_AFTER_MS=<ms>` it aborts (a crash) that long after the digests.
+//! With `WL_RAW_ABORT_AFTER_MS=<ms>` it aborts (a crash) that long after the digests; with
+//! `WL_RAW_FORK=1` it forks there, and the child exits at once.
 
 use tensile_tests::driver::Lookup;
 use tensile_tests::session::{f32_bytes, u32_bytes, Arg, Form, Kernel, Session};
@@ -170,6 +171,20 @@ fn main() {
         ("flat", flat, pitch * height),
     ] {
         s.digest(name, p, len);
+    }
+    if std::env::var_os("WL_RAW_FORK").is_some() {
+        // A child that exits normally (running exit handlers) must leave the parent's
+        // trace alone.
+        // SAFETY: the child only calls exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            std::process::exit(0);
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(status, 0, "the forked child failed");
     }
     if let Some(ms) = std::env::var("WL_RAW_ABORT_AFTER_MS")
         .ok()
