@@ -185,6 +185,11 @@ impl FakeDriver {
             .push_back(code);
     }
 
+    /// Drops every failure still queued by [`Self::fail_next`].
+    pub fn clear_failures(&self) {
+        self.lock().failures.clear();
+    }
+
     pub fn set_progress(&self, progress: Progress) {
         let mut s = self.lock();
         s.config.progress = progress;

@@ -105,19 +105,34 @@ impl Fences {
         Ok(())
     }
 
-    /// Blocks until fence `seq` of `slot` has completed.
+    /// The number the next fence of `slot` will get. A use that could not get a fence of its
+    /// own (the record failed) is given this number: it then counts as complete only once a
+    /// later fence on the same stream, which stream order puts after it, has completed.
+    pub fn next_seq(&self, slot: usize) -> u64 {
+        self.slots[slot].next_seq
+    }
+
+    /// Blocks until fence `seq` of `slot` has completed, recording it first if it was only
+    /// promised by [`Self::next_seq`].
     pub fn wait(&mut self, driver: &dyn Driver, slot: usize, seq: u64) -> Result<(), CUresult> {
         if self.completed.get(slot).is_none_or(|&c| c >= seq) {
             return Ok(());
         }
-        let target = self.slots[slot]
-            .in_flight
-            .iter()
-            .find(|(s, _)| *s >= seq)
-            .map(|&(_, e)| e);
-        if let Some(ev) = target {
-            driver.event_synchronize(ev)?;
-        }
+        let find = |f: &Self| {
+            f.slots[slot]
+                .in_flight
+                .iter()
+                .find(|(s, _)| *s >= seq)
+                .map(|&(_, e)| e)
+        };
+        let target = match find(self) {
+            Some(ev) => ev,
+            None => {
+                self.record(driver, slot)?;
+                find(self).ok_or(tensile_driver_abi::CUDA_ERROR_ILLEGAL_STATE)?
+            }
+        };
+        driver.event_synchronize(target)?;
         self.poll_slot(driver, slot, usize::MAX)
     }
 

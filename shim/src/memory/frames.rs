@@ -111,6 +111,11 @@ impl DevicePool {
         self.free.push(f);
     }
 
+    /// The free frames (for consistency checks).
+    pub fn free_list(&self) -> &[DevFrame] {
+        &self.free
+    }
+
     /// The physical allocation and offset of a frame.
     pub fn location(&self, f: DevFrame) -> (PhysHandle, usize) {
         let (c, off) = self.frames[f.0 as usize];
@@ -361,6 +366,12 @@ impl HostPool {
 
     pub fn free_frames(&self) -> usize {
         self.shared.lock().free.len()
+    }
+
+    /// The free frames and the number of frames created (for consistency checks).
+    pub fn free_list(&self) -> (Vec<HostFrame>, usize) {
+        let s = self.shared.lock();
+        (s.free.clone(), s.frames.len())
     }
 
     /// Waits until no growth is in flight (for tests that count bytes).

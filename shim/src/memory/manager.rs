@@ -127,6 +127,9 @@ struct Inner {
     deferred_host: Vec<(HostFrame, Event)>,
     /// Pages with a device frame and no live allocation.
     dead_device: BTreeSet<usize>,
+    /// `Host` pages whose address could not be mapped to their host frame (a driver call
+    /// failed). Their data is safe in the frame; `poll` retries the mapping.
+    unmapped_host: BTreeSet<usize>,
     stats: MemoryStats,
 }
 
@@ -200,6 +203,7 @@ impl MemoryManager {
             incoming: BTreeSet::new(),
             deferred_host: Vec::new(),
             dead_device: BTreeSet::new(),
+            unmapped_host: BTreeSet::new(),
             stats: MemoryStats::default(),
         };
         Ok(Self {
@@ -231,6 +235,27 @@ impl MemoryManager {
     /// (`cuMemAllocAsync`), `None` for `cuMemAlloc_v2`.
     pub fn alloc(&self, size: usize, stream: Option<Stream>) -> Result<CUdeviceptr, CUresult> {
         self.lock().alloc(size, stream.unwrap_or(Stream(0)))
+    }
+
+    /// `cuMemAllocPitch_v2`: `height` rows of `width` bytes, each row starting at a multiple of
+    /// the returned pitch (512 bytes, the pitch alignment of current NVIDIA GPUs). Like the
+    /// driver, element sizes other than 4, 8 and 16 bytes and empty sizes are
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    pub fn alloc_pitch(
+        &self,
+        width: usize,
+        height: usize,
+        element_size: u32,
+    ) -> Result<(CUdeviceptr, usize), CUresult> {
+        const PITCH_ALIGN: usize = 512;
+        if !matches!(element_size, 4 | 8 | 16) || width == 0 || height == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let pitch = width
+            .checked_next_multiple_of(PITCH_ALIGN)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let bytes = pitch.checked_mul(height).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        Ok((self.alloc(bytes, None)?, pitch))
     }
 
     /// Frees an allocation. With `Some(stream)` (`cuMemFreeAsync`) the memory is reused by
@@ -306,6 +331,88 @@ impl MemoryManager {
         let s = self.lock();
         s.host.quiesce();
         (s.host.size_bytes(), s.host.free_frames())
+    }
+}
+
+impl MemoryManager {
+    /// Checks the bookkeeping: every device and host frame is free or owned by exactly one
+    /// page (or, for host frames, waiting on a cancelled copy), the in-flight sets match the
+    /// page states, and nothing pins a page. For tests; `Err` says what is wrong.
+    pub fn audit(&self) -> Result<(), String> {
+        use std::collections::HashSet;
+        let s = self.lock();
+        let mut dev: HashSet<DevFrame> = HashSet::new();
+        let mut host: HashSet<HostFrame> = HashSet::new();
+        let mut own_dev = |d: DevFrame, who: &str| {
+            if dev.insert(d) {
+                Ok(())
+            } else {
+                Err(format!("device frame {d:?} twice ({who})"))
+            }
+        };
+        for &d in s.dev.free_list() {
+            own_dev(d, "free list")?;
+        }
+        let mut host_own = |h: HostFrame, who: &str| {
+            if host.insert(h) {
+                Ok(())
+            } else {
+                Err(format!("host frame {h:?} twice ({who})"))
+            }
+        };
+        let (host_free, host_created) = s.host.free_list();
+        for h in host_free {
+            host_own(h, "free list")?;
+        }
+        for &(h, _) in &s.deferred_host {
+            host_own(h, "deferred")?;
+        }
+        for (p, e) in s.pages.iter() {
+            if e.pins != 0 {
+                return Err(format!("page {p} still pinned ({})", e.pins));
+            }
+            match e.state {
+                ResidencyState::Unbacked => {}
+                ResidencyState::Device(d) => own_dev(d, "page")?,
+                ResidencyState::Host(h) => host_own(h, "page")?,
+                ResidencyState::ToHost { dev, host, .. } => {
+                    own_dev(dev, "page")?;
+                    host_own(host, "page")?;
+                    if !s.outgoing.contains(&p) {
+                        return Err(format!("page {p} is ToHost but not outgoing"));
+                    }
+                }
+                ResidencyState::ToDevice { dev, host, .. } => {
+                    own_dev(dev, "page")?;
+                    host_own(host, "page")?;
+                    if !s.incoming.contains(&p) {
+                        return Err(format!("page {p} is ToDevice but not incoming"));
+                    }
+                }
+            }
+        }
+        if dev.len() != s.dev.created_frames() {
+            return Err(format!(
+                "{} device frames accounted for, {} created",
+                dev.len(),
+                s.dev.created_frames()
+            ));
+        }
+        if host.len() != host_created {
+            return Err(format!(
+                "{} host frames accounted for, {host_created} created",
+                host.len()
+            ));
+        }
+        for &p in &s.unmapped_host {
+            if !matches!(
+                s.pages.get(p).map(|e| e.state),
+                Some(ResidencyState::Host(_))
+            ) {
+                return Err(format!("page {p} noted unmapped but not Host"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -572,8 +679,18 @@ impl Inner {
 
     fn unback(&mut self, p: usize, completed: &[u64]) -> Result<(), CUresult> {
         let va = self.va(p);
+        let allowed = self.pages.get(p).is_some_and(|e| {
+            e.live == 0
+                && e.is_idle(completed)
+                && matches!(e.state, ResidencyState::Device(_) | ResidencyState::Host(_))
+        });
+        if !allowed {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
         // Unmap first: if that fails the page keeps its frame and stays consistent.
-        self.driver.mem_unmap(va, self.page)?;
+        if !self.unmapped_host.remove(&p) {
+            self.driver.mem_unmap(va, self.page)?;
+        }
         match self.pages.unback(p, completed) {
             Ok(f) => {
                 self.give_frame(f);
@@ -797,13 +914,25 @@ impl Inner {
     /// the work that wants them must wait on.
     fn swap_in(&mut self, pages: &[usize], frames: Vec<DevFrame>) -> Result<Event, CUresult> {
         let page = self.page;
+        // The event first: once pages are remapped, nothing may fail before the copies.
+        let ev = match self.copy_event() {
+            Ok(ev) => ev,
+            Err(e) => {
+                for d in frames {
+                    self.dev.give(d);
+                }
+                return Err(e);
+            }
+        };
         // Unmap the host frames first; the data stays in them (and in the host window).
         let mut unmapped = 0;
         let mut err = None;
         for &p in pages {
-            if let Err(e) = self.driver.mem_unmap(self.va(p), page) {
-                err = Some(e);
-                break;
+            if !self.unmapped_host.contains(&p) {
+                if let Err(e) = self.driver.mem_unmap(self.va(p), page) {
+                    err = Some(e);
+                    break;
+                }
             }
             unmapped += 1;
         }
@@ -819,20 +948,16 @@ impl Inner {
         }
         if let Some(e) = err {
             // Put the host frames back where they were; the pages stay `Host`.
-            let back: Vec<(usize, Frame)> = pages[..unmapped]
-                .iter()
-                .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
-                    Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
-                    _ => None,
-                })
-                .collect();
-            let _ = self.map_batch(&back);
+            for &p in &pages[..unmapped] {
+                self.unmapped_host.insert(p);
+            }
+            self.remap_host();
             for d in frames {
                 self.dev.give(d);
             }
+            self.spare_events.push(ev);
             return Err(e);
         }
-        let ev = self.copy_event()?;
         for &(p, _) in &plan {
             let Some(ResidencyState::Host(h)) = self.pages.get(p).map(|e| e.state) else {
                 continue;
@@ -842,14 +967,12 @@ impl Inner {
                 self.driver
                     .memcpy_dtod_async(self.va(p), src, page, self.swap_in_stream)
             {
-                self.spare_events.push(ev);
-                self.restore_host(pages, frames);
+                self.restore_host(pages, frames, ev);
                 return Err(e);
             }
         }
         if let Err(e) = self.driver.event_record(ev, self.swap_in_stream) {
-            self.spare_events.push(ev);
-            self.restore_host(pages, frames);
+            self.restore_host(pages, frames, ev);
             return Err(e);
         }
         for &(p, f) in &plan {
@@ -857,6 +980,7 @@ impl Inner {
                 let r = self.pages.start_swap_in(p, d, ev);
                 debug_assert!(r.is_ok(), "{r:?}");
                 self.incoming.insert(p);
+                self.unmapped_host.remove(&p);
             }
         }
         self.ref_event(ev, plan.len() as u32);
@@ -868,25 +992,43 @@ impl Inner {
 
     /// Undoes the remap of a failed swap-in: the pages (still `Host` in the table) get their
     /// host frames mapped back, and the device frames go back to the pool.
-    fn restore_host(&mut self, pages: &[usize], frames: Vec<DevFrame>) {
+    ///
+    /// Copies already queued must not run into a remapped range: wait for them first.
+    fn restore_host(&mut self, pages: &[usize], frames: Vec<DevFrame>, ev: Event) {
+        if let Err(e) = self.driver.stream_synchronize(self.swap_in_stream) {
+            tracing::error!(code = e, "the swap-in stream failed");
+        }
+        self.spare_events.push(ev);
         for &p in pages {
             let _ = self.driver.mem_unmap(self.va(p), self.page);
+            self.unmapped_host.insert(p);
         }
-        let back: Vec<(usize, Frame)> = pages
+        self.remap_host();
+        for d in frames {
+            self.dev.give(d);
+        }
+    }
+
+    /// Maps `Host` pages left unmapped by a failed driver call back to their host frames.
+    fn remap_host(&mut self) {
+        if self.unmapped_host.is_empty() {
+            return;
+        }
+        let plan: Vec<(usize, Frame)> = self
+            .unmapped_host
             .iter()
             .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
                 _ => None,
             })
             .collect();
-        if let Err(e) = self.map_batch(&back) {
-            tracing::error!(
+        match self.map_batch(&plan) {
+            Ok(()) => self.unmapped_host.clear(),
+            Err(e) => tracing::error!(
                 code = e,
-                "could not map swapped-out pages back to host memory"
-            );
-        }
-        for d in frames {
-            self.dev.give(d);
+                pages = plan.len(),
+                "could not map swapped-out pages to host memory; retrying later"
+            ),
         }
     }
 
@@ -894,6 +1036,17 @@ impl Inner {
     /// for their copies: this is the on-demand stall).
     fn acquire_device_frames(&mut self, n: usize) -> Result<Vec<DevFrame>, CUresult> {
         let mut got = Vec::with_capacity(n);
+        let r = self.acquire_into(n, &mut got);
+        if r.is_err() {
+            // Whatever went wrong, the frames taken so far go back.
+            for d in got.drain(..) {
+                self.dev.give(d);
+            }
+        }
+        r.map(|()| got)
+    }
+
+    fn acquire_into(&mut self, n: usize, got: &mut Vec<DevFrame>) -> Result<(), CUresult> {
         let mut rounds = 0;
         while got.len() < n {
             if let Some(d) = self.take_device_cheap()? {
@@ -902,9 +1055,6 @@ impl Inner {
             }
             rounds += 1;
             if rounds > 4 {
-                for d in got {
-                    self.dev.give(d);
-                }
                 return Err(oom(format_args!(
                     "no evictable device memory: {} bytes needed, every resident page is in \
                      use by queued or pinned work",
@@ -916,16 +1066,11 @@ impl Inner {
             let in_flight = self.outgoing.len();
             if short > in_flight {
                 let want = (short - in_flight).max(self.cfg.evict_batch);
-                if let Err(e) = self.evict(want, short - in_flight) {
-                    for d in got {
-                        self.dev.give(d);
-                    }
-                    return Err(e);
-                }
+                self.evict(want, short - in_flight)?;
             }
             self.wait_outgoing()?;
         }
-        Ok(got)
+        Ok(())
     }
 
     /// Starts swap-outs of up to `want` least recently used unpinned pages (at least `need`,
@@ -959,7 +1104,10 @@ impl Inner {
                     self.fences
                         .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
                 }
-                victims.push(p);
+                let completed = self.fences.completed();
+                if self.pages.get(p).is_some_and(|e| e.is_idle(completed)) {
+                    victims.push(p);
+                }
             }
         }
         if victims.is_empty() {
@@ -990,20 +1138,29 @@ impl Inner {
         if copy.is_empty() {
             return Ok(());
         }
-        let ev = self.copy_event()?;
+        let ev = match self.copy_event() {
+            Ok(ev) => ev,
+            Err(e) => {
+                for (_, h) in copy {
+                    self.host.give(h);
+                }
+                return Err(e);
+            }
+        };
         for &(p, h) in &copy {
             let dst = self.host.window_address(h);
             if let Err(e) =
                 self.driver
                     .memcpy_dtod_async(dst, self.va(p), self.page, self.swap_out_stream)
             {
-                for (_, h) in copy {
-                    self.host.give(h);
-                }
+                self.abandon_swap_out(copy, ev);
                 return Err(e);
             }
         }
-        self.driver.event_record(ev, self.swap_out_stream)?;
+        if let Err(e) = self.driver.event_record(ev, self.swap_out_stream) {
+            self.abandon_swap_out(copy, ev);
+            return Err(e);
+        }
         for &(p, h) in &copy {
             let r = self.pages.start_swap_out(p, h, ev, &completed);
             debug_assert!(r.is_ok(), "{r:?}");
@@ -1044,6 +1201,18 @@ impl Inner {
             self.driver.event_synchronize(ev)?;
         }
         self.poll()
+    }
+
+    /// Undoes a swap-out batch that could not be queued completely: the pages stay `Device`;
+    /// the host frames are reused only after the copies already queued into them have run.
+    fn abandon_swap_out(&mut self, copy: Vec<(usize, HostFrame)>, ev: Event) {
+        if let Err(e) = self.driver.stream_synchronize(self.swap_out_stream) {
+            tracing::error!(code = e, "the swap-out stream failed");
+        }
+        for (_, h) in copy {
+            self.host.give(h);
+        }
+        self.spare_events.push(ev);
     }
 
     /// Waits for the swap-outs in flight and completes them.
@@ -1109,17 +1278,28 @@ impl Inner {
         // Swap-outs: remap to host in one batch.
         let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
         let mut finished: Vec<(usize, DevFrame, Event)> = Vec::new();
+        let mut failed = None;
         for p in outgoing {
             let Some(ResidencyState::ToHost { event, .. }) = self.pages.get(p).map(|e| e.state)
             else {
                 continue;
             };
-            if self.pages.get(p).is_some_and(|e| e.pins > 0) || !query(event)? {
+            let done = match query(event) {
+                Ok(d) => d,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            if !done || self.pages.get(p).is_some_and(|e| e.pins > 0) {
                 continue;
             }
             // Unmap the device frame before the state says Host, so a failure leaves the
-            // page as it was.
-            self.driver.mem_unmap(self.va(p), self.page)?;
+            // page as it was (and the pages finished so far are still completed below).
+            if let Err(e) = self.driver.mem_unmap(self.va(p), self.page) {
+                failed = Some(e);
+                break;
+            }
             match self.pages.finish_swap_out(p, |_| true) {
                 Ok(d) => finished.push((p, d, event)),
                 Err(e) => debug_assert!(false, "{e:?}"),
@@ -1133,30 +1313,30 @@ impl Inner {
                     _ => None,
                 })
                 .collect();
-            // If this fails the pages are unmapped: a stray access would fault, but the data
-            // is safe in the host frames and the next prepare_access maps device memory.
+            // If this fails the data is still safe in the host frames; the pages are noted
+            // as unmapped and mapped again later (or brought in on their next access).
             let mapped = self.map_batch(&plan);
             for (p, d, ev) in finished {
                 self.outgoing.remove(&p);
+                if mapped.is_err() {
+                    self.unmapped_host.insert(p);
+                }
                 self.dev.give(d);
                 self.unref_event(ev);
             }
             mapped?;
         }
-        Ok(())
+        self.remap_host();
+        failed.map_or(Ok(()), Err)
     }
 
     fn note_access_done(&mut self, t: AccessTicket) -> Result<(), CUresult> {
         let slot = self.fences.slot_of(t.stream);
-        let seq = self.fences.record(&*self.driver, slot);
-        // Unpin even if the fence failed: the page then counts as busy until the next fence
-        // on that stream completes, which is the conservative side.
-        let seq = match seq {
-            Ok(s) => s,
-            Err(e) => {
-                self.unpin(&t);
-                return Err(e);
-            }
+        // If the fence cannot be recorded, the pages still must not leave before the work:
+        // they wait for the stream's next fence instead (recorded on demand by an eviction).
+        let (seq, result) = match self.fences.record(&*self.driver, slot) {
+            Ok(s) => (s, Ok(())),
+            Err(e) => (self.fences.next_seq(slot), Err(e)),
         };
         let completed = self.fences.completed();
         let u = Use {
@@ -1171,7 +1351,7 @@ impl Inner {
                 }
             }
         }
-        Ok(())
+        result
     }
 
     // ---- shutdown ----

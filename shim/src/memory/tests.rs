@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use tensile_driver_abi::{
-    CUdeviceptr, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
+    CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
 };
 
 use super::fake::{FakeCall, FakeConfig, FakeDriver, Progress, ReadSlot};
@@ -74,6 +74,11 @@ fn assert_clean(fake: &FakeDriver) {
     assert_eq!(fake.violations(), Vec::<String>::new());
 }
 
+fn assert_consistent(fake: &FakeDriver, mm: &MemoryManager) {
+    assert_clean(fake);
+    mm.audit().unwrap();
+}
+
 #[test]
 fn frees_by_kind() {
     let (_fake, mm) = setup(8, 64, Progress::Immediate);
@@ -111,6 +116,20 @@ fn frees_by_kind() {
 }
 
 #[test]
+fn pitched_allocations() {
+    let (_fake, mm) = setup(8, 64, Progress::Immediate);
+    let (p, pitch) = mm.alloc_pitch(1000, 3, 4).unwrap();
+    assert_eq!(pitch, 1024);
+    assert_eq!(mm.allocation_containing(p), Some((p, 3 * 1024)));
+    assert_eq!(mm.alloc_pitch(1000, 3, 3), Err(CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(mm.alloc_pitch(0, 3, 4), Err(CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(
+        mm.alloc_pitch(8, usize::MAX, 4),
+        Err(CUDA_ERROR_INVALID_VALUE)
+    );
+}
+
+#[test]
 fn data_survives_swapping_four_times_the_budget() {
     let (fake, mm) = setup(4, 64, Progress::Immediate);
     let s = fake.stream_create().unwrap();
@@ -137,7 +156,7 @@ fn data_survives_swapping_four_times_the_budget() {
     assert!(st.host_pool_bytes >= (8 * PAGE) as u64);
     let t: tensile_trace::Stats = st.into();
     assert_eq!(t.bytes_to_host, st.bytes_to_host);
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -162,7 +181,7 @@ fn a_swapped_out_page_still_reads_right_without_prepare_access() {
     let mut want = pattern(7, PAGE);
     want[10..15].fill(0xEE);
     assert_eq!(r.get().as_deref(), Some(&want[..]));
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -186,7 +205,7 @@ fn one_access_larger_than_the_budget_is_out_of_memory_and_nothing_else_breaks() 
     // Nothing stays pinned after the refusal: the whole budget can still be used.
     let r = read(&fake, &mm, s, big + PAGE as u64, 4 * PAGE);
     assert!(r.get().is_some());
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -219,7 +238,7 @@ fn host_pool_exhausted_is_out_of_memory() {
             "buffer {i}"
         );
     }
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -273,7 +292,7 @@ fn stream_ordered_free_is_not_reused_by_another_stream_too_early() {
     fake.run_all();
     let c = mm.alloc(4096, Some(b_s)).unwrap();
     assert_eq!(c, a, "after the free's fence, any stream reuses it");
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -291,7 +310,7 @@ fn a_page_in_use_by_queued_work_is_not_evicted_until_it_completes() {
     let r = read(&fake, &mm, s, a, 2 * PAGE);
     fake.run_all();
     assert_eq!(r.get().as_deref(), Some(&pattern(4, 2 * PAGE)[..]));
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -314,7 +333,7 @@ fn driver_failures_come_back_and_leave_the_manager_usable() {
     assert_eq!(r.get().as_deref(), Some(&pattern(2, 2 * PAGE)[..]));
     // The device refusing memory below the budget shrinks the budget instead of failing.
     fake.fail_next(FakeCall::CreateDevice, CUDA_ERROR_OUT_OF_MEMORY);
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -352,7 +371,7 @@ fn the_background_grower_fills_the_host_pool_ahead_of_need() {
     }
     let (bytes, _) = mm.host_pool_state();
     assert!(bytes <= 32 * PAGE);
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 #[test]
@@ -406,7 +425,7 @@ fn threads_on_their_own_streams_share_the_budget_without_losing_data() {
     }
     assert!(fake.device_bytes().1 <= 8 * PAGE);
     assert!(mm.stats().bytes_to_host > 0);
-    assert_clean(&fake);
+    assert_consistent(&fake, &mm);
 }
 
 // ---- the randomized test against a model ----
@@ -450,7 +469,24 @@ enum Op {
         n: usize,
     },
     RunAll,
+    /// The next manager call meets this driver failure (if it makes that call).
+    Inject(usize),
 }
+
+const INJECTABLE: [FakeCall; 12] = [
+    FakeCall::EventCreate,
+    FakeCall::StreamSynchronize,
+    FakeCall::Map,
+    FakeCall::Unmap,
+    FakeCall::SetAccess,
+    FakeCall::Memcpy,
+    FakeCall::EventRecord,
+    FakeCall::EventQuery,
+    FakeCall::EventSynchronize,
+    FakeCall::StreamWaitEvent,
+    FakeCall::CreateDevice,
+    FakeCall::CreateHost,
+];
 
 fn op() -> impl Strategy<Value = Op> {
     let s = 0usize..3;
@@ -471,6 +507,10 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+fn op_with_failures() -> impl Strategy<Value = Op> {
+    prop_oneof![6 => op(), 1 => (0..INJECTABLE.len()).prop_map(Op::Inject)]
+}
+
 struct Live {
     ptr: CUdeviceptr,
     /// What the application may expect; `None` where it never wrote.
@@ -486,9 +526,39 @@ struct Harness {
     live: Vec<Live>,
     reads: Vec<(ReadSlot, Vec<Option<u8>>)>,
     budget: usize,
+    inject: Option<FakeCall>,
 }
 
 impl Harness {
+    /// Runs one manager call with the pending injected failure armed, and disarms it after,
+    /// so the failure never hits the harness's own driver calls. An error is allowed only
+    /// when a failure was armed, and must be that failure (or out of memory, which is what a
+    /// refused `cuMemCreate` becomes).
+    fn call<T>(
+        &mut self,
+        f: impl FnOnce(&MemoryManager) -> Result<T, CUresult>,
+    ) -> Result<Option<T>, TestCaseError> {
+        let armed = self.inject.take();
+        if let Some(c) = armed {
+            self.fake.fail_next(c, CUDA_ERROR_UNKNOWN);
+        }
+        let r = f(&self.mm);
+        self.fake.clear_failures();
+        match r {
+            Ok(v) => Ok(Some(v)),
+            Err(e) if armed.is_some() => {
+                prop_assert!(
+                    e == CUDA_ERROR_UNKNOWN || e == CUDA_ERROR_OUT_OF_MEMORY,
+                    "unexpected error {} after injecting {:?}",
+                    e,
+                    armed
+                );
+                Ok(None)
+            }
+            Err(e) => Err(TestCaseError::fail(format!("manager call failed: {e}"))),
+        }
+    }
+
     /// Orders `stream` after the last work on the allocation, as a correct program must.
     fn order(&mut self, idx: usize, stream: Stream) {
         if let Some((s, ev)) = self.live[idx].last {
@@ -511,7 +581,33 @@ impl Harness {
         prop_assert_eq!(self.fake.faults(), Vec::<String>::new());
         prop_assert_eq!(self.fake.violations(), Vec::<String>::new());
         prop_assert!(self.fake.device_bytes().1 <= self.budget, "budget exceeded");
+        if let Err(e) = self.mm.audit() {
+            return Err(TestCaseError::fail(e));
+        }
         Ok(())
+    }
+
+    /// Like a launch: makes `ranges` resident for `s`, queues `work`, reports it done.
+    /// Returns false (and queues nothing) if the manager refused.
+    fn access(
+        &mut self,
+        s: Stream,
+        ranges: &[(CUdeviceptr, usize)],
+        work: impl FnOnce(&FakeDriver),
+    ) -> Result<bool, TestCaseError> {
+        let Some(t) = self.call(|mm| mm.prepare_access(s, ranges))? else {
+            return Ok(false);
+        };
+        work(&self.fake);
+        // The work is queued whatever this says; an error here must not lose it.
+        self.call(|mm| mm.note_access_done(t))?;
+        Ok(true)
+    }
+
+    fn clip(&self, idx: usize, off: usize, len: usize) -> (usize, usize) {
+        let size = self.live[idx].bytes.len();
+        let off = off % size;
+        (off, 1 + len % (size - off))
     }
 
     fn apply(&mut self, op: Op) -> Result<(), TestCaseError> {
@@ -519,10 +615,9 @@ impl Harness {
         match op {
             Op::Alloc { size, stream } => {
                 let s = self.streams[stream];
-                let ptr = self
-                    .mm
-                    .alloc(size, Some(s))
-                    .map_err(|e| TestCaseError::fail(format!("alloc of {size} failed: {e}")))?;
+                let Some(ptr) = self.call(|mm| mm.alloc(size, Some(s)))? else {
+                    return self.check();
+                };
                 for l in &self.live {
                     let len = l.bytes.len() as u64;
                     prop_assert!(ptr + size as u64 <= l.ptr || l.ptr + len <= ptr, "overlap");
@@ -534,8 +629,7 @@ impl Harness {
                     bytes: vec![None; size],
                     last: None,
                 });
-                let idx = self.live.len() - 1;
-                self.mark(idx, s);
+                self.mark(self.live.len() - 1, s);
             }
             Op::Free {
                 which,
@@ -544,19 +638,18 @@ impl Harness {
             } if n > 0 => {
                 let idx = which % n;
                 let s = self.streams[stream];
-                if sync {
+                let ptr = self.live[idx].ptr;
+                let freed = if sync {
                     // cuMemFree synchronizes: make everything queued finish first.
                     self.fake.run_all();
                     prop_assert_eq!(self.fake.queued(), 0);
-                    self.mm.free(self.live[idx].ptr, None).unwrap();
+                    self.call(|mm| mm.free(ptr, None))?
                 } else {
                     self.order(idx, s);
-                    self.mm.free(self.live[idx].ptr, Some(s)).unwrap();
-                }
-                let l = self.live.swap_remove(idx);
-                if let Some((_, ev)) = l.last {
-                    // Recorded work may still be queued; the event lives on in the fake.
-                    let _ = ev;
+                    self.call(|mm| mm.free(ptr, Some(s)))?
+                };
+                if freed.is_some() {
+                    self.live.swap_remove(idx);
                 }
             }
             Op::Write {
@@ -568,18 +661,16 @@ impl Harness {
             } if n > 0 => {
                 let idx = which % n;
                 let s = self.streams[stream];
-                let size = self.live[idx].bytes.len();
-                let off = off % size;
-                let len = 1 + len % (size - off);
+                let (off, len) = self.clip(idx, off, len);
                 let data = pattern(seed, len);
                 self.order(idx, s);
                 let ptr = self.live[idx].ptr + off as u64;
-                let t = self.mm.prepare_access(s, &[(ptr, len)]).unwrap();
-                self.fake.app_write(s, ptr, data.clone()).unwrap();
-                self.mm.note_access_done(t).unwrap();
-                self.mark(idx, s);
-                for (i, b) in data.into_iter().enumerate() {
-                    self.live[idx].bytes[off + i] = Some(b);
+                let queued = data.clone();
+                if self.access(s, &[(ptr, len)], |f| f.app_write(s, ptr, queued).unwrap())? {
+                    self.mark(idx, s);
+                    for (i, b) in data.into_iter().enumerate() {
+                        self.live[idx].bytes[off + i] = Some(b);
+                    }
                 }
             }
             Op::Read {
@@ -590,17 +681,17 @@ impl Harness {
             } if n > 0 => {
                 let idx = which % n;
                 let s = self.streams[stream];
-                let size = self.live[idx].bytes.len();
-                let off = off % size;
-                let len = 1 + len % (size - off);
+                let (off, len) = self.clip(idx, off, len);
                 self.order(idx, s);
                 let ptr = self.live[idx].ptr + off as u64;
-                let t = self.mm.prepare_access(s, &[(ptr, len)]).unwrap();
-                let slot = self.fake.app_read(s, ptr, len).unwrap();
-                self.mm.note_access_done(t).unwrap();
-                self.mark(idx, s);
-                self.reads
-                    .push((slot, self.live[idx].bytes[off..off + len].to_vec()));
+                let mut slot = None;
+                if self.access(s, &[(ptr, len)], |f| {
+                    slot = Some(f.app_read(s, ptr, len).unwrap())
+                })? {
+                    self.mark(idx, s);
+                    let want = self.live[idx].bytes[off..off + len].to_vec();
+                    self.reads.extend(slot.map(|r| (r, want)));
+                }
             }
             Op::Fill {
                 which,
@@ -609,14 +700,12 @@ impl Harness {
             } if n > 0 => {
                 let idx = which % n;
                 let s = self.streams[stream];
-                let l = &self.live[idx];
-                let (ptr, len) = (l.ptr, l.bytes.len());
+                let (ptr, len) = (self.live[idx].ptr, self.live[idx].bytes.len());
                 self.order(idx, s);
-                let t = self.mm.prepare_access(s, &[(ptr, len)]).unwrap();
-                self.fake.app_fill(s, ptr, len, byte).unwrap();
-                self.mm.note_access_done(t).unwrap();
-                self.mark(idx, s);
-                self.live[idx].bytes.fill(Some(byte));
+                if self.access(s, &[(ptr, len)], |f| f.app_fill(s, ptr, len, byte).unwrap())? {
+                    self.mark(idx, s);
+                    self.live[idx].bytes.fill(Some(byte));
+                }
             }
             Op::Copy { from, to, stream } if n > 1 => {
                 let (fi, ti) = (from % n, to % n);
@@ -628,16 +717,13 @@ impl Harness {
                 let (src, dst) = (self.live[fi].ptr, self.live[ti].ptr);
                 self.order(fi, s);
                 self.order(ti, s);
-                let t = self
-                    .mm
-                    .prepare_access(s, &[(src, len), (dst, len)])
-                    .unwrap();
-                self.fake.memcpy_dtod_async(dst, src, len, s).unwrap();
-                self.mm.note_access_done(t).unwrap();
-                self.mark(fi, s);
-                self.mark(ti, s);
-                let moved = self.live[fi].bytes[..len].to_vec();
-                self.live[ti].bytes[..len].copy_from_slice(&moved);
+                let copy = |f: &FakeDriver| f.memcpy_dtod_async(dst, src, len, s).unwrap();
+                if self.access(s, &[(src, len), (dst, len)], copy)? {
+                    self.mark(fi, s);
+                    self.mark(ti, s);
+                    let moved = self.live[fi].bytes[..len].to_vec();
+                    self.live[ti].bytes[..len].copy_from_slice(&moved);
+                }
             }
             Op::Step { stream, n } => {
                 for _ in 0..n {
@@ -645,12 +731,14 @@ impl Harness {
                 }
             }
             Op::RunAll => self.fake.run_all(),
+            Op::Inject(i) => self.inject = Some(INJECTABLE[i]),
             _ => {}
         }
         self.check()
     }
 
     fn finish(mut self) -> Result<(), TestCaseError> {
+        self.inject = None;
         self.fake.run_all();
         self.mm.poll().unwrap();
         for (i, (slot, want)) in self.reads.iter().enumerate() {
@@ -683,8 +771,7 @@ impl Harness {
                 }
             }
         }
-        self.check()?;
-        Ok(())
+        self.check()
     }
 }
 
@@ -708,6 +795,7 @@ fn run_model(
         live: Vec::new(),
         reads: Vec::new(),
         budget: budget_pages * PAGE,
+        inject: None,
     };
     let mut peak = 0;
     for op in ops {
@@ -749,18 +837,41 @@ fn model_programs_really_oversubscribe_and_swap() {
 proptest! {
     // Failures are not persisted to files (the crate directory is shared); a failure found
     // here becomes a named test instead.
-    #![proptest_config(ProptestConfig { cases: 96, failure_persistence: None, ..ProptestConfig::default() })]
+    // PROPTEST_CASES=n runs more (or fewer) cases than the default 96.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     /// Random programs on three streams, all work running as it is queued.
     #[test]
-    fn no_byte_is_lost_immediate(ops in prop::collection::vec(op(), 1..120), budget in 6usize..12) {
+    fn no_byte_is_lost_immediate(
+        ops in prop::collection::vec(op(), 1..120),
+        budget in 6usize..12,
+    ) {
         run_model(ops, budget, Progress::Immediate)?;
     }
 
     /// The same with work held in flight and streams advanced in random order.
     #[test]
-    fn no_byte_is_lost_with_work_in_flight(ops in prop::collection::vec(op(), 1..120), budget in 6usize..12) {
+    fn no_byte_is_lost_with_work_in_flight(
+        ops in prop::collection::vec(op(), 1..120),
+        budget in 6usize..12,
+    ) {
         run_model(ops, budget, Progress::Manual)?;
+    }
+
+    /// The same with driver calls failing at random: errors come back as the injected code
+    /// (or out of memory), and what the program did before and after is not lost.
+    #[test]
+    fn no_byte_is_lost_when_driver_calls_fail(
+        ops in prop::collection::vec(op_with_failures(), 1..120),
+        budget in 6usize..12,
+        manual in any::<bool>(),
+    ) {
+        let progress = if manual { Progress::Manual } else { Progress::Immediate };
+        run_model(ops, budget, progress)?;
     }
 }
 
@@ -827,4 +938,46 @@ fn regression_copy_filling_the_budget_with_work_in_flight() {
         },
     ];
     run_model(ops, 6, Progress::Manual).unwrap();
+}
+
+/// Found by `no_byte_is_lost_when_driver_calls_fail`: failed maps during swap-ins must not
+/// leak device frames (a later access that fits the budget then ran out of memory).
+#[test]
+fn regression_failed_maps_do_not_leak_device_frames() {
+    let mut ops: Vec<Op> = [1, 1, 1, 1, 1, 65537, 131073, 131073, 133633, 131073, 1]
+        .into_iter()
+        .map(|size| Op::Alloc { size, stream: 0 })
+        .collect();
+    ops.extend([
+        Op::Inject(2),
+        Op::Write {
+            which: 91206278368830269,
+            off: 0,
+            len: 0,
+            seed: 0,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 131073,
+            stream: 0,
+        },
+        Op::Fill {
+            which: 9309390515205967594,
+            byte: 0,
+            stream: 0,
+        },
+        Op::Inject(2),
+        Op::Fill {
+            which: 6815135361246161383,
+            byte: 0,
+            stream: 0,
+        },
+        Op::Copy {
+            from: 13200033150843163866,
+            to: 1870566868883189095,
+            stream: 0,
+        },
+    ]);
+    assert_eq!(INJECTABLE[2], FakeCall::Map);
+    run_model(ops, 6, Progress::Immediate).unwrap();
 }
