@@ -325,8 +325,8 @@ fn stream_ordered_free_keeps_earlier_work_valid_and_faults_later_work() {
         ck(fill(p, 1024, 12, s)); // queued before the free: must work
         ck(copy(out, p, 1024, s));
         ck(cuMemFreeAsync(p, s));
-        // The free has not executed yet (the kernel takes 150 ms), so the memory is still
-        // mapped for the host-side bookkeeping; a second free is refused.
+        // A second free of the same allocation is refused at the call, even though the first
+        // has not executed yet (the kernel before it takes 150 ms).
         assert_eq!(cuMemFreeAsync(p, s), CUDA_ERROR_INVALID_VALUE);
     }
     ck(sync(s));
