@@ -8,9 +8,11 @@
 //!
 //! Creation may be re-entered on the same thread (loading the real driver runs its
 //! constructors, which may call `dlsym`); a re-entrant caller gets `None` and falls back to
-//! plain forwarding instead of deadlocking. Other threads wait for creation to finish.
+//! plain forwarding instead of deadlocking. Other threads wait for creation to finish, but
+//! never while the creating thread needs the dynamic loader's lock (see `create_once`).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use tensile_trace::Stats;
@@ -39,7 +41,6 @@ pub struct Runtime {
 static CONFIG: OnceLock<Config> = OnceLock::new();
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 static INIT_LOCK: Mutex<()> = Mutex::new(());
-static INIT_THREAD: AtomicI64 = AtomicI64::new(0);
 static FAILED: AtomicBool = AtomicBool::new(false);
 
 /// The configuration, read from the environment once (problems are logged once).
@@ -75,39 +76,20 @@ pub fn existing() -> Option<&'static Runtime> {
     RUNTIME.get()
 }
 
-fn thread_id() -> i64 {
-    // SAFETY: gettid has no preconditions.
-    i64::from(unsafe { libc::gettid() })
+thread_local! {
+    // Const-initialised, no destructor: readable at any time, even during thread teardown.
+    static CREATING: Cell<bool> = const { Cell::new(false) };
 }
 
 #[cold]
 fn create() -> Option<&'static Runtime> {
-    if FAILED.load(Ordering::Acquire) || INIT_THREAD.load(Ordering::Acquire) == thread_id() {
+    if FAILED.load(Ordering::Acquire) || CREATING.replace(true) {
         return None;
     }
-    let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(rt) = RUNTIME.get() {
-        return Some(rt);
-    }
-    if FAILED.load(Ordering::Acquire) {
-        return None;
-    }
-    INIT_THREAD.store(thread_id(), Ordering::Release);
-    let created = std::panic::catch_unwind(Runtime::create);
-    INIT_THREAD.store(0, Ordering::Release);
+    let created = std::panic::catch_unwind(create_once);
+    CREATING.set(false);
     match created {
-        Ok(Ok(rt)) => {
-            let tracing = rt.recorder.is_some();
-            let _ = RUNTIME.set(rt);
-            // SAFETY: registering plain `extern "C"` functions that never unwind.
-            unsafe {
-                libc::pthread_atfork(None, None, Some(in_forked_child));
-                if tracing {
-                    libc::atexit(at_exit);
-                }
-            }
-            RUNTIME.get()
-        }
+        Ok(Ok(rt)) => rt,
         Ok(Err(why)) => {
             tracing::warn!("{why}; libtensile stays out of the way");
             FAILED.store(true, Ordering::Release);
@@ -121,10 +103,46 @@ fn create() -> Option<&'static Runtime> {
     }
 }
 
+/// Creates the runtime, or returns the one another thread created meanwhile.
+fn create_once() -> Result<Option<&'static Runtime>, String> {
+    let config = config().clone();
+    // Everything that takes the dynamic loader's lock (dlopen, dlsym) happens before
+    // INIT_LOCK: a thread inside `dlopen` (a library constructor) may be waiting for
+    // INIT_LOCK, and must never wait for a thread that waits for the loader lock. Racing
+    // threads may each load the table; all but one are discarded.
+    let driver = RealDriver::load()?;
+    let timing = config.trace.as_ref().and_then(|_| {
+        let t = Timing::new(&driver);
+        if t.is_none() {
+            tracing::warn!(
+                "the driver lacks event functions; launches are traced without GPU times"
+            );
+        }
+        t
+    });
+    let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(Some(rt));
+    }
+    if FAILED.load(Ordering::Acquire) {
+        return Ok(None);
+    }
+    let rt = Runtime::create(config, driver, timing);
+    let tracing = rt.recorder.is_some();
+    let _ = RUNTIME.set(rt);
+    // SAFETY: registering plain `extern "C"` functions that never unwind.
+    unsafe {
+        libc::pthread_atfork(None, None, Some(in_forked_child));
+        if tracing {
+            libc::atexit(at_exit);
+        }
+    }
+    Ok(RUNTIME.get())
+}
+
 impl Runtime {
-    fn create() -> Result<Runtime, String> {
-        let config = config().clone();
-        let driver = RealDriver::load()?;
+    /// The runtime over a loaded driver: opens the trace if one is asked for.
+    fn create(config: Config, driver: RealDriver, timing: Option<Timing>) -> Runtime {
         let recorder = config.trace.as_deref().and_then(|path| {
             match Recorder::start(path, PRODUCER.to_owned(), recorder::command_line()) {
                 Ok(r) => {
@@ -140,24 +158,16 @@ impl Runtime {
                 }
             }
         });
+        let timing = timing.filter(|_| recorder.is_some());
         let tracker = Tracker::new(driver.introspection);
-        let timing = recorder.as_ref().and_then(|_| {
-            let t = Timing::new(&driver);
-            if t.is_none() {
-                tracing::warn!(
-                    "the driver lacks event functions; launches are traced without GPU times"
-                );
-            }
-            t
-        });
-        Ok(Runtime {
+        Runtime {
             config,
             driver,
             tracker,
             recorder,
             timing,
             pid: std::process::id(),
-        })
+        }
     }
 
     /// Trace time of a call made now (0 when not tracing: nothing reads it).
