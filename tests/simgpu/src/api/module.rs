@@ -329,7 +329,7 @@ unsafe fn func_get_module(module: *mut CUmodule, f: CUfunction) -> Result<(), CU
 export!(cuFuncGetModule, func_get_module, (module: *mut CUmodule, f: CUfunction));
 
 /// Function attributes with plausible constant values (the twins have no real resources).
-fn func_attribute(attr: c_int, entry: &Entry) -> Option<c_int> {
+fn func_attribute(attr: c_int) -> Option<c_int> {
     Some(match attr {
         0 => 1024,   // max threads per block
         1..=3 => 0,  // shared, const, local sizes
@@ -339,18 +339,15 @@ fn func_attribute(attr: c_int, entry: &Entry) -> Option<c_int> {
         8 => 0,      // max dynamic shared size
         9 => -1,     // preferred shared carveout
         10..=15 => 0,
-        _ => {
-            let _ = entry;
-            return None;
-        }
+        _ => return None,
     })
 }
 
 unsafe fn func_get_attribute(pi: *mut c_int, attr: c_int, f: CUfunction) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(pi) }?;
-    let entry = launch_entry(f)?;
-    out.set(func_attribute(attr, &entry).ok_or(CUDA_ERROR_INVALID_VALUE)?);
+    launch_entry(f)?;
+    out.set(func_attribute(attr).ok_or(CUDA_ERROR_INVALID_VALUE)?);
     Ok(())
 }
 export!(cuFuncGetAttribute, func_get_attribute, (pi: *mut c_int, attr: c_int, f: CUfunction));
@@ -366,16 +363,16 @@ unsafe fn kernel_get_attribute(
     if dev != 0 {
         return Err(CUDA_ERROR_INVALID_DEVICE);
     }
-    let entry = kernel_entry(kernel)?;
-    out.set(func_attribute(attr, &entry).ok_or(CUDA_ERROR_INVALID_VALUE)?);
+    kernel_entry(kernel)?;
+    out.set(func_attribute(attr).ok_or(CUDA_ERROR_INVALID_VALUE)?);
     Ok(())
 }
 export!(cuKernelGetAttribute, kernel_get_attribute, (pi: *mut c_int, attr: c_int, kernel: CUkernel, dev: CUdevice));
 
 /// Accepted and ignored (the twins have no shared-memory or carveout limits).
 unsafe fn func_set_attribute(f: CUfunction, attr: c_int, _value: c_int) -> Result<(), CUresult> {
-    let entry = launch_entry(f)?;
-    func_attribute(attr, &entry).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    launch_entry(f)?;
+    func_attribute(attr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     Ok(())
 }
 export!(cuFuncSetAttribute, func_set_attribute, (f: CUfunction, attr: c_int, value: c_int));

@@ -56,9 +56,9 @@ export!(cuDeviceSetMemPool, device_set_mem_pool, (dev: CUdevice, pool: CUmemoryP
 #[repr(C)]
 struct PoolPropsHead {
     alloc_type: u32,
-    handle_types: u32,
+    _handle_types: u32,
     location: CUmemLocation,
-    win32: *mut c_void,
+    _win32: *mut c_void,
     max_size: usize,
 }
 
@@ -74,7 +74,6 @@ unsafe fn mem_pool_create(pool: *mut CUmemoryPool, props: *const c_void) -> Resu
     if head.alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let _ = (head.handle_types, head.win32);
     check_location(&head.location)?;
     let p = Arc::new(Pool::new(head.location, head.max_size as u64));
     out.set(st()?.pools.insert(p) as CUmemoryPool);
