@@ -1,0 +1,97 @@
+//! The planner's targets on the shared PyTorch traces, and the results table in
+//! docs/replay-results.md (regenerate it with
+//! `cargo test --release -p tensile-analyzer --test shared_traces -- --ignored --nocapture`).
+
+use std::path::Path;
+
+use tensile_analyzer::import::{load, LoadOptions};
+use tensile_analyzer::{analyze, evaluate, Analysis, Budget, CostModel, PolicyKind};
+
+const TRACES: [&str; 3] = ["mlp", "resnet50", "bert"];
+
+fn analysis(name: &str) -> Analysis {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/data/{name}.trace.gz"));
+    let trace = load(&path, LoadOptions::default()).unwrap();
+    analyze(&trace, &CostModel::default()).unwrap()
+}
+
+fn budget(a: &Analysis, percent: u64) -> Budget {
+    Budget::new(a.footprint.peak_allocated * percent / 100)
+}
+
+#[test]
+fn plan_keeps_the_budget_beats_lru_and_respects_the_bound() {
+    let cost = CostModel::default();
+    for name in TRACES {
+        let a = analysis(name);
+        for percent in [75, 50, 30] {
+            let b = budget(&a, percent);
+            let plan = evaluate(&a.cycle, PolicyKind::Plan, b, &cost).unwrap();
+            let lru = evaluate(&a.cycle, PolicyKind::Lru, b, &cost).unwrap();
+            let bound = plan.bound.unwrap().bound_ns;
+            let (p, l) = (&plan.report, &lru.report);
+            assert!(p.fits && p.peak_resident_bytes <= b.bytes, "{name} {percent}%");
+            assert!(l.fits && l.peak_resident_bytes <= b.bytes, "{name} {percent}%");
+            assert_eq!(p.demand_fetches, 0, "{name} {percent}%");
+            assert!(p.step_ns >= bound && l.step_ns >= bound, "{name} {percent}%: below the bound");
+            assert!(p.step_ns < l.step_ns, "{name} {percent}%: plan {} lru {}", p.step_ns, l.step_ns);
+        }
+    }
+}
+
+#[test]
+fn at_half_the_peak_the_plan_is_near_the_bound_and_far_below_lru() {
+    let cost = CostModel::default();
+    // (trace, plan / bound at most, lru / plan at least). The MLP misses the 10% target: see
+    // docs/replay-results.md for why; this pins where it stands so it cannot silently regress.
+    for (name, max_ratio, min_lru_ratio) in
+        [("resnet50", 1.10, 1.4), ("bert", 1.10, 1.6), ("mlp", 1.30, 2.5)]
+    {
+        let a = analysis(name);
+        let b = budget(&a, 50);
+        let plan = evaluate(&a.cycle, PolicyKind::Plan, b, &cost).unwrap();
+        let lru = evaluate(&a.cycle, PolicyKind::Lru, b, &cost).unwrap();
+        let bound = plan.bound.unwrap().bound_ns as f64;
+        let ratio = plan.report.step_ns as f64 / bound;
+        assert!(ratio <= max_ratio, "{name}: plan is {ratio:.3}x the bound");
+        let lru_ratio = lru.report.step_ns as f64 / plan.report.step_ns as f64;
+        assert!(lru_ratio >= min_lru_ratio, "{name}: lru only {lru_ratio:.2}x the plan");
+    }
+}
+
+#[test]
+#[ignore = "prints the results table of docs/replay-results.md"]
+fn results_table() {
+    let cost = CostModel::default();
+    let ms = |ns: u64| format!("{:.1}", ns as f64 / 1e6);
+    let gib = |b: u64| format!("{:.2}", b as f64 / (1u64 << 30) as f64);
+    println!(
+        "| trace | budget | compute ms | lower bound ms | plan ms | plan/bound | lru ms | \
+         none ms | plan H2D+D2H GiB/iter | lru H2D+D2H GiB/iter |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for name in TRACES {
+        let a = analysis(name);
+        for percent in [75, 50, 30] {
+            let b = budget(&a, percent);
+            let plan = evaluate(&a.cycle, PolicyKind::Plan, b, &cost).unwrap();
+            let lru = evaluate(&a.cycle, PolicyKind::Lru, b, &cost).unwrap();
+            let none = evaluate(&a.cycle, PolicyKind::None, b, &cost).unwrap();
+            let bound = plan.bound.unwrap().bound_ns;
+            let (p, l, n) = (&plan.report, &lru.report, &none.report);
+            println!(
+                "| {name} | {percent}% ({} GiB) | {} | {} | {} | {:.3} | {} | {}{} | {} | {} |",
+                gib(b.bytes),
+                ms(p.compute_ns),
+                ms(bound),
+                ms(p.step_ns),
+                p.step_ns as f64 / bound as f64,
+                ms(l.step_ns),
+                ms(n.step_ns),
+                if n.fits { "" } else { " (over budget: OOM)" },
+                gib(p.bytes_h2d + p.bytes_d2h),
+                gib(l.bytes_h2d + l.bytes_d2h),
+            );
+        }
+    }
+}
