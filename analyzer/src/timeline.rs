@@ -159,7 +159,9 @@ pub fn allocated_bytes(cycle: &Cycle) -> Vec<u64> {
                 if a < f {
                     delta[a] += b;
                     delta[f] -= b;
-                } else if f < a {
+                } else if f < a || !t.accesses.is_empty() {
+                    // Wraps into the next iteration (freed exactly one period later if f == a:
+                    // a tensor with accesses cannot have an empty lifetime).
                     delta[a] += b;
                     delta[n] -= b;
                     delta[0] += b;
