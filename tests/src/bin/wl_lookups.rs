@@ -4,11 +4,16 @@
 //! library and symbol the returned pointer belongs to (`dladdr`).
 //!
 //! `wl_lookups <file>`: lines of `name version flags`, `#` comments.
-//! Output: `L <v1|v2> <name> <version> <flags> <result> <status> <library> <symbol>`, and
+//! Output: `L <v1|v2> <name> <version> <flags> <result> <status> <library> <same>`, where
+//! `<same>` is `1` when the answer is what `dlsym(handle, <versioned symbol>)` gives (the
+//! symbol `cudaTypedefs.h` names for the question), `0` when not, `-` without an answer (an
+//! address, not a name from `dladdr`: a release build may fold identical functions), and
 //! first `N dlsym <library>`: where `dlsym(RTLD_NEXT, "dlsym")` from the program leads.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
+
+use tensile_driver_abi::{resolve_proc, ProcLookup};
 
 type GetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> u32;
@@ -38,6 +43,31 @@ fn owner(p: *mut c_void) -> (String, String) {
         .file_name()
         .map_or(lib.clone(), |f| f.to_string_lossy().into_owned());
     (lib, cstr(info.dli_sname))
+}
+
+/// Whether `p` is what `dlsym` on the driver handle gives for the versioned symbol that
+/// answers (name, version, flags).
+fn same_as_dlsym(
+    h: *mut c_void,
+    p: *mut c_void,
+    name: &str,
+    version: i32,
+    flags: u64,
+) -> &'static str {
+    let ProcLookup::Found(entry) = resolve_proc(name, version, flags) else {
+        return "-";
+    };
+    if p.is_null() {
+        return "-";
+    }
+    let c = CString::new(entry.symbol).expect("no NUL in symbols");
+    // SAFETY: a live handle and a C string.
+    let q = unsafe { libc::dlsym(h, c.as_ptr()) };
+    if p == q {
+        "1"
+    } else {
+        "0"
+    }
 }
 
 fn main() {
@@ -86,12 +116,14 @@ fn main() {
         let (mut p, mut status) = (std::ptr::null_mut(), -1);
         // SAFETY: valid C string and out-pointers.
         let r = unsafe { v2(c.as_ptr(), &mut p, version, flags, &mut status) };
-        let (lib, sym) = owner(p);
-        println!("L v2 {name} {version} {flags} {r} {status} {lib} {sym}");
+        let (lib, _) = owner(p);
+        let same = same_as_dlsym(h, p, name, version, flags);
+        println!("L v2 {name} {version} {flags} {r} {status} {lib} {same}");
         let mut p1 = std::ptr::null_mut();
         // SAFETY: as above.
         let r1 = unsafe { v1(c.as_ptr(), &mut p1, version, flags) };
-        let (lib1, sym1) = owner(p1);
-        println!("L v1 {name} {version} {flags} {r1} - {lib1} {sym1}");
+        let (lib1, _) = owner(p1);
+        let same1 = same_as_dlsym(h, p1, name, version, flags);
+        println!("L v1 {name} {version} {flags} {r1} - {lib1} {same1}");
     }
 }
