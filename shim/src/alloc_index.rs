@@ -457,4 +457,54 @@ mod tests {
             model.len()
         );
     }
+
+    #[test]
+    fn readers_see_whole_snapshots_while_writers_churn() {
+        let ix = AllocIndex::default();
+        // Anchors stay live throughout; churn happens between and around them.
+        let anchors: Vec<Range> = (0..64)
+            .map(|i| r(0x10_0000 + i * 0x10000, 0x100, 1_000_000 + i))
+            .collect();
+        for a in &anchors {
+            ix.insert(*a);
+        }
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let mut seed = 7u64;
+                let mut live = Vec::new();
+                for id in 1..20_000u64 {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    // Churn only in the gaps after each anchor's 0x100 bytes.
+                    let slot = seed % 64;
+                    let start = 0x10_0000 + slot * 0x10000 + 0x1000 + (seed >> 8) % 0x8000;
+                    let range = r(start, 1 + (seed >> 20) % 0x100, id);
+                    let displaced = ix.insert(range);
+                    live.retain(|x: &Range| !displaced.contains(x));
+                    live.push(range);
+                    if live.len() > 300 {
+                        let victim = live.swap_remove((seed % 300) as usize);
+                        assert_eq!(ix.remove(victim.start), Some(victim));
+                    }
+                }
+                stop.store(true, std::sync::atomic::Ordering::Release);
+            });
+            for _ in 0..2 {
+                scope.spawn(|| {
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Acquire) || n == 0 {
+                        let s = ix.snapshot();
+                        for a in &anchors {
+                            assert_eq!(s.find_id(a.start + (n % 0x100)), Some(a.id));
+                            // Between an anchor's end and the churn area nothing is ever live.
+                            assert_eq!(s.find_id(a.end() + 0x10), None);
+                        }
+                        n += 1;
+                    }
+                });
+            }
+        });
+    }
 }
