@@ -21,7 +21,10 @@ fn three_ways(exe: &str, args: &[&str]) -> (Output, Vec<Record>) {
     let plain = run().output();
     plain.assert_ok(&format!("{what} without the shim"));
     // The simulator randomizes stream interleaving here, to shake out ordering bugs.
-    let shim = run().preload(true).env("TENSILE_SIM_JITTER_US", "50").output();
+    let shim = run()
+        .preload(true)
+        .env("TENSILE_SIM_JITTER_US", "50")
+        .output();
     shim.assert_ok(&format!("{what} under the shim"));
     let path = temp_trace("e2e");
     let traced = run().trace(&path).output();
