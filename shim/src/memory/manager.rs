@@ -64,6 +64,9 @@ pub struct ManagerConfig {
     pub host_background: bool,
     /// Pages evicted at least per eviction round (amortizes the LRU scan and the events).
     pub evict_batch: usize,
+    /// Device pages kept free (or on their way out) ahead of need once the budget is full,
+    /// so that an on-demand swap-in finds a frame without waiting for an eviction's copy.
+    pub free_reserve_pages: usize,
 }
 
 impl ManagerConfig {
@@ -83,6 +86,8 @@ impl ManagerConfig {
             numa_node: 0,
             host_background: true,
             evict_batch: 8,
+            // About 3% of the budget, at least one eviction batch.
+            free_reserve_pages: (device_budget / (2 * MIB) / 32).max(8),
         }
     }
 }
@@ -311,6 +316,14 @@ impl MemoryManager {
     /// Completes whatever swaps have finished (cheap; callers may call it when idle).
     pub fn poll(&self) -> Result<(), CUresult> {
         self.lock().poll()
+    }
+
+    /// [`Self::poll`], then evicts idle pages ahead of need so that `free_reserve_pages`
+    /// device frames are free or on their way (only once the budget is used up). Never waits;
+    /// a background thread of the interposer may call it periodically. `prepare_access` does
+    /// the same after each on-demand swap.
+    pub fn maintain(&self) -> Result<(), CUresult> {
+        self.lock().keep_reserve()
     }
 
     /// Residency of the page holding `addr` (for tests and diagnostics).
@@ -862,6 +875,7 @@ impl Inner {
         self.poll()?;
         let mut waits: Vec<Event> = Vec::new();
         let mut bring_in: Vec<usize> = Vec::new();
+        let mut cancelled: Vec<usize> = Vec::new();
         for p in t.runs.iter().flat_map(|&(a, b)| a..=b) {
             match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::ToDevice { event, .. }) => waits.push(event),
@@ -871,11 +885,15 @@ impl Inner {
                     if let Ok((h, ev)) = self.pages.cancel_swap_out(p) {
                         self.outgoing.remove(&p);
                         self.deferred_host.push((h, ev));
+                        cancelled.push(p);
                     }
                 }
                 Some(ResidencyState::Host(_)) => bring_in.push(p),
                 _ => {}
             }
+        }
+        if !cancelled.is_empty() {
+            self.guard_cancelled(&cancelled);
         }
         if !bring_in.is_empty() {
             let frames = self.acquire_device_frames(bring_in.len())?;
@@ -885,6 +903,51 @@ impl Inner {
         waits.dedup();
         for ev in waits {
             self.driver.stream_wait_event(t.stream, ev)?;
+        }
+        // Under pressure: start the next evictions now, off the next access's critical path.
+        // A failure here only means less is free ahead of time; the access itself is ready.
+        if let Err(e) = self.keep_reserve() {
+            tracing::debug!(code = e, "evicting ahead of need failed");
+        }
+        Ok(())
+    }
+
+    /// A cancelled swap-out's copy still reads the page: the page must not be remapped before
+    /// it has run. A fence on the swap-out stream, recorded now, comes after that copy; it
+    /// becomes a use of the page like any launch's.
+    fn guard_cancelled(&mut self, pages: &[usize]) {
+        let slot = self.fences.slot_of(self.swap_out_stream);
+        let seq = match self.fences.record(&*self.driver, slot) {
+            Ok(seq) => seq,
+            // Promised fence: recorded on demand before anyone waits for it.
+            Err(_) => self.fences.next_seq(slot),
+        };
+        let completed = self.fences.completed().to_vec();
+        for &p in pages {
+            if let Some(e) = self.pages.entry_mut(p) {
+                e.add_use(
+                    Use {
+                        stream_slot: slot as u32,
+                        seq,
+                    },
+                    &completed,
+                );
+            }
+        }
+    }
+
+    /// Completes finished swaps and, once the budget is used up, starts swap-outs of idle
+    /// least recently used pages until `free_reserve_pages` frames are free or on their way.
+    /// Never waits for anything.
+    fn keep_reserve(&mut self) -> Result<(), CUresult> {
+        self.poll()?;
+        let ready = self.dev.available() + self.outgoing.len();
+        let reserve = self
+            .cfg
+            .free_reserve_pages
+            .min(self.dev.budget_frames() / 2);
+        if ready < reserve {
+            self.evict(reserve - ready, 0)?;
         }
         Ok(())
     }
@@ -1120,7 +1183,12 @@ impl Inner {
         for p in victims {
             let dead = self.pages.get(p).is_some_and(|e| e.live == 0);
             if dead {
-                self.unback(p, &completed)?;
+                if let Err(e) = self.unback(p, &completed) {
+                    for (_, h) in copy {
+                        self.host.give(h);
+                    }
+                    return Err(e);
+                }
                 continue;
             }
             match self.take_host() {
@@ -1267,18 +1335,24 @@ impl Inner {
         }
         // Deferred host frames of cancelled swap-outs.
         let deferred = std::mem::take(&mut self.deferred_host);
+        let mut failed = None;
         for (h, ev) in deferred {
-            if query(ev)? {
+            // After a failed query the rest are kept as they are, never dropped.
+            let done = failed.is_none() && query(ev).map_err(|e| failed = Some(e)).unwrap_or(false);
+            if done {
                 self.host.give(h);
                 self.unref_event(ev);
             } else {
                 self.deferred_host.push((h, ev));
             }
         }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         // Swap-outs: remap to host in one batch.
         let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
         let mut finished: Vec<(usize, DevFrame, Event)> = Vec::new();
-        let mut failed = None;
+        let mut failed: Option<CUresult> = None;
         for p in outgoing {
             let Some(ResidencyState::ToHost { event, .. }) = self.pages.get(p).map(|e| e.state)
             else {

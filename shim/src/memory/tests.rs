@@ -26,6 +26,7 @@ fn config(budget_pages: usize, host_cap_pages: usize) -> ManagerConfig {
         numa_node: 0,
         host_background: false,
         evict_batch: 2,
+        free_reserve_pages: 2,
     }
 }
 
@@ -980,4 +981,179 @@ fn regression_failed_maps_do_not_leak_device_frames() {
     ]);
     assert_eq!(INJECTABLE[2], FakeCall::Map);
     run_model(ops, 6, Progress::Immediate).unwrap();
+}
+
+/// Found by `no_byte_is_lost_when_driver_calls_fail` (without any failure injected): a page
+/// whose swap-out was cancelled was later unmapped while the cancelled copy still read it.
+#[test]
+fn regression_a_cancelled_swap_out_still_guards_its_page() {
+    let ops = vec![
+        Op::Alloc {
+            size: 114759,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 88053,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 32257,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 132253,
+            stream: 0,
+        },
+        Op::Read {
+            which: 1314656060337591436,
+            off: 675894181613703918,
+            len: 267537650262283612,
+            stream: 0,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Write {
+            which: 6587476291,
+            off: 1472960236313306778,
+            len: 4754114645245862508,
+            seed: 0,
+            stream: 0,
+        },
+        Op::RunAll,
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc {
+            size: 65537,
+            stream: 0,
+        },
+        Op::Fill {
+            which: 1422715487121126879,
+            byte: 0,
+            stream: 0,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Read {
+            which: 9948068200798197734,
+            off: 0,
+            len: 0,
+            stream: 0,
+        },
+        Op::Write {
+            which: 17029470766610608959,
+            off: 341065427641195644,
+            len: 4603288408683169083,
+            seed: 0,
+            stream: 0,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Read {
+            which: 1421209924856853480,
+            off: 9485793942272780603,
+            len: 7632449195802657507,
+            stream: 2,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Free {
+            which: 3055962865291354029,
+            stream: 2,
+            sync: false,
+        },
+        Op::Step { stream: 2, n: 3 },
+        Op::Step { stream: 2, n: 2 },
+        Op::Read {
+            which: 5358033919038414761,
+            off: 0,
+            len: 0,
+            stream: 0,
+        },
+    ];
+    run_model(ops, 8, Progress::Manual).unwrap();
+}
+
+/// Found by `no_byte_is_lost_when_driver_calls_fail`: a failed `cuEventQuery` while host
+/// frames of cancelled swap-outs were waiting for their copies dropped those frames.
+#[test]
+fn regression_a_failed_event_query_keeps_deferred_host_frames() {
+    let ops = vec![
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc {
+            size: 151303,
+            stream: 0,
+        },
+        Op::Free {
+            which: 2040379977145175910,
+            stream: 0,
+            sync: false,
+        },
+        Op::Alloc {
+            size: 123155,
+            stream: 0,
+        },
+        Op::Write {
+            which: 15038638568907676538,
+            off: 3640198797287527480,
+            len: 0,
+            seed: 0,
+            stream: 0,
+        },
+        Op::Write {
+            which: 1350934977057050012,
+            off: 17616705797842835718,
+            len: 975403465335750807,
+            seed: 0,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 32257,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 32257,
+            stream: 0,
+        },
+        Op::Write {
+            which: 6952285217019638235,
+            off: 0,
+            len: 0,
+            seed: 0,
+            stream: 0,
+        },
+        Op::Write {
+            which: 10430714555554627221,
+            off: 5523209743729388187,
+            len: 2924568297295629045,
+            seed: 0,
+            stream: 0,
+        },
+        Op::RunAll,
+        Op::Write {
+            which: 5324769938436540897,
+            off: 6002931159462477381,
+            len: 0,
+            seed: 0,
+            stream: 0,
+        },
+        Op::Write {
+            which: 109304755137130364,
+            off: 13129946472004086154,
+            len: 249714880667876209,
+            seed: 0,
+            stream: 0,
+        },
+        Op::Free {
+            which: 0,
+            stream: 0,
+            sync: false,
+        },
+        Op::Step { stream: 0, n: 1 },
+        Op::Inject(7),
+        Op::Write {
+            which: 1888163769930593441,
+            off: 0,
+            len: 0,
+            seed: 0,
+            stream: 0,
+        },
+    ];
+    assert_eq!(INJECTABLE[7], FakeCall::EventQuery);
+    run_model(ops, 6, Progress::Manual).unwrap();
 }
