@@ -174,20 +174,22 @@ thread_local! {
 
 /// The current context, if any and not destroyed.
 pub fn current() -> Result<Arc<Context>, CUresult> {
-    CURRENT
-        .with(|c| c.borrow().last().cloned())
+    current_raw()
         .filter(|c| !c.destroyed.load(Ordering::Acquire))
         .ok_or(CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// The current context without the destroyed check (for `cuCtxGetCurrent`).
+///
+/// During thread exit (an `atexit` handler, a thread-local destructor) the stack is gone
+/// and the thread has no current context, as on the real driver: never a panic.
 pub fn current_raw() -> Option<Arc<Context>> {
-    CURRENT.with(|c| c.borrow().last().cloned())
+    CURRENT.try_with(|c| c.borrow().last().cloned()).ok().flatten()
 }
 
 /// `cuCtxSetCurrent`: replaces the top of the stack (pops it for `None`).
 pub fn set_current(ctx: Option<Arc<Context>>) {
-    CURRENT.with(|c| {
+    let _ = CURRENT.try_with(|c| {
         let mut stack = c.borrow_mut();
         stack.pop();
         if let Some(ctx) = ctx {
@@ -197,14 +199,14 @@ pub fn set_current(ctx: Option<Arc<Context>>) {
 }
 
 pub fn push_current(ctx: Arc<Context>) {
-    CURRENT.with(|c| c.borrow_mut().push(ctx));
+    let _ = CURRENT.try_with(|c| c.borrow_mut().push(ctx));
 }
 
 pub fn pop_current() -> Option<Arc<Context>> {
-    CURRENT.with(|c| c.borrow_mut().pop())
+    CURRENT.try_with(|c| c.borrow_mut().pop()).ok().flatten()
 }
 
 /// Removes `ctx` from the calling thread's stack (after `cuCtxDestroy`).
 pub fn forget(ctx: &Arc<Context>) {
-    CURRENT.with(|c| c.borrow_mut().retain(|x| !Arc::ptr_eq(x, ctx)));
+    let _ = CURRENT.try_with(|c| c.borrow_mut().retain(|x| !Arc::ptr_eq(x, ctx)));
 }
