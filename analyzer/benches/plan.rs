@@ -27,7 +27,9 @@ fn bench(c: &mut Criterion) {
             b.iter(|| tensile_analyzer::plan::plan(black_box(&analysis.cycle), &budget, &cost))
         });
         group.bench_function("lower bound at 50%", |b| {
-            b.iter(|| tensile_analyzer::bound::lower_bound(black_box(&analysis.cycle), &budget, &cost))
+            b.iter(|| {
+                tensile_analyzer::bound::lower_bound(black_box(&analysis.cycle), &budget, &cost)
+            })
         });
         group.bench_function("analyze + plan at 50%", |b| {
             b.iter(|| {

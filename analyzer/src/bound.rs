@@ -84,7 +84,11 @@ pub fn lower_bound(
     let compute = times[p];
     let live = Liveness::of(cycle);
     let needed = needed_bytes(cycle, &live);
-    let idle_bytes: u64 = live.idle.iter().map(|&t| cycle.tensors[t as usize].bytes).sum();
+    let idle_bytes: u64 = live
+        .idle
+        .iter()
+        .map(|&t| cycle.tensors[t as usize].bytes)
+        .sum();
     let max_excess = needed
         .iter()
         .map(|&m| m.saturating_sub(budget.bytes))

@@ -174,7 +174,12 @@ impl Cycle {
             op.tensors.sort_unstable();
             op.tensors.dedup();
         }
-        Ok(Cycle { ops, tensors, span: 0..p, estimated_launches: 0 })
+        Ok(Cycle {
+            ops,
+            tensors,
+            span: 0..p,
+            estimated_launches: 0,
+        })
     }
 
     /// Finds, for each tensor of the cycle, the allocation that plays its part in the trace's

@@ -237,7 +237,10 @@ fn find_period(symbols: &[u64]) -> (usize, f64) {
     scored.sort_unstable_by_key(|s| s.0);
     // The smallest good lag that anchors also confirm: a repeated layer scores well but has no
     // n-gram that occurs once per layer-length throughout the trace.
-    let good: Vec<(usize, f64)> = scored.into_iter().filter(|s| s.1 >= best - SCORE_MARGIN).collect();
+    let good: Vec<(usize, f64)> = scored
+        .into_iter()
+        .filter(|s| s.1 >= best - SCORE_MARGIN)
+        .collect();
     // The anchors also measure the step better than the lag does (the lag of a trace with an
     // extra kernel every few steps can be off by one).
     good.iter()
@@ -274,8 +277,15 @@ fn anchored_step(symbols: &[u64], q: usize, min_count: usize) -> Option<usize> {
     for w in occ.windows(2) {
         *counts.entry(w[1] - w[0]).or_default() += 1;
     }
-    let repeated = counts.iter().filter(|(_, &c)| c >= 2).map(|(&g, _)| g).min();
-    let mode = counts.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))).map(|(&g, _)| g);
+    let repeated = counts
+        .iter()
+        .filter(|(_, &c)| c >= 2)
+        .map(|(&g, _)| g)
+        .min();
+    let mode = counts
+        .iter()
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+        .map(|(&g, _)| g);
     let step = repeated.or(mode)?;
     // Regular: the step is about `q`, and the anchor shows up in nearly every step of the trace
     // after its first occurrence.

@@ -138,14 +138,63 @@ pub struct PlanOptions {
     /// Issue each read-back no earlier than this many times its copy duration before its use
     /// (`None`: as early as memory allows).
     pub fetch_lead: Option<f64>,
+    /// Fraction of the budget the selection leaves free (read-backs use the full budget).
+    pub headroom: f64,
+    /// Count an eviction's memory as free only from the first op that starts after its
+    /// write-back could have finished (else right after the access that opens the gap).
+    pub writeback_latency: bool,
 }
 
 /// The variants [`plan`] compares.
-pub const PLAN_VARIANTS: [PlanOptions; 4] = [
-    PlanOptions { prefer_hideable: true, fetch_lead: None },
-    PlanOptions { prefer_hideable: false, fetch_lead: None },
-    PlanOptions { prefer_hideable: true, fetch_lead: Some(3.0) },
-    PlanOptions { prefer_hideable: false, fetch_lead: Some(3.0) },
+pub const PLAN_VARIANTS: [PlanOptions; 8] = [
+    PlanOptions {
+        prefer_hideable: true,
+        fetch_lead: None,
+        headroom: 0.0,
+        writeback_latency: false,
+    },
+    PlanOptions {
+        prefer_hideable: false,
+        fetch_lead: None,
+        headroom: 0.0,
+        writeback_latency: false,
+    },
+    PlanOptions {
+        prefer_hideable: true,
+        fetch_lead: Some(3.0),
+        headroom: 0.0,
+        writeback_latency: false,
+    },
+    PlanOptions {
+        prefer_hideable: false,
+        fetch_lead: Some(3.0),
+        headroom: 0.0,
+        writeback_latency: false,
+    },
+    PlanOptions {
+        prefer_hideable: true,
+        fetch_lead: None,
+        headroom: 0.0,
+        writeback_latency: true,
+    },
+    PlanOptions {
+        prefer_hideable: false,
+        fetch_lead: None,
+        headroom: 0.0,
+        writeback_latency: true,
+    },
+    PlanOptions {
+        prefer_hideable: true,
+        fetch_lead: None,
+        headroom: 0.03,
+        writeback_latency: true,
+    },
+    PlanOptions {
+        prefer_hideable: false,
+        fetch_lead: Some(3.0),
+        headroom: 0.0,
+        writeback_latency: true,
+    },
 ];
 
 /// Makes a periodic swap plan for `cycle` within `budget`: plans each of [`PLAN_VARIANTS`],
@@ -186,6 +235,8 @@ pub fn plan_with(
         return Err(PlanError::Empty);
     }
     let b = i128::from(budget.bytes);
+    // Selection aims below the budget by the headroom, so that read-backs find room earlier.
+    let b_sel = i128::from(budget.bytes) - (budget.bytes as f64 * options.headroom) as i128;
     for (i, &bytes) in op_bytes(cycle).iter().enumerate() {
         if bytes > budget.bytes {
             return Err(PlanError::OpTooLarge {
@@ -204,9 +255,11 @@ pub fn plan_with(
 
     // Sweep from the op with the least data, so that gaps spanning the start are seen whole.
     let start = (0..p).min_by_key(|&i| needed[i]).unwrap_or(0);
-    let mut selected = vec![false; live.gaps.len()];
+    let mut picks = Picks {
+        selected: vec![false; live.gaps.len()],
+        order: Vec::new(),
+    };
     let mut idle_selected = vec![false; live.idle.len()];
-    let mut order: Vec<usize> = Vec::new(); // selection order, gaps only
 
     // Candidate intervals in the sweep frame [start, start + p): each gap shifted by 0 or p.
     let mut events: Vec<(u64, Candidate)> = Vec::new();
@@ -239,17 +292,33 @@ pub fn plan_with(
         let k = unrolled / p as u64;
         times[(unrolled % p as u64) as usize] + k * period_ns
     };
+    // Where each selected gap's memory counts as free (unrolled position).
+    let mut relief_start: Vec<u64> = live.gaps.iter().map(|g| u64::from(g.from) + 1).collect();
+    // First op starting after a write-back of `bytes` issued at the end of op `from` finished.
+    let ready_after = |from: u64, to: u64, bytes: u64| -> u64 {
+        let done = time_at(from + 1) + cost.d2h_ns(bytes);
+        let (mut lo, mut hi) = (from + 1, to);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if time_at(mid) >= done {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        lo
+    };
     for j in (start + p) as u64..(start + 2 * p) as u64 {
         while next_event < events.len() && events[next_event].0 <= j {
             heap.push(events[next_event].1);
             next_event += 1;
         }
         let pos = (j % p as u64) as usize;
-        if resident[pos] <= b {
+        if resident[pos] <= b_sel {
             continue;
         }
         let mut deferred: Vec<Candidate> = Vec::new();
-        while resident[pos] > b {
+        while resident[pos] > b_sel {
             let Some(c) = heap.pop() else { break };
             if c.gap >= usize::MAX / 2 {
                 let i = usize::MAX - c.gap;
@@ -260,7 +329,7 @@ pub fn plan_with(
                 }
                 continue;
             }
-            if c.to <= j || selected[c.gap] {
+            if c.to <= j || picks.selected[c.gap] {
                 continue;
             }
             let bytes = tensor_bytes(live.gaps[c.gap].tensor);
@@ -271,31 +340,44 @@ pub fn plan_with(
                 deferred.push(c);
                 continue;
             }
+            let g = live.gaps[c.gap];
+            let ready = ready_after(u64::from(g.from), u64::from(g.to), bytes);
+            if options.writeback_latency && ready + c.from > j + u64::from(g.from) {
+                // Its memory would not be free yet at this op: keep it for later ops.
+                deferred.push(c);
+                continue;
+            }
+            if options.writeback_latency {
+                relief_start[c.gap] = ready;
+            }
             select(
-                &mut selected,
-                &mut order,
+                &mut picks,
                 &mut resident,
                 &live.gaps,
                 c.gap,
                 p,
                 bytes,
+                relief_start[c.gap],
             );
         }
-        if resident[pos] > b {
+        if resident[pos] > b_sel {
             // Nothing hideable left: take the others, furthest next use first.
             deferred.sort_unstable_by(|x, y| y.cmp(x));
             let mut rest = Vec::new();
             for c in deferred {
-                if resident[pos] > b {
+                if resident[pos] > b_sel {
                     let bytes = tensor_bytes(live.gaps[c.gap].tensor);
+                    // Needed here even if its write-back makes the op wait: count it free from
+                    // right after its access.
+                    relief_start[c.gap] = u64::from(live.gaps[c.gap].from) + 1;
                     select(
-                        &mut selected,
-                        &mut order,
+                        &mut picks,
                         &mut resident,
                         &live.gaps,
                         c.gap,
                         p,
                         bytes,
+                        relief_start[c.gap],
                     );
                 } else {
                     rest.push(c);
@@ -307,44 +389,35 @@ pub fn plan_with(
     }
 
     // Prune: undo evictions the budget does not need, most recent first.
-    for &gi in order.iter().rev() {
+    for &gi in picks.order.iter().rev() {
         let g = live.gaps[gi];
         let bytes = i128::from(tensor_bytes(g.tensor));
-        if fits_with(
-            &resident,
-            p,
-            u64::from(g.from) + 1,
-            u64::from(g.to),
-            bytes,
-            b,
-        ) {
-            selected[gi] = false;
-            add_range(
-                &mut resident,
-                p,
-                u64::from(g.from) + 1,
-                u64::from(g.to),
-                bytes,
-            );
+        let first = relief_start[gi];
+        if fits_with(&resident, p, first, u64::from(g.to), bytes, b_sel) {
+            picks.selected[gi] = false;
+            add_range(&mut resident, p, first, u64::from(g.to), bytes);
         }
     }
 
     // Fetch as early as memory allows, nearest next use first.
-    let mut chosen: Vec<Gap> = live
+    let mut chosen: Vec<(Gap, u64)> = live
         .gaps
         .iter()
-        .zip(&selected)
-        .filter(|(_, &s)| s)
-        .map(|(g, _)| *g)
+        .zip(&picks.selected)
+        .zip(&relief_start)
+        .filter(|((_, &s), _)| s)
+        .map(|((g, _), &r)| (*g, r))
         .collect();
-    chosen.sort_unstable_by_key(|g| (time_at(u64::from(g.to)) % period_ns.max(1), g.to));
+    chosen.sort_unstable_by_key(|(g, _)| (time_at(u64::from(g.to)) % period_ns.max(1), g.to));
     let mut evictions = Vec::with_capacity(chosen.len());
-    for g in chosen {
+    for (g, first) in chosen {
         let bytes = i128::from(tensor_bytes(g.tensor));
         let mut fetch = u64::from(g.to);
-        let lead = options.fetch_lead.map(|k| (cost.h2d_ns(tensor_bytes(g.tensor)) as f64 * k) as u64);
+        let lead = options
+            .fetch_lead
+            .map(|k| (cost.h2d_ns(tensor_bytes(g.tensor)) as f64 * k) as u64);
         let need_at = time_at(u64::from(g.to));
-        while fetch > u64::from(g.from) + 1 {
+        while fetch > first {
             let pos = ((fetch - 1) % p as u64) as usize;
             if resident[pos] + bytes > b {
                 break;
@@ -354,15 +427,9 @@ pub fn plan_with(
             }
             fetch -= 1;
         }
-        if fetch == u64::from(g.from) + 1 {
+        if fetch == first {
             // Fits for the whole gap after all: keep it on the device.
-            add_range(
-                &mut resident,
-                p,
-                u64::from(g.from) + 1,
-                u64::from(g.to),
-                bytes,
-            );
+            add_range(&mut resident, p, first, u64::from(g.to), bytes);
             continue;
         }
         add_range(&mut resident, p, fetch, u64::from(g.to), bytes);
@@ -392,23 +459,30 @@ pub fn plan_with(
     })
 }
 
-/// Marks gap `gi` evicted and removes its bytes from the resident curve over the gap.
+/// The gaps chosen for eviction, and in which order they were chosen.
+struct Picks {
+    selected: Vec<bool>,
+    order: Vec<usize>,
+}
+
+/// Marks gap `gi` evicted and removes its bytes from the resident curve from `relief_start` (where
+/// its memory counts as free) to the gap's end.
 fn select(
-    selected: &mut [bool],
-    order: &mut Vec<usize>,
+    picks: &mut Picks,
     resident: &mut [i128],
     gaps: &[Gap],
     gi: usize,
     p: usize,
     bytes: u64,
+    relief_start: u64,
 ) {
     let g = gaps[gi];
-    selected[gi] = true;
-    order.push(gi);
+    picks.selected[gi] = true;
+    picks.order.push(gi);
     add_range(
         resident,
         p,
-        u64::from(g.from) + 1,
+        relief_start,
         u64::from(g.to),
         -i128::from(bytes),
     );

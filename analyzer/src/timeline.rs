@@ -71,7 +71,11 @@ impl Liveness {
                 // Normalized so that `from` lies in the cycle: a gap between two accesses folded
                 // from the next iteration is the same gap one period earlier.
                 let shift = (w[0] / period) * period;
-                gaps.push(Gap { tensor: tid, from: w[0] - shift, to: w[1] - shift });
+                gaps.push(Gap {
+                    tensor: tid,
+                    from: w[0] - shift,
+                    to: w[1] - shift,
+                });
             }
             if t.is_persistent() {
                 // Persistent data survives into the next iteration's first access.

@@ -23,13 +23,15 @@ pub fn tensor_spec() -> impl Strategy<Value = TensorSpec> {
         0.05f64..0.95,
         prop::collection::vec(0.0f64..1.0, 0..5),
     )
-        .prop_map(|(mib, persistent, start, len_frac, access_fracs)| TensorSpec {
-            mib,
-            persistent,
-            start,
-            len_frac,
-            access_fracs,
-        })
+        .prop_map(
+            |(mib, persistent, start, len_frac, access_fracs)| TensorSpec {
+                mib,
+                persistent,
+                start,
+                len_frac,
+                access_fracs,
+            },
+        )
 }
 
 /// Builds a cycle of `durations.len()` ops from the specs.
@@ -39,12 +41,17 @@ pub fn build(durations: &[u64], specs: &[TensorSpec]) -> Cycle {
     for (i, s) in specs.iter().enumerate() {
         let bytes = s.mib << 20;
         if s.persistent {
-            let mut acc: Vec<u32> =
-                s.access_fracs.iter().map(|f| ((f * p as f64) as usize).min(p - 1) as u32).collect();
+            let mut acc: Vec<u32> = s
+                .access_fracs
+                .iter()
+                .map(|f| ((f * p as f64) as usize).min(p - 1) as u32)
+                .collect();
             acc.sort_unstable();
             acc.dedup();
             tensors.push(Tensor {
-                identity: Identity::Persistent { trace_id: i as u64 + 1 },
+                identity: Identity::Persistent {
+                    trace_id: i as u64 + 1,
+                },
                 bytes,
                 accesses: acc,
                 alloc_at: None,
@@ -54,8 +61,11 @@ pub fn build(durations: &[u64], specs: &[TensorSpec]) -> Cycle {
         } else {
             let alloc = s.start % p;
             let len = ((s.len_frac * p as f64) as usize).clamp(1, p - 1);
-            let mut offs: Vec<usize> =
-                s.access_fracs.iter().map(|f| ((f * len as f64) as usize).min(len - 1)).collect();
+            let mut offs: Vec<usize> = s
+                .access_fracs
+                .iter()
+                .map(|f| ((f * len as f64) as usize).min(len - 1))
+                .collect();
             if offs.is_empty() {
                 offs.push(0);
             }
@@ -63,7 +73,10 @@ pub fn build(durations: &[u64], specs: &[TensorSpec]) -> Cycle {
             offs.dedup();
             let accesses = offs.iter().map(|o| ((alloc + o) % p) as u32).collect();
             tensors.push(Tensor {
-                identity: Identity::Transient { ordinal: i as u32, bytes },
+                identity: Identity::Transient {
+                    ordinal: i as u32,
+                    bytes,
+                },
                 bytes,
                 accesses,
                 alloc_at: Some(alloc as u32),

@@ -8,7 +8,9 @@ use tensile_analyzer::import::{load, LoadError, LoadOptions, Location};
 use tensile_analyzer::model::{CopyDir, OpKind, SourceFormat, SyncScope};
 
 fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 fn gunzip(path: &Path) -> Vec<u8> {
@@ -28,7 +30,9 @@ fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
 
 /// Counts the lines of each record letter in a capture text.
 fn count(text: &str, tag: &str) -> usize {
-    text.lines().filter(|l| l.split(' ').next() == Some(tag)).count()
+    text.lines()
+        .filter(|l| l.split(' ').next() == Some(tag))
+        .count()
 }
 
 #[test]
@@ -41,10 +45,18 @@ fn shared_traces_load_completely() {
         assert!(trace.complete, "{name} ends with '# end'");
         assert_eq!(trace.allocations.len(), count(&text, "A"), "{name}");
         assert_eq!(trace.launch_count(), count(&text, "K"), "{name}");
-        assert_eq!(trace.ops.len(), count(&text, "K") + count(&text, "C"), "{name}");
+        assert_eq!(
+            trace.ops.len(),
+            count(&text, "K") + count(&text, "C"),
+            "{name}"
+        );
         assert_eq!(trace.syncs.len(), count(&text, "S"), "{name}");
         assert_eq!(trace.kernels.len(), count(&text, "N"), "{name}");
-        let frees = trace.allocations.iter().filter(|a| a.free.is_some()).count();
+        let frees = trace
+            .allocations
+            .iter()
+            .filter(|a| a.free.is_some())
+            .count();
         assert_eq!(frees, count(&text, "F"), "{name}");
         // Every launch in these traces got a duration.
         let timed = trace.ops.iter().filter(|o| o.gpu_ns.is_some()).count();
@@ -74,7 +86,12 @@ F 160 (nil) 5\n\
     assert_eq!(t.allocations[1].stream, 0x1234);
     assert_eq!(t.allocations[1].bytes, 8192);
     assert_eq!(t.ops.len(), 2);
-    assert_eq!(t.ops[0].kind, OpKind::Copy { dir: CopyDir::HostToDevice });
+    assert_eq!(
+        t.ops[0].kind,
+        OpKind::Copy {
+            dir: CopyDir::HostToDevice
+        }
+    );
     assert_eq!(t.ops[0].touches, vec![0]);
     assert_eq!(t.ops[1].kind, OpKind::Launch { kernel: 7 });
     assert_eq!(t.ops[1].touches, vec![0, 1], "sorted, deduplicated");
@@ -102,10 +119,19 @@ fn truncated_gzip_is_reported_and_can_be_salvaged() {
     let bytes = std::fs::read(data("mlp.trace.gz")).unwrap();
     let cut = temp_file("cut.trace.gz", &bytes[..bytes.len() / 2]);
     match load(&cut, LoadOptions::default()) {
-        Err(LoadError::Truncated { at: Location::Line(n), .. }) => assert!(n > 100, "line {n}"),
+        Err(LoadError::Truncated {
+            at: Location::Line(n),
+            ..
+        }) => assert!(n > 100, "line {n}"),
         other => panic!("expected Truncated, got {other:?}"),
     }
-    let partial = load(&cut, LoadOptions { allow_truncated: true }).unwrap();
+    let partial = load(
+        &cut,
+        LoadOptions {
+            allow_truncated: true,
+        },
+    )
+    .unwrap();
     let full = load(&data("mlp.trace.gz"), LoadOptions::default()).unwrap();
     assert!(!partial.complete);
     assert!(partial.ops.len() > 100 && partial.ops.len() < full.ops.len());
@@ -149,7 +175,10 @@ fn foreign_files_are_refused() {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(b"hello world\n").unwrap();
     let path = temp_file("hello.gz", &gz.finish().unwrap());
-    assert!(matches!(load(&path, LoadOptions::default()), Err(LoadError::Foreign { .. })));
+    assert!(matches!(
+        load(&path, LoadOptions::default()),
+        Err(LoadError::Foreign { .. })
+    ));
     let missing = load(Path::new("/nonexistent/trace.gz"), LoadOptions::default()).unwrap_err();
     assert!(matches!(missing, LoadError::Io { .. }));
 }
@@ -160,9 +189,17 @@ fn malformed_lines_name_the_line_and_the_expectation() {
         ("A 1 (nil) 1 zz 4096\n", 2, "a device address in hex"),
         ("A 1 (nil) 1 10\n", 2, "a size in bytes (line too short)"),
         ("K 1 (nil) 1 0 1,1 1,1,1 0\n", 2, "a grid size as x,y,z"),
-        ("A 1 (nil) 1 10 4096\nK 1 (nil) 1 0 1,1,1 1,1,1 0 1-0\n", 3, "an access as <id>@<offset>"),
+        (
+            "A 1 (nil) 1 10 4096\nK 1 (nil) 1 0 1,1,1 1,1,1 0 1-0\n",
+            3,
+            "an access as <id>@<offset>",
+        ),
         ("Q 1 2 3\n", 2, "a record letter (N, A, F, K, D, C or S)"),
-        ("C 1 (nil) sideways 0 0 8\n", 2, "a copy kind (h2d, d2h, d2d or any)"),
+        (
+            "C 1 (nil) sideways 0 0 8\n",
+            2,
+            "a copy kind (h2d, d2h, d2d or any)",
+        ),
     ];
     for (body, line, expected_text) in cases {
         let path = temp_file("bad.trace", format!("# capture v1\n{body}").as_bytes());
@@ -180,13 +217,25 @@ fn malformed_lines_name_the_line_and_the_expectation() {
 fn inconsistent_records_are_refused() {
     let cases = [
         ("F 1 (nil) 9\n", "allocation id 9 was never allocated"),
-        ("A 1 (nil) 1 10 16\nA 2 (nil) 1 20 16\n", "allocation id 1 is allocated twice"),
-        ("A 1 (nil) 1 10 16\nF 2 (nil) 1\nF 3 (nil) 1\n", "allocation id 1 is freed twice"),
+        (
+            "A 1 (nil) 1 10 16\nA 2 (nil) 1 20 16\n",
+            "allocation id 1 is allocated twice",
+        ),
+        (
+            "A 1 (nil) 1 10 16\nF 2 (nil) 1\nF 3 (nil) 1\n",
+            "allocation id 1 is freed twice",
+        ),
         ("D 5 100\n", "duration for launch 5, which was never seen"),
-        ("K 1 (nil) 1 0 1,1,1 1,1,1 0 3@0\n", "allocation id 3 was never allocated"),
+        (
+            "K 1 (nil) 1 0 1,1,1 1,1,1 0 3@0\n",
+            "allocation id 3 was never allocated",
+        ),
     ];
     for (body, reason_text) in cases {
-        let path = temp_file("inconsistent.trace", format!("# capture v1\n{body}").as_bytes());
+        let path = temp_file(
+            "inconsistent.trace",
+            format!("# capture v1\n{body}").as_bytes(),
+        );
         match load(&path, LoadOptions::default()) {
             Err(LoadError::Inconsistent { reason, .. }) => assert_eq!(reason, reason_text),
             other => panic!("{body}: expected Inconsistent, got {other:?}"),
@@ -203,17 +252,68 @@ mod tensile_format {
 
     fn records() -> Vec<Record> {
         vec![
-            Record::Kernel(KernelInfo { id: 3, name: "axpy".into(), nparams: 3 }),
-            Record::Alloc(Alloc { t_ns: 10, stream: 0, id: 1, ptr: 0x1000, bytes: 256, kind: AllocKind::Async }),
-            Record::Alloc(Alloc { t_ns: 11, stream: 0, id: 2, ptr: 0x2000, bytes: 512, kind: AllocKind::Sync }),
-            Record::Copy(Copy { t_ns: 12, stream: 0, kind: CopyKind::HostToDevice, dst: 1, src: 0, bytes: 256, asynchronous: true }),
-            Record::Launch(Launch {
-                t_ns: 13, stream: 7, seq: 0, kernel: 3, grid: [1, 1, 1], block: [32, 1, 1], smem: 0,
-                accesses: vec![Access { alloc: 2, param_offset: 8 }, Access { alloc: 1, param_offset: 0 }],
+            Record::Kernel(KernelInfo {
+                id: 3,
+                name: "axpy".into(),
+                nparams: 3,
             }),
-            Record::Sync(Sync { t_ns: 14, scope: TSync::Context }),
-            Record::LaunchTime(LaunchTime { seq: 0, gpu_ns: 4242 }),
-            Record::Free(Free { t_ns: 15, stream: 0, id: 1 }),
+            Record::Alloc(Alloc {
+                t_ns: 10,
+                stream: 0,
+                id: 1,
+                ptr: 0x1000,
+                bytes: 256,
+                kind: AllocKind::Async,
+            }),
+            Record::Alloc(Alloc {
+                t_ns: 11,
+                stream: 0,
+                id: 2,
+                ptr: 0x2000,
+                bytes: 512,
+                kind: AllocKind::Sync,
+            }),
+            Record::Copy(Copy {
+                t_ns: 12,
+                stream: 0,
+                kind: CopyKind::HostToDevice,
+                dst: 1,
+                src: 0,
+                bytes: 256,
+                asynchronous: true,
+            }),
+            Record::Launch(Launch {
+                t_ns: 13,
+                stream: 7,
+                seq: 0,
+                kernel: 3,
+                grid: [1, 1, 1],
+                block: [32, 1, 1],
+                smem: 0,
+                accesses: vec![
+                    Access {
+                        alloc: 2,
+                        param_offset: 8,
+                    },
+                    Access {
+                        alloc: 1,
+                        param_offset: 0,
+                    },
+                ],
+            }),
+            Record::Sync(Sync {
+                t_ns: 14,
+                scope: TSync::Context,
+            }),
+            Record::LaunchTime(LaunchTime {
+                seq: 0,
+                gpu_ns: 4242,
+            }),
+            Record::Free(Free {
+                t_ns: 15,
+                stream: 0,
+                id: 1,
+            }),
         ]
     }
 
@@ -230,21 +330,32 @@ mod tensile_format {
             w.write(r).unwrap();
         }
         if end {
-            w.finish(End { t_ns: 16, dropped_records: 0 }).unwrap()
+            w.finish(End {
+                t_ns: 16,
+                dropped_records: 0,
+            })
+            .unwrap()
         } else {
             w.flush().unwrap();
-            w.finish(End { t_ns: 16, dropped_records: 0 }).unwrap()
+            w.finish(End {
+                t_ns: 16,
+                dropped_records: 0,
+            })
+            .unwrap()
         }
     }
 
     #[test]
     fn own_format_maps_onto_the_model() {
         let bytes = write(&records(), true);
-        for (name, content) in [("own.tnsl", bytes.clone()), ("own.tnsl.gz", {
-            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-            gz.write_all(&bytes).unwrap();
-            gz.finish().unwrap()
-        })] {
+        for (name, content) in [
+            ("own.tnsl", bytes.clone()),
+            ("own.tnsl.gz", {
+                let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+                gz.write_all(&bytes).unwrap();
+                gz.finish().unwrap()
+            }),
+        ] {
             let t = load(&temp_file(name, &content), LoadOptions::default()).unwrap();
             assert_eq!(t.format, SourceFormat::Tensile);
             assert!(t.complete);
@@ -265,8 +376,23 @@ mod tensile_format {
         let bytes = write(&records(), true);
         let cut = temp_file("cut.tnsl", &bytes[..bytes.len() - 7]);
         let err = load(&cut, LoadOptions::default()).unwrap_err();
-        assert!(matches!(err, LoadError::Truncated { at: Location::Record(_), .. }), "{err:?}");
-        let partial = load(&cut, LoadOptions { allow_truncated: true }).unwrap();
+        assert!(
+            matches!(
+                err,
+                LoadError::Truncated {
+                    at: Location::Record(_),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let partial = load(
+            &cut,
+            LoadOptions {
+                allow_truncated: true,
+            },
+        )
+        .unwrap();
         assert!(!partial.complete);
         assert_eq!(partial.ops.len(), 2);
     }
@@ -274,7 +400,11 @@ mod tensile_format {
     #[test]
     fn own_format_inconsistency_names_the_record() {
         let mut recs = records();
-        recs.push(Record::Free(Free { t_ns: 20, stream: 0, id: 99 }));
+        recs.push(Record::Free(Free {
+            t_ns: 20,
+            stream: 0,
+            id: 99,
+        }));
         let path = temp_file("bad.tnsl", &write(&recs, true));
         match load(&path, LoadOptions::default()) {
             Err(LoadError::Inconsistent { at, reason, .. }) => {

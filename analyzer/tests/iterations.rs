@@ -4,14 +4,16 @@
 use std::path::Path;
 
 use proptest::prelude::*;
-use tensile_analyzer::cycle::{Cycle, Identity};
+use tensile_analyzer::cycle::Cycle;
 use tensile_analyzer::import::{load, read_capture, LoadOptions};
 use tensile_analyzer::iteration::{detect, IterationError};
 use tensile_analyzer::model::Trace;
 use tensile_analyzer::CostModel;
 
 fn shared(name: &str) -> Trace {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
     load(&path, LoadOptions::default()).unwrap()
 }
 
@@ -19,8 +21,11 @@ fn shared(name: &str) -> Trace {
 fn shared_traces_have_eight_steps_of_the_right_length() {
     // Launches plus application copies per steady-state step, counted by hand from the traces
     // (the README's launch counts are averages that include the longer first step).
-    for (name, period) in [("mlp.trace.gz", 225), ("resnet50.trace.gz", 757), ("bert.trace.gz", 817)]
-    {
+    for (name, period) in [
+        ("mlp.trace.gz", 225),
+        ("resnet50.trace.gz", 757),
+        ("bert.trace.gz", 817),
+    ] {
         let trace = shared(name);
         let it = detect(&trace).unwrap();
         assert_eq!(it.period, period, "{name}");
@@ -33,9 +38,15 @@ fn shared_traces_have_eight_steps_of_the_right_length() {
         for span in &it.spans[1..7] {
             assert_eq!(span.len(), period, "{name}");
         }
-        assert!(it.spans[0].len() > period, "{name}: the first step does more");
+        assert!(
+            it.spans[0].len() > period,
+            "{name}: the first step does more"
+        );
         let rep = it.representative;
-        assert!(rep > 0 && rep + 1 < it.spans.len(), "{name}: steady, with a successor");
+        assert!(
+            rep > 0 && rep + 1 < it.spans.len(),
+            "{name}: steady, with a successor"
+        );
     }
 }
 
@@ -58,14 +69,24 @@ fn identities_carry_over_to_the_next_iteration() {
             // The matching allocation is made at the same position and first touched by the
             // same op of its iteration.
             assert_eq!(alloc.before_op as usize - span.start, alloc_at as usize);
-            let mine: Vec<u32> = t.accesses.iter().copied().filter(|&a| a >= alloc_at).collect();
+            let mine: Vec<u32> = t
+                .accesses
+                .iter()
+                .copied()
+                .filter(|&a| a >= alloc_at)
+                .collect();
             let theirs: Vec<u32> = trace.ops[span.clone()]
                 .iter()
                 .enumerate()
                 .filter(|(_, op)| op.touches.contains(&idx))
                 .map(|(i, _)| i as u32)
                 .collect();
-            assert_eq!(mine.first(), theirs.first(), "{:?} in iteration {other}", t.identity);
+            assert_eq!(
+                mine.first(),
+                theirs.first(),
+                "{:?} in iteration {other}",
+                t.identity
+            );
             // Later accesses differ a little between iterations: a parameter word that is not
             // really a pointer to this tensor (a one-past-the-end pointer of its neighbour, a
             // stale slot in a pointer array) lands in whatever allocation sits at that address,
@@ -73,7 +94,10 @@ fn identities_carry_over_to_the_next_iteration() {
             agree += mine.iter().filter(|a| theirs.contains(a)).count();
             total += mine.len().max(theirs.len());
         }
-        assert!(agree * 100 >= total * 85, "only {agree} of {total} accesses agree");
+        assert!(
+            agree * 100 >= total * 85,
+            "only {agree} of {total} accesses agree"
+        );
     }
 }
 
@@ -84,7 +108,10 @@ fn a_trace_without_repetition_is_refused() {
         text.push_str(&format!("K {i} (nil) {i} {i} 1,1,1 1,1,1 0\n"));
     }
     let trace = read_capture(text.as_bytes(), "unique", &mut || {}).unwrap();
-    assert!(matches!(detect(&trace), Err(IterationError::NoRepetition { .. })));
+    assert!(matches!(
+        detect(&trace),
+        Err(IterationError::NoRepetition { .. })
+    ));
     let empty = read_capture(&b"# capture v1\n"[..], "empty", &mut || {}).unwrap();
     assert_eq!(detect(&empty), Err(IterationError::Empty));
 }
@@ -105,11 +132,20 @@ fn synthetic(
     let mut launch = |text: &mut String, kernel: u32, ids: &[u64]| {
         seq += 1;
         let acc: Vec<String> = ids.iter().map(|i| format!("{i}@0")).collect();
-        text.push_str(&format!("K {seq} (nil) {seq} {kernel} 1,1,1 1,1,1 0 {}\n", acc.join(" ")));
+        text.push_str(&format!(
+            "K {seq} (nil) {seq} {kernel} 1,1,1 1,1,1 0 {}\n",
+            acc.join(" ")
+        ));
     };
     let mut ops = 0usize;
     // Prologue: parameters created and initialised, with kernels never seen again.
-    let params: Vec<u64> = (0..4).map(|_| { let id = next_id; next_id += 1; id }).collect();
+    let params: Vec<u64> = (0..4)
+        .map(|_| {
+            let id = next_id;
+            next_id += 1;
+            id
+        })
+        .collect();
     for &p in &params {
         text.push_str(&format!("A 0 (nil) {p} {:x} 1048576\n", p << 24));
     }
@@ -138,7 +174,11 @@ fn synthetic(
             }
             let id = next_id;
             next_id += 1;
-            text.push_str(&format!("A 0 (nil) {id} {:x} {}\n", id << 24, 4096 * (1 + i % 7)));
+            text.push_str(&format!(
+                "A 0 (nil) {id} {:x} {}\n",
+                id << 24,
+                4096 * (1 + i % 7)
+            ));
             live.push(id);
             let prev = live.len().checked_sub(2).map(|j| live[j]);
             let mut touched = vec![id, params[i % params.len()]];

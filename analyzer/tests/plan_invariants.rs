@@ -76,35 +76,86 @@ fn simulator_rejects_a_plan_that_ignores_the_budget() {
     // Two 64 MiB tensors used by every op, one 64 MiB tensor touched once: at a budget of two
     // tensors an empty plan cannot fit the state at the start of the iteration.
     let specs = vec![
-        common_synth::TensorSpec { mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.0, 0.5] },
-        common_synth::TensorSpec { mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.3, 0.9] },
-        common_synth::TensorSpec { mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.6] },
+        common_synth::TensorSpec {
+            mib: 64,
+            persistent: true,
+            start: 0,
+            len_frac: 0.5,
+            access_fracs: vec![0.0, 0.5],
+        },
+        common_synth::TensorSpec {
+            mib: 64,
+            persistent: true,
+            start: 0,
+            len_frac: 0.5,
+            access_fracs: vec![0.3, 0.9],
+        },
+        common_synth::TensorSpec {
+            mib: 64,
+            persistent: true,
+            start: 0,
+            len_frac: 0.5,
+            access_fracs: vec![0.6],
+        },
     ];
     let cycle = common_synth::build(&[10_000; 10], &specs);
     let cost = CostModel::default();
     let budget = Budget::new(128 << 20);
-    let empty = SwapPlan { period: 10, budget_bytes: budget.bytes, evictions: vec![], host_resident: vec![] };
-    let err = simulate(&cycle, Policy::Plan(&empty), budget, &cost, SimOptions::default()).unwrap_err();
+    let empty = SwapPlan {
+        period: 10,
+        budget_bytes: budget.bytes,
+        evictions: vec![],
+        host_resident: vec![],
+    };
+    let err = simulate(
+        &cycle,
+        Policy::Plan(&empty),
+        budget,
+        &cost,
+        SimOptions::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, SimError::BudgetExceeded { .. }), "{err:?}");
     // The real plan for the same budget is fine and moves data.
     let plan = plan(&cycle, &budget, &cost).unwrap();
-    let report = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default()).unwrap();
+    let report = simulate(
+        &cycle,
+        Policy::Plan(&plan),
+        budget,
+        &cost,
+        SimOptions::default(),
+    )
+    .unwrap();
     assert!(report.bytes_d2h > 0 && report.peak_resident_bytes <= budget.bytes);
 }
 
 #[test]
 fn a_budget_below_one_op_is_refused_with_the_op() {
     let specs = vec![common_synth::TensorSpec {
-        mib: 64, persistent: true, start: 0, len_frac: 0.5, access_fracs: vec![0.5],
+        mib: 64,
+        persistent: true,
+        start: 0,
+        len_frac: 0.5,
+        access_fracs: vec![0.5],
     }];
     let cycle = common_synth::build(&[10_000; 4], &specs);
     let budget = Budget::new(32 << 20);
     let err = plan(&cycle, &budget, &CostModel::default()).unwrap_err();
     assert_eq!(
         err,
-        tensile_analyzer::plan::PlanError::OpTooLarge { op: 2, bytes: 64 << 20, budget: 32 << 20 }
+        tensile_analyzer::plan::PlanError::OpTooLarge {
+            op: 2,
+            bytes: 64 << 20,
+            budget: 32 << 20
+        }
     );
-    let err = simulate(&cycle, Policy::Lru, budget, &CostModel::default(), SimOptions::default())
-        .unwrap_err();
+    let err = simulate(
+        &cycle,
+        Policy::Lru,
+        budget,
+        &CostModel::default(),
+        SimOptions::default(),
+    )
+    .unwrap_err();
     assert!(matches!(err, SimError::OpTooLarge { op: 2, .. }));
 }
