@@ -8,6 +8,7 @@
 
 mod plot;
 
+use std::fmt::Write as _;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -59,6 +60,13 @@ const PROGRESS_MIN_BYTES: u64 = 4 << 20;
 
 /// Runs `tensile replay`.
 pub fn run(args: ReplayArgs) -> Result<(), String> {
+    let out = render(&args)?;
+    print!("{out}");
+    Ok(())
+}
+
+/// Does the work of `tensile replay` and returns what it prints.
+fn render(args: &ReplayArgs) -> Result<String, String> {
     let policies = parse_policies(&args.policy)?;
     let cost = CostModel {
         h2d_gbps: args.h2d_gbps,
@@ -67,7 +75,7 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
         ..CostModel::default()
     };
     cost.validate()?;
-    let trace = load(&args)?;
+    let trace = load(args)?;
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
     let budget =
@@ -85,21 +93,19 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
     if args.json {
         let objects: Vec<Value> = results
             .iter()
-            .map(|r| json_object(&args, &trace, &analysis, budget, r))
+            .map(|r| json_object(args, &trace, &analysis, budget, r))
             .collect();
         let out = if objects.len() == 1 {
             objects.into_iter().next().unwrap_or(Value::Null)
         } else {
             Value::Array(objects)
         };
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?
-        );
+        let mut text = serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?;
+        text.push('\n');
+        Ok(text)
     } else {
-        print_human(&args, &trace, &analysis, budget, &results);
+        Ok(human(args, &trace, &analysis, budget, &results))
     }
-    Ok(())
 }
 
 fn parse_policies(values: &[String]) -> Result<Vec<PolicyKind>, String> {
@@ -178,17 +184,19 @@ fn format_name(f: SourceFormat) -> &'static str {
     }
 }
 
-fn print_human(
+fn human(
     args: &ReplayArgs,
     trace: &Trace,
     analysis: &Analysis,
     budget: Budget,
     results: &[Evaluation],
-) {
+) -> String {
+    let mut out = String::new();
     let it = &analysis.iterations;
     let fp = &analysis.footprint;
     let cycle = &analysis.cycle;
-    println!(
+    let _ = writeln!(
+        out,
         "trace      {} ({}, {} ops{})",
         args.trace.display(),
         format_name(trace.format),
@@ -199,7 +207,8 @@ fn print_human(
             ", no clean end marker"
         }
     );
-    println!(
+    let _ = writeln!(
+        out,
         "iterations {} of {} ops (steady state: iteration {}, ops {}..{})",
         it.spans.len(),
         it.period,
@@ -207,7 +216,8 @@ fn print_human(
         cycle.span.start,
         cycle.span.end
     );
-    println!(
+    let _ = writeln!(
+        out,
         "memory     peak {} allocated, {} holding data; budget {} ({:.1}% of peak)",
         gib(fp.peak_allocated),
         gib(fp.peak_needed),
@@ -215,27 +225,31 @@ fn print_human(
         budget.bytes as f64 * 100.0 / fp.peak_allocated.max(1) as f64
     );
     let bound = results.iter().find_map(|r| r.bound);
-    match bound {
-        Some(b) => println!(
+    let _ = match bound {
+        Some(b) => writeln!(
+            out,
             "time       compute {} per iteration; lower bound {} ({:.2}x compute)",
             ms(b.compute_ns),
             ms(b.bound_ns),
             b.bound_ns as f64 / b.compute_ns.max(1) as f64
         ),
-        None => println!(
+        None => writeln!(
+            out,
             "time       compute {} per iteration; no plan fits this budget (an op touches more)",
             ms(cycle.compute_ns())
         ),
-    }
+    };
     if cycle.estimated_launches > 0 {
-        println!(
+        let _ = writeln!(
+            out,
             "note       {} launches had no measured duration: used their kernel's median, or {} µs",
             cycle.estimated_launches,
             tensile_analyzer::cost::DEFAULT_LAUNCH_NS / 1000
         );
     }
-    println!();
-    println!(
+    out.push('\n');
+    let _ = writeln!(
+        out,
         "{:<6} {:>12} {:>9} {:>12} {:>11} {:>11} {:>14}  budget",
         "policy", "step", "vs bound", "stall", "H2D/iter", "D2H/iter", "peak resident"
     );
@@ -244,7 +258,8 @@ fn print_human(
         let vs = bound
             .map(|b| format!("{:.3}x", rep.step_ns as f64 / b.bound_ns.max(1) as f64))
             .unwrap_or_else(|| "-".into());
-        println!(
+        let _ = writeln!(
+            out,
             "{:<6} {:>12} {:>9} {:>12} {:>11} {:>11} {:>14}  {}",
             policy_name(r.policy),
             ms(rep.step_ns),
@@ -260,6 +275,7 @@ fn print_human(
             }
         );
     }
+    out
 }
 
 fn json_object(
@@ -299,4 +315,144 @@ fn json_object(
         "d2h_gbps": args.d2h_gbps,
         "bidir_gbps": args.bidir_gbps,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ReplayArgs,
+    }
+
+    fn args(extra: &[&str]) -> ReplayArgs {
+        let trace = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../analyzer/tests/data/mlp.trace.gz"
+        );
+        let mut argv = vec!["replay", trace];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).expect("valid arguments").args
+    }
+
+    const CONTRACT_KEYS: [&str; 10] = [
+        "iterations",
+        "peak_bytes",
+        "budget_bytes",
+        "compute_ns",
+        "predicted_ns",
+        "lower_bound_ns",
+        "bytes_h2d",
+        "bytes_d2h",
+        "stall_ns",
+        "policy",
+    ];
+
+    #[test]
+    fn json_has_the_contract_keys_with_consistent_values() {
+        let out = render(&args(&["--budget", "50%", "--json"])).unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        for key in CONTRACT_KEYS {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["policy"], "plan");
+        assert_eq!(v["iterations"], 8);
+        let peak = v["peak_bytes"].as_u64().unwrap();
+        assert_eq!(
+            v["budget_bytes"].as_u64().unwrap(),
+            (peak as f64 * 0.5).round() as u64
+        );
+        let predicted = v["predicted_ns"].as_u64().unwrap();
+        let compute = v["compute_ns"].as_u64().unwrap();
+        let bound = v["lower_bound_ns"].as_u64().unwrap();
+        let stall = v["stall_ns"].as_u64().unwrap();
+        assert!(compute <= bound && bound <= predicted);
+        assert!(
+            predicted.abs_diff(compute + stall) <= 2,
+            "step = compute + stall"
+        );
+        assert!(v["bytes_h2d"].as_u64().unwrap() > 0 && v["bytes_d2h"].as_u64().unwrap() > 0);
+        assert!(v["peak_resident_bytes"].as_u64().unwrap() <= v["budget_bytes"].as_u64().unwrap());
+    }
+
+    #[test]
+    fn several_policies_give_an_array_in_the_order_asked() {
+        let out = render(&args(&[
+            "--budget", "3GiB", "--policy", "lru,none", "--json",
+        ]))
+        .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let items = v.as_array().expect("an array");
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[0]["policy"], "lru");
+        assert_eq!(items[1]["policy"], "none");
+        assert_eq!(items[0]["budget_bytes"], 3u64 << 30);
+        assert_eq!(items[1]["bytes_h2d"], 0);
+        assert_eq!(items[1]["predicted_ns"], items[1]["compute_ns"]);
+        assert_eq!(items[1]["fits_budget"], false);
+    }
+
+    #[test]
+    fn human_output_has_a_row_per_policy() {
+        let out = render(&args(&["--budget", "75%", "--policy", "all"])).unwrap();
+        for policy in ["plan", "lru", "none"] {
+            assert!(
+                out.lines().any(|l| l.starts_with(policy)),
+                "no {policy} row in\n{out}"
+            );
+        }
+        assert!(out.contains("iterations 8 of 225 ops"), "{out}");
+        assert!(out.contains("lower bound"), "{out}");
+    }
+
+    #[test]
+    fn plot_is_an_svg_with_the_curves() {
+        let path = std::env::temp_dir().join(format!("replay-plot-{}.svg", std::process::id()));
+        let p = path.to_string_lossy().into_owned();
+        render(&args(&[
+            "--budget", "50%", "--policy", "plan,lru", "--plot", &p,
+        ]))
+        .unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        for label in [
+            "budget",
+            "plan: on device",
+            "lru: on device",
+            "swapped out",
+            "GiB",
+        ] {
+            assert!(svg.contains(label), "no {label:?} in the plot");
+        }
+        let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn bad_arguments_and_files_are_clear_errors() {
+        let err = render(&args(&["--budget", "lots"])).unwrap_err();
+        assert!(err.contains("--budget"), "{err}");
+        let err = render(&args(&["--budget", "1GiB", "--policy", "fifo"])).unwrap_err();
+        assert!(err.contains("unknown policy"), "{err}");
+        let err = render(&args(&["--budget", "1MiB"])).unwrap_err();
+        assert!(err.contains("alone touches"), "{err}");
+        let mut a = args(&["--budget", "1GiB"]);
+        a.trace = PathBuf::from("/nonexistent.trace");
+        assert!(render(&a).unwrap_err().contains("cannot read"));
+    }
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(
+            parse_policies(&["all".into()]).unwrap(),
+            vec![PolicyKind::Plan, PolicyKind::Lru, PolicyKind::None]
+        );
+        assert_eq!(
+            parse_policies(&["lru".into(), "LRU".into(), "plan".into()]).unwrap(),
+            vec![PolicyKind::Lru, PolicyKind::Plan]
+        );
+        assert!(parse_policies(&["nope".into()]).is_err());
+    }
 }
