@@ -67,6 +67,9 @@ pub struct ManagerConfig {
     /// Device pages kept free (or on their way out) ahead of need once the budget is full,
     /// so that an on-demand swap-in finds a frame without waiting for an eviction's copy.
     pub free_reserve_pages: usize,
+    /// `note_access_done` records a fence (one `cuEventRecord`) on every `fence_every`-th
+    /// launch of a stream; the launches between are covered by the next one.
+    pub fence_every: u32,
 }
 
 impl ManagerConfig {
@@ -88,6 +91,7 @@ impl ManagerConfig {
             evict_batch: 8,
             // About 3% of the budget, at least one eviction batch.
             free_reserve_pages: (device_budget / (2 * MIB) / 32).max(8),
+            fence_every: 4,
         }
     }
 }
@@ -1408,7 +1412,7 @@ impl Inner {
         let slot = self.fences.slot_of(t.stream);
         // If the fence cannot be recorded, the pages still must not leave before the work:
         // they wait for the stream's next fence instead (recorded on demand by an eviction).
-        let (seq, result) = match self.fences.record(&*self.driver, slot) {
+        let (seq, result) = match self.fences.note(&*self.driver, slot, self.cfg.fence_every) {
             Ok(s) => (s, Ok(())),
             Err(e) => (self.fences.next_seq(slot), Err(e)),
         };

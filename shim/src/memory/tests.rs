@@ -14,6 +14,10 @@ use super::*;
 const PAGE: usize = 64 << 10;
 
 fn config(budget_pages: usize, host_cap_pages: usize) -> ManagerConfig {
+    config_fenced(budget_pages, host_cap_pages, 1)
+}
+
+fn config_fenced(budget_pages: usize, host_cap_pages: usize, fence_every: u32) -> ManagerConfig {
     ManagerConfig {
         device: 0,
         page_size: PAGE,
@@ -27,6 +31,7 @@ fn config(budget_pages: usize, host_cap_pages: usize) -> ManagerConfig {
         host_background: false,
         evict_batch: 2,
         free_reserve_pages: 2,
+        fence_every,
     }
 }
 
@@ -783,7 +788,22 @@ fn run_model(
     budget_pages: usize,
     progress: Progress,
 ) -> Result<(MemoryStats, usize), TestCaseError> {
-    let (fake, mm) = setup(budget_pages, 1024, progress);
+    run_model_fenced(ops, budget_pages, progress, 1)
+}
+
+fn run_model_fenced(
+    ops: Vec<Op>,
+    budget_pages: usize,
+    progress: Progress,
+    fence_every: u32,
+) -> Result<(MemoryStats, usize), TestCaseError> {
+    let fake = Arc::new(FakeDriver::new(FakeConfig {
+        device_capacity: 1 << 40,
+        host_capacity: 1 << 40,
+        progress,
+    }));
+    let mm =
+        MemoryManager::new(fake.clone(), config_fenced(budget_pages, 1024, fence_every)).unwrap();
     let streams = vec![
         fake.stream_create().unwrap(),
         fake.stream_create().unwrap(),
@@ -864,15 +884,17 @@ proptest! {
     }
 
     /// The same with driver calls failing at random: errors come back as the injected code
-    /// (or out of memory), and what the program did before and after is not lost.
+    /// (or out of memory), and what the program did before and after is not lost. Also with
+    /// fences recorded only every few launches.
     #[test]
     fn no_byte_is_lost_when_driver_calls_fail(
         ops in prop::collection::vec(op_with_failures(), 1..120),
         budget in 6usize..12,
         manual in any::<bool>(),
+        fence_every in 1u32..5,
     ) {
         let progress = if manual { Progress::Manual } else { Progress::Immediate };
-        run_model(ops, budget, progress)?;
+        run_model_fenced(ops, budget, progress, fence_every)?;
     }
 }
 
