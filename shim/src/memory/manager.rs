@@ -834,9 +834,11 @@ impl Inner {
         }
         let t0 = Instant::now();
         match self.make_resident(&ticket) {
-            Ok(()) => {
-                self.stats.stalled_launches += 1;
-                self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
+            Ok(stalled) => {
+                if stalled {
+                    self.stats.stalled_launches += 1;
+                    self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
+                }
                 Ok(ticket)
             }
             Err(e) => {
@@ -856,7 +858,9 @@ impl Inner {
         }
     }
 
-    fn make_resident(&mut self, t: &AccessTicket) -> Result<(), CUresult> {
+    /// The slow path of `prepare_access`. Returns whether the access had to wait for a copy
+    /// in (a stall); cancelling swap-outs alone is not one.
+    fn make_resident(&mut self, t: &AccessTicket) -> Result<bool, CUresult> {
         let touched: usize = t
             .runs
             .iter()
@@ -905,6 +909,7 @@ impl Inner {
         }
         waits.sort_unstable();
         waits.dedup();
+        let stalled = !waits.is_empty();
         for ev in waits {
             self.driver.stream_wait_event(t.stream, ev)?;
         }
@@ -913,7 +918,7 @@ impl Inner {
         if let Err(e) = self.keep_reserve() {
             tracing::debug!(code = e, "evicting ahead of need failed");
         }
-        Ok(())
+        Ok(stalled)
     }
 
     /// A cancelled swap-out's copy still reads the page: the page must not be remapped before
