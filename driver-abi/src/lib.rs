@@ -10,6 +10,7 @@
 //! into a Rust enum is undefined behaviour.
 
 mod proc;
+#[rustfmt::skip] // generated: one row per line, as the generator writes it
 mod proc_table;
 pub mod types;
 

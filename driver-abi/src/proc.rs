@@ -51,7 +51,11 @@ pub fn resolve_proc(name: &str, version: i32, flags: u64) -> ProcLookup {
             .max_by_key(|e| e.version)
     };
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
-    let chosen = if per_thread { newest(true).or_else(|| newest(false)) } else { newest(false) };
+    let chosen = if per_thread {
+        newest(true).or_else(|| newest(false))
+    } else {
+        newest(false)
+    };
     match chosen {
         Some(e) => ProcLookup::Found(e),
         None => ProcLookup::VersionNotSufficient,
@@ -86,20 +90,32 @@ mod tests {
         assert_eq!(sym("cuMemAllocAsync", 11020, 2), "cuMemAllocAsync_ptsz");
         assert_eq!(sym("cuGetProcAddress", 12000, 0), "cuGetProcAddress_v2");
         assert_eq!(sym("cuCtxCreate", 13000, 0), "cuCtxCreate_v4");
-        assert_eq!(sym("cuStreamGetCaptureInfo", 11030, 2), "cuStreamGetCaptureInfo_v2_ptsz");
+        assert_eq!(
+            sym("cuStreamGetCaptureInfo", 11030, 2),
+            "cuStreamGetCaptureInfo_v2_ptsz"
+        );
     }
 
     #[test]
     fn unknown_and_too_new_are_told_apart() {
-        assert_eq!(resolve_proc("cuNoSuchThing", 13000, 0), ProcLookup::NotFound);
-        assert_eq!(resolve_proc("cuMemAllocAsync", 11000, 0), ProcLookup::VersionNotSufficient);
+        assert_eq!(
+            resolve_proc("cuNoSuchThing", 13000, 0),
+            ProcLookup::NotFound
+        );
+        assert_eq!(
+            resolve_proc("cuMemAllocAsync", 11000, 0),
+            ProcLookup::VersionNotSufficient
+        );
     }
 
     #[test]
     fn every_lookup_libcudart_makes_resolves() {
         let data = include_str!("../tests/data/cudart-13.5-driver-lookups.txt");
         let mut asked = 0;
-        for line in data.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        for line in data
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        {
             let mut f = line.split_whitespace();
             let (name, version, flags) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
             let version: i32 = version.parse().unwrap();

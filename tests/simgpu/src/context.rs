@@ -184,7 +184,10 @@ pub fn current() -> Result<Arc<Context>, CUresult> {
 /// During thread exit (an `atexit` handler, a thread-local destructor) the stack is gone
 /// and the thread has no current context, as on the real driver: never a panic.
 pub fn current_raw() -> Option<Arc<Context>> {
-    CURRENT.try_with(|c| c.borrow().last().cloned()).ok().flatten()
+    CURRENT
+        .try_with(|c| c.borrow().last().cloned())
+        .ok()
+        .flatten()
 }
 
 /// `cuCtxSetCurrent`: replaces the top of the stack (pops it for `None`).

@@ -43,7 +43,7 @@ pub fn map_anonymous(len: u64, prot: i32, hint: u64) -> Result<u64, i32> {
 /// Reserves `len` bytes of address space (`PROT_NONE`) aligned to `align` (a power of two),
 /// at `hint` when that exact aligned range is free.
 pub fn reserve(len: u64, align: u64, hint: u64) -> Result<u64, i32> {
-    if hint != 0 && hint % align == 0 {
+    if hint != 0 && hint.is_multiple_of(align) {
         let got = map_anonymous(len, libc::PROT_NONE, hint)?;
         if got == hint {
             return Ok(got);

@@ -273,7 +273,7 @@ fn memset(
     pattern: Vec<u8>,
     count: usize,
 ) -> Result<(), CUresult> {
-    if dst % pattern.len() as u64 != 0 {
+    if !dst.is_multiple_of(pattern.len() as u64) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     if count == 0 {
@@ -351,7 +351,10 @@ fn memset_2d(
     height: usize,
 ) -> Result<(), CUresult> {
     let elem = pattern.len();
-    if dst % elem as u64 != 0 || pitch % elem != 0 || (height > 1 && width * elem > pitch) {
+    if !dst.is_multiple_of(elem as u64)
+        || !pitch.is_multiple_of(elem)
+        || (height > 1 && width * elem > pitch)
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     if width == 0 || height == 0 {

@@ -17,7 +17,7 @@ use crate::os::{self, MemFd};
 pub const GRANULARITY: u64 = 2 << 20;
 
 fn aligned(v: u64) -> bool {
-    v % GRANULARITY == 0
+    v.is_multiple_of(GRANULARITY)
 }
 
 fn prot(access: Access) -> i32 {
@@ -109,7 +109,7 @@ impl AddressSpace {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let align = align.max(GRANULARITY);
-        let hint = if hint % align == 0 { hint } else { 0 };
+        let hint = if hint.is_multiple_of(align) { hint } else { 0 };
         let mut inner = self.write_lock();
         let start = os::reserve(size, align, hint).map_err(os_err)?;
         inner.reservations.insert(start, size);
