@@ -1030,14 +1030,16 @@ impl Inner {
             self.spare_events.push(ev);
             return Err(e);
         }
+        let mut copies: Vec<(CUdeviceptr, CUdeviceptr)> = Vec::with_capacity(plan.len());
         for &(p, _) in &plan {
-            let Some(ResidencyState::Host(h)) = self.pages.get(p).map(|e| e.state) else {
-                continue;
-            };
-            let src = self.host.window_address(h);
-            if let Err(e) =
-                self.driver
-                    .memcpy_dtod_async(self.va(p), src, page, self.swap_in_stream)
+            if let Some(ResidencyState::Host(h)) = self.pages.get(p).map(|e| e.state) {
+                copies.push((self.va(p), self.host.window_address(h)));
+            }
+        }
+        for (dst, src, len) in coalesce(&copies, page) {
+            if let Err(e) = self
+                .driver
+                .memcpy_dtod_async(dst, src, len, self.swap_in_stream)
             {
                 self.restore_host(pages, frames, ev);
                 return Err(e);
@@ -1149,21 +1151,17 @@ impl Inner {
     /// waiting for their last uses if there are not enough idle ones).
     fn evict(&mut self, want: usize, need: usize) -> Result<(), CUresult> {
         self.fences.poll_all(&*self.driver)?;
-        let mut candidates = self.eviction_candidates();
-        if candidates.len() < need && !self.incoming.is_empty() {
+        let (mut idle, mut busy) = self.eviction_candidates(want);
+        if idle.len() + busy.len() < need && !self.incoming.is_empty() {
             // Pages still arriving hold frames too: let them land, then they can leave.
             self.wait_incoming()?;
-            candidates = self.eviction_candidates();
+            (idle, busy) = self.eviction_candidates(want);
         }
-        let mut victims: Vec<usize> = candidates
-            .iter()
-            .filter(|c| c.2)
-            .map(|c| c.1)
-            .take(want)
-            .collect();
+        let mut victims: Vec<usize> = idle.iter().map(|c| c.1).collect();
         if victims.len() < need {
             // Not enough idle pages: wait for the least recently used busy ones.
-            for &(_, p, _) in candidates.iter().filter(|c| !c.2) {
+            busy.sort_unstable();
+            for &(_, p) in &busy {
                 if victims.len() >= need {
                     break;
                 }
@@ -1224,11 +1222,14 @@ impl Inner {
                 return Err(e);
             }
         };
-        for &(p, h) in &copy {
-            let dst = self.host.window_address(h);
-            if let Err(e) =
-                self.driver
-                    .memcpy_dtod_async(dst, self.va(p), self.page, self.swap_out_stream)
+        let copies: Vec<(CUdeviceptr, CUdeviceptr)> = copy
+            .iter()
+            .map(|&(p, h)| (self.host.window_address(h), self.va(p)))
+            .collect();
+        for (dst, src, len) in coalesce(&copies, self.page) {
+            if let Err(e) = self
+                .driver
+                .memcpy_dtod_async(dst, src, len, self.swap_out_stream)
             {
                 self.abandon_swap_out(copy, ev);
                 return Err(e);
@@ -1250,16 +1251,27 @@ impl Inner {
     }
 
     /// Unpinned `Device` pages as (last access, page, idle), least recently used first.
-    fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
+    /// Unpinned `Device` pages as (last access, page): the `want` least recently used idle
+    /// ones, oldest first (a linear selection, not a sort of the whole table), and all busy
+    /// ones, unsorted.
+    fn eviction_candidates(&self, want: usize) -> (Vec<Aged>, Vec<Aged>) {
         let completed = self.fences.completed();
-        let mut c: Vec<(u64, usize, bool)> = self
-            .pages
-            .iter()
-            .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
-            .map(|(p, e)| (e.last_access, p, e.is_idle(completed)))
-            .collect();
-        c.sort_unstable();
-        c
+        let (mut idle, mut busy) = (Vec::new(), Vec::new());
+        for (p, e) in self.pages.iter() {
+            if e.pins == 0 && matches!(e.state, ResidencyState::Device(_)) {
+                if e.is_idle(completed) {
+                    idle.push((e.last_access, p));
+                } else {
+                    busy.push((e.last_access, p));
+                }
+            }
+        }
+        if want > 0 && idle.len() > want {
+            idle.select_nth_unstable(want - 1);
+            idle.truncate(want);
+        }
+        idle.sort_unstable();
+        (idle, busy)
     }
 
     /// Waits for the swap-ins in flight and completes them.
@@ -1466,6 +1478,26 @@ impl Inner {
         let _ = d.stream_destroy(self.swap_in_stream);
         let _ = d.stream_destroy(self.swap_out_stream);
     }
+}
+
+/// A page with the access clock of its last access, `(last_access, page)`: sorts LRU-first.
+type Aged = (u64, usize);
+
+/// Page copies `(dst, src)` merged into as few copies as possible: consecutive pages whose
+/// destinations and sources are both contiguous become one (the host pool hands out frames
+/// in address order, so a run of evicted pages usually lands in one run of frames).
+fn coalesce(
+    copies: &[(CUdeviceptr, CUdeviceptr)],
+    page: usize,
+) -> Vec<(CUdeviceptr, CUdeviceptr, usize)> {
+    let mut out: Vec<(CUdeviceptr, CUdeviceptr, usize)> = Vec::new();
+    for &(dst, src) in copies {
+        match out.last_mut() {
+            Some((d, s, len)) if *d + *len as u64 == dst && *s + *len as u64 == src => *len += page,
+            _ => out.push((dst, src, page)),
+        }
+    }
+    out
 }
 
 /// Inclusive runs of consecutive numbers in a sorted slice.

@@ -155,6 +155,11 @@ fn data_survives_swapping_four_times_the_budget() {
         );
     }
     let st = mm.stats();
+    assert!(
+        fake.calls(FakeCall::Memcpy) < st.pages_evicted + st.pages_swapped_in,
+        "contiguous pages are copied together: {} copies for {st:?}",
+        fake.calls(FakeCall::Memcpy)
+    );
     assert!(st.bytes_to_host >= (4 * 2 * PAGE) as u64, "{st:?}");
     assert!(st.bytes_to_device >= (3 * 2 * PAGE) as u64, "{st:?}");
     assert!(st.stalled_launches > 0);
