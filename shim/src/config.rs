@@ -4,10 +4,13 @@
 //! A bad value never stops the application: it becomes a clear one-line problem report
 //! (logged at start) and the safe default. This module only parses; it does not act on
 //! the values. The memory settings (`TENSILE_DEVICE_MEMORY`, `TENSILE_HOST_MEMORY`) are
-//! parsed by the memory manager, which owns their meaning.
+//! checked here with the memory manager's parser ([`SizeSpec`]) so that a bad value is
+//! reported at start; a percentage is resolved when the manager starts (it needs the card).
 
 use std::fmt;
 use std::path::PathBuf;
+
+use crate::memory::SizeSpec;
 
 /// The swap policy (`TENSILE_POLICY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -30,6 +33,10 @@ pub struct Config {
     pub trace: Option<PathBuf>,
     /// `TENSILE_POLICY`.
     pub policy: Policy,
+    /// `TENSILE_DEVICE_MEMORY`: the device budget (`None`: the card's free memory).
+    pub device_memory: Option<SizeSpec>,
+    /// `TENSILE_HOST_MEMORY`: the pinned host pool's cap (`None`: half the host's memory).
+    pub host_memory: Option<SizeSpec>,
 }
 
 /// A variable whose value could not be used.
@@ -92,6 +99,29 @@ impl Config {
             }
         }
 
+        if let Some(v) = get("TENSILE_DEVICE_MEMORY").filter(|v| !v.trim().is_empty()) {
+            match SizeSpec::parse(&v) {
+                Ok(spec) => c.device_memory = Some(spec),
+                Err(e) => bad(
+                    "TENSILE_DEVICE_MEMORY",
+                    &v,
+                    format!("{e}; expected e.g. 6GiB, 512MiB or 40%"),
+                    "the card's free memory",
+                ),
+            }
+        }
+        if let Some(v) = get("TENSILE_HOST_MEMORY").filter(|v| !v.trim().is_empty()) {
+            match SizeSpec::parse(&v) {
+                Ok(spec) => c.host_memory = Some(spec),
+                Err(e) => bad(
+                    "TENSILE_HOST_MEMORY",
+                    &v,
+                    format!("{e}; expected e.g. 32GiB or 50%"),
+                    "half the host's memory",
+                ),
+            }
+        }
+
         (c, problems)
     }
 }
@@ -139,6 +169,30 @@ mod tests {
     }
 
     #[test]
+    fn memory_sizes_are_parsed_and_bad_ones_reported() {
+        let (c, p) = parse(&[
+            ("TENSILE_DEVICE_MEMORY", "6GiB"),
+            ("TENSILE_HOST_MEMORY", "40%"),
+        ]);
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(c.device_memory, Some(SizeSpec::Bytes(6 << 30)));
+        assert_eq!(c.host_memory.map(|s| s.resolve(100)), Some(40));
+        let (c, p) = parse(&[
+            ("TENSILE_DEVICE_MEMORY", "6 parsecs"),
+            ("TENSILE_HOST_MEMORY", "0"),
+        ]);
+        assert_eq!((c.device_memory, c.host_memory), (None, None));
+        assert_eq!(p.len(), 2, "{p:?}");
+        let line = p[0].to_string();
+        assert!(
+            line.contains("TENSILE_DEVICE_MEMORY=\"6 parsecs\"")
+                && line.contains("using the card's free memory"),
+            "{line}"
+        );
+        assert!(p[1].to_string().contains("TENSILE_HOST_MEMORY"), "{}", p[1]);
+    }
+
+    #[test]
     fn bad_values_fall_back_with_a_clear_problem() {
         let (c, p) = parse(&[
             ("TENSILE_POLICY", "fast"),
@@ -150,6 +204,7 @@ mod tests {
         assert_eq!(c.trace, None);
         assert_eq!(p.len(), 1);
         let line = p[0].to_string();
+        assert!(line.contains("TENSILE_POLICY"), "{line}");
         assert!(
             line.contains("TENSILE_POLICY=\"fast\"") && line.contains("using plan"),
             "{line}"

@@ -5,7 +5,8 @@
 //! points ([`syms`], [`entry`], [`hooks`], [`proc_address`], [`interpose`]), access
 //! tracking ([`alloc_index`], [`params`], [`kernels`], [`tracker`]), the trace recorder
 //! ([`recorder`], [`timing`]), configuration and logging ([`config`], [`log`]) and the process-wide
-//! [`runtime`] tying them together.
+//! [`runtime`] tying them together. The memory manager ([`memory`]) is started per context
+//! by [`managed`] over the real driver ([`real_memory`]) and called from the hooks.
 //!
 //! Data path of a launch: the wrapper ([`entry`]) finds the real function for the exact
 //! versioned symbol, the hook ([`hooks::launch`]) resolves the allocations the arguments
@@ -19,10 +20,13 @@ pub mod hooks;
 pub mod interpose;
 pub mod kernels;
 pub mod log;
+pub mod managed;
 pub mod memory;
 pub mod params;
 pub mod proc_address;
+pub mod pytorch;
 pub mod real;
+pub mod real_memory;
 pub mod recorder;
 pub mod runtime;
 pub mod syms;

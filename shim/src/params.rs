@@ -20,7 +20,22 @@ use tensile_driver_abi::{
 };
 use tensile_trace::Access;
 
-use crate::alloc_index::Snapshot;
+use crate::alloc_index::{Range, Snapshot};
+
+/// Where a scan puts what it resolved: a launch's trace wants the allocation ids and
+/// parameter offsets ([`Access`]), the memory manager wants the byte ranges. Generic so that
+/// each caller pays only for what it keeps.
+pub trait AccessSink {
+    /// One parameter word that points into the live allocation `range`.
+    fn push(&mut self, access: Access, range: Range);
+}
+
+impl AccessSink for Vec<Access> {
+    #[inline]
+    fn push(&mut self, access: Access, _range: Range) {
+        Vec::push(self, access);
+    }
+}
 
 /// Where one parameter lives in the device-side parameter buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,7 +135,7 @@ impl ParamLayout {
         kernel_params: *const *const c_void,
         extra: *const *const c_void,
         allocs: &Snapshot,
-        out: &mut Vec<Access>,
+        out: &mut impl AccessSink,
     ) {
         if allocs.is_empty() {
             return;
@@ -144,7 +159,7 @@ impl ParamLayout {
         &self,
         kernel_params: *const *const c_void,
         allocs: &Snapshot,
-        out: &mut Vec<Access>,
+        out: &mut impl AccessSink,
     ) {
         for w in self.words.iter() {
             // SAFETY: the array has one entry per parameter and `w.param` is a parameter
@@ -162,11 +177,12 @@ impl ParamLayout {
                     .cast::<u64>()
                     .read_unaligned()
             };
-            if let Some(alloc) = allocs.find_id(word) {
-                out.push(Access {
-                    alloc,
+            if let Some(range) = allocs.find(word) {
+                let access = Access {
+                    alloc: range.id,
                     param_offset: w.buffer_offset,
-                });
+                };
+                out.push(access, range);
             }
         }
     }
@@ -178,16 +194,17 @@ impl ParamLayout {
         buf: *const u8,
         size: usize,
         allocs: &Snapshot,
-        out: &mut Vec<Access>,
+        out: &mut impl AccessSink,
     ) {
         let mut check = |offset: usize| {
             // SAFETY: `offset + 8 <= size` at every call site and `buf` is valid for `size`.
             let word = unsafe { buf.add(offset).cast::<u64>().read_unaligned() };
-            if let Some(alloc) = allocs.find_id(word) {
-                out.push(Access {
-                    alloc,
+            if let Some(range) = allocs.find(word) {
+                let access = Access {
+                    alloc: range.id,
                     param_offset: offset as u32,
-                });
+                };
+                out.push(access, range);
             }
         };
         if self.known {

@@ -17,7 +17,8 @@ use std::sync::{Mutex, OnceLock};
 
 use tensile_trace::Stats;
 
-use crate::config::Config;
+use crate::config::{Config, Policy};
+use crate::managed::{Managed, MemorySlot};
 use crate::real::RealDriver;
 use crate::recorder::{self, Recorder};
 use crate::timing::Timing;
@@ -35,6 +36,8 @@ pub struct Runtime {
     pub recorder: Option<Recorder>,
     /// GPU durations of launches, when tracing.
     pub timing: Option<Timing>,
+    /// The memory manager (created on the first allocation in a context).
+    pub memory: MemorySlot,
     pid: u32,
 }
 
@@ -55,10 +58,46 @@ pub fn config() -> &'static Config {
     })
 }
 
-/// What the library constructor does: configuration and logging, nothing more.
+/// What the library constructor does: configuration and logging, and PyTorch's allocator
+/// choice (see [`crate::pytorch`]). Nothing that loads the driver.
 pub fn on_load() {
     let config = config();
     tracing::debug!(pid = std::process::id(), ?config, "libtensile loaded");
+    if config.policy != Policy::Off {
+        choose_pytorch_allocator();
+    }
+}
+
+/// Sets `PYTORCH_CUDA_ALLOC_CONF` to the `cudaMallocAsync` backend when unset; warns when
+/// another allocator is chosen. Runs in the constructor, while the process is still
+/// single-threaded (so `setenv` races with no reader).
+fn choose_pytorch_allocator() {
+    use crate::pytorch::{decide, AllocConf, ASYNC_BACKEND_CONF};
+    const VAR: &str = "PYTORCH_CUDA_ALLOC_CONF";
+    let current = std::env::var(VAR).ok();
+    match decide(current.as_deref()) {
+        AllocConf::Set => {
+            let (Ok(name), Ok(value)) = (
+                std::ffi::CString::new(VAR),
+                std::ffi::CString::new(ASYNC_BACKEND_CONF),
+            ) else {
+                return;
+            };
+            // SAFETY: two valid C strings; called from the library constructor, before any
+            // other thread of the process exists that could read the environment.
+            let r = unsafe { libc::setenv(name.as_ptr(), value.as_ptr(), 1) };
+            if r == 0 {
+                tracing::info!(
+                    "tensile: set {VAR}={ASYNC_BACKEND_CONF} (one allocation per tensor)"
+                );
+            }
+        }
+        AllocConf::Keep => {}
+        AllocConf::Other(backend) => tracing::warn!(
+            "tensile: {VAR} selects the {backend} allocator; tensor-level memory management is \
+             limited to its segments (unset it, or use backend:cudaMallocAsync)"
+        ),
+    }
 }
 
 /// The runtime, created on first call. `None` if the real driver cannot be loaded, or if
@@ -128,14 +167,12 @@ fn create_once() -> Result<Option<&'static Runtime>, String> {
         return Ok(None);
     }
     let rt = Runtime::create(config, driver, timing);
-    let tracing = rt.recorder.is_some();
     let _ = RUNTIME.set(rt);
     // SAFETY: registering plain `extern "C"` functions that never unwind.
     unsafe {
         libc::pthread_atfork(None, None, Some(in_forked_child));
-        if tracing {
-            libc::atexit(at_exit);
-        }
+        // Always: the swap statistics are logged at exit even without a trace.
+        libc::atexit(at_exit);
     }
     Ok(RUNTIME.get())
 }
@@ -166,8 +203,20 @@ impl Runtime {
             tracker,
             recorder,
             timing,
+            memory: MemorySlot::default(),
             pid: std::process::id(),
         }
+    }
+
+    /// The memory manager, if one is running.
+    #[inline]
+    pub fn memory(&self) -> Option<&Managed> {
+        self.memory.get()
+    }
+
+    /// The memory manager, started now if the policy asks for one and a context is current.
+    pub fn memory_or_start(&self) -> Option<&Managed> {
+        self.memory.get_or_create(&self.config, &self.driver)
     }
 
     /// Trace time of a call made now (0 when not tracing: nothing reads it).
@@ -183,19 +232,47 @@ impl Runtime {
         }
     }
 
-    /// Completes the trace: statistics and the end marker.
-    pub fn finish(&self) {
-        // No driver calls here (the driver and thread-locals may be half torn down at
-        // exit): launch times were collected at the program's syncs.
-        if let Some(rec) = &self.recorder {
-            rec.finish(Some(Stats {
+    /// The process's statistics: the memory manager's swap counters when one runs (peak
+    /// resident bytes is then device memory mapped at arena pages), else the peak of live
+    /// tracked allocations and no swapping.
+    pub fn stats(&self) -> Stats {
+        match self.memory() {
+            Some(m) => m.mm.stats().into(),
+            None => Stats {
                 bytes_to_host: 0,
                 bytes_to_device: 0,
                 stalled_launches: 0,
                 stall_ns: 0,
                 peak_resident_bytes: self.tracker.peak_bytes(),
                 host_pool_bytes: 0,
-            }));
+            },
+        }
+    }
+
+    /// Logs the statistics and completes the trace (statistics and the end marker).
+    pub fn finish(&self) {
+        // No driver calls here (the driver and thread-locals may be half torn down at
+        // exit): launch times were collected at the program's syncs, and the manager's
+        // statistics are plain counters.
+        let stats = self.stats();
+        if self.memory().is_some_and(|m| m.log_stats_at_exit) {
+            // Written directly: `tracing`'s thread-locals are gone by the time atexit
+            // handlers run.
+            crate::log::emergency(&format!(
+                "swapped {} MiB to host and {} MiB to device ({} pages out, {} in); {} accesses \
+                 stalled for {:.3} ms in all; peak resident {} MiB; host pool {} MiB",
+                stats.bytes_to_host >> 20,
+                stats.bytes_to_device >> 20,
+                self.memory().map_or(0, |m| m.mm.stats().pages_evicted),
+                self.memory().map_or(0, |m| m.mm.stats().pages_swapped_in),
+                stats.stalled_launches,
+                stats.stall_ns as f64 / 1e6,
+                stats.peak_resident_bytes >> 20,
+                stats.host_pool_bytes >> 20,
+            ));
+        }
+        if let Some(rec) = &self.recorder {
+            rec.finish(Some(stats));
         }
     }
 }

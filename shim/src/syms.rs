@@ -42,6 +42,9 @@ macro_rules! with_managed_entry_points {
             MemFreeAsync => alloc::mem_free_async
                 : (dptr: $crate::abi::CUdeviceptr, stream: $crate::abi::CUstream)
                 = [cuMemFreeAsync, cuMemFreeAsync_ptsz];
+            MemGetInfo => alloc::mem_get_info
+                : (free: *mut usize, total: *mut usize)
+                = [cuMemGetInfo_v2];
 
             // Kernel launches.
             LaunchKernel => launch::launch_kernel
@@ -315,6 +318,7 @@ mod tests {
             "cuMemAllocFromPoolAsync",
             "cuMemFree",
             "cuMemFreeAsync",
+            "cuMemGetInfo",
             "cuLaunchKernel",
             "cuLaunchKernelEx",
             "cuLaunchCooperativeKernel",

@@ -15,6 +15,7 @@ use tensile_trace::{
 
 use crate::alloc_index::{AllocIndex, Range};
 use crate::kernels::{self, Description, Introspection, KernelMeta, KernelRegistry};
+use crate::params::AccessSink;
 use crate::recorder::Recorder;
 
 /// Everything the process has allocated and launched, as far as the shim saw it.
@@ -152,7 +153,7 @@ impl Tracker {
         f: *mut c_void,
         kernel_params: *const *const c_void,
         extra: *const *const c_void,
-        out: &mut Vec<Access>,
+        out: &mut impl AccessSink,
     ) -> &'static KernelMeta {
         // SAFETY: `f` is being launched, so it is a handle of this driver.
         let describe = || unsafe { kernels::describe(&self.introspection, f) };
@@ -171,7 +172,7 @@ impl Tracker {
         f: *mut c_void,
         kernel_params: *const *const c_void,
         extra: *const *const c_void,
-        out: &mut Vec<Access>,
+        out: &mut impl AccessSink,
         describe: impl FnOnce() -> Description,
     ) -> &'static KernelMeta {
         let announce = |meta: &KernelMeta| {

@@ -1,12 +1,49 @@
-//! Allocation and free hooks: every allocation the application makes enters the index
-//! (and the trace) once the driver has made it; every free leaves the index before it is
-//! forwarded. Frees of pointers the shim never saw go to the driver untouched.
+//! Allocation and free hooks, and `cuMemGetInfo`.
+//!
+//! With a memory manager running (policy `lru`/`plan`), allocations in its context are
+//! served from its arena instead of the driver; otherwise they are forwarded. Either way
+//! every allocation enters the index (and the trace) once made, and every free leaves the
+//! index before it is carried out. Frees of pointers outside the arena go to the driver
+//! untouched, so their errors (unknown pointer, double free) are the driver's; the manager
+//! answers those of arena pointers with the same codes.
 
-use tensile_driver_abi::{CUdeviceptr, CUmemoryPool, CUresult, CUstream, CUDA_SUCCESS};
+use tensile_driver_abi::{
+    CUdeviceptr, CUmemoryPool, CUresult, CUstream, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
+};
 use tensile_trace::AllocKind;
 
 use super::Call;
+use crate::managed::Managed;
+use crate::memory::Stream;
 use crate::syms::pfn;
+
+/// The manager that serves an allocation made now on this thread, if any.
+fn serving<F>(call: &Call<F>) -> Option<&'static Managed> {
+    call.rt.memory_or_start().filter(|m| m.in_our_context())
+}
+
+/// Serves an allocation from the manager: validates what the driver would, writes the
+/// pointer. Returns the driver-style result.
+///
+/// # Safety
+/// `dptr` must be null or valid for a write of a `CUdeviceptr`.
+unsafe fn serve(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    alloc: impl FnOnce() -> Result<CUdeviceptr, CUresult>,
+) -> CUresult {
+    if dptr.is_null() || bytes == 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match alloc() {
+        Ok(p) => {
+            // SAFETY: non-null, and valid for a write by the caller's contract.
+            unsafe { dptr.write(p) };
+            CUDA_SUCCESS
+        }
+        Err(code) => code,
+    }
+}
 
 /// After a successful allocating call: read the pointer the driver wrote and track it.
 ///
@@ -41,8 +78,12 @@ pub unsafe fn mem_alloc(
     bytesize: usize,
 ) -> CUresult {
     let t = call.rt.now_ns();
-    // SAFETY: the caller's arguments, forwarded unchanged to the function they asked for.
-    let r = unsafe { (call.real)(dptr, bytesize) };
+    let r = match serving(&call) {
+        // SAFETY: `dptr` is the caller's out-pointer.
+        Some(m) => unsafe { serve(dptr, bytesize, || m.mm.alloc(bytesize, None)) },
+        // SAFETY: the caller's arguments, forwarded unchanged to the function they asked for.
+        None => unsafe { (call.real)(dptr, bytesize) },
+    };
     // SAFETY: `dptr` is this call's out-pointer.
     unsafe { track(&call, t, 0, r, dptr, bytesize as u64, AllocKind::Sync) };
     r
@@ -61,8 +102,29 @@ pub unsafe fn mem_alloc_pitch(
     element_size: u32,
 ) -> CUresult {
     let t = call.rt.now_ns();
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { (call.real)(dptr, pitch, width, height, element_size) };
+    let r = match serving(&call) {
+        Some(m) if !pitch.is_null() => {
+            let mut got = 0usize;
+            // SAFETY: `dptr` is the caller's out-pointer.
+            let r = unsafe {
+                serve(dptr, width.max(1), || {
+                    m.mm.alloc_pitch(width, height, element_size)
+                        .map(|(p, pitch)| {
+                            got = pitch;
+                            p
+                        })
+                })
+            };
+            if r == CUDA_SUCCESS {
+                // SAFETY: non-null (checked above) and valid by the caller's contract.
+                unsafe { pitch.write(got) };
+            }
+            r
+        }
+        Some(_) => CUDA_ERROR_INVALID_VALUE,
+        // SAFETY: forwarded unchanged.
+        None => unsafe { (call.real)(dptr, pitch, width, height, element_size) },
+    };
     if r == CUDA_SUCCESS && !pitch.is_null() {
         // SAFETY: on success the driver stored the pitch through `pitch`.
         let bytes = (unsafe { pitch.read() } as u64).saturating_mul(height as u64);
@@ -83,8 +145,13 @@ pub unsafe fn mem_alloc_async(
     stream: CUstream,
 ) -> CUresult {
     let t = call.rt.now_ns();
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { (call.real)(dptr, bytesize, stream) };
+    let on = Stream(call.stream(stream) as usize);
+    let r = match serving(&call) {
+        // SAFETY: `dptr` is the caller's out-pointer.
+        Some(m) => unsafe { serve(dptr, bytesize, || m.mm.alloc(bytesize, Some(on))) },
+        // SAFETY: forwarded unchanged.
+        None => unsafe { (call.real)(dptr, bytesize, stream) },
+    };
     // SAFETY: `dptr` is this call's out-pointer.
     unsafe {
         track(
@@ -112,8 +179,18 @@ pub unsafe fn mem_alloc_from_pool_async(
     stream: CUstream,
 ) -> CUresult {
     let t = call.rt.now_ns();
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { (call.real)(dptr, bytesize, pool, stream) };
+    let on = Stream(call.stream(stream) as usize);
+    // The manager serves allocations from every pool alike: the pool's attributes (release
+    // threshold, reuse policies) are about caching, which the arena does itself.
+    let r = match serving(&call) {
+        // SAFETY: `dptr` is the caller's out-pointer.
+        Some(m) if !pool.is_null() => unsafe {
+            serve(dptr, bytesize, || m.mm.alloc(bytesize, Some(on)))
+        },
+        Some(_) => CUDA_ERROR_INVALID_VALUE,
+        // SAFETY: forwarded unchanged.
+        None => unsafe { (call.real)(dptr, bytesize, pool, stream) },
+    };
     // SAFETY: `dptr` is this call's out-pointer.
     unsafe {
         track(
@@ -156,8 +233,20 @@ fn free_with<F>(
 /// # Safety
 /// The driver's contract for `cuMemFree_v2`.
 pub unsafe fn mem_free(call: Call<pfn::MemFree>, dptr: CUdeviceptr) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    free_with(&call, dptr, 0, || unsafe { (call.real)(dptr) })
+    free_with(&call, dptr, 0, || match call.rt.memory() {
+        Some(m) if m.mm.owns(dptr) => {
+            // `cuMemFree` synchronizes: work queued on any stream may still use the memory,
+            // and the manager hands synchronously freed memory to the next allocation at
+            // once. A failed synchronization (a broken context) does not keep the free from
+            // happening; the error shows on the application's next call.
+            if let Err(code) = m.driver.synchronize() {
+                tracing::debug!("synchronizing before a free failed with error {code}");
+            }
+            m.mm.free(dptr, None).err().unwrap_or(CUDA_SUCCESS)
+        }
+        // SAFETY: forwarded unchanged.
+        _ => unsafe { (call.real)(dptr) },
+    })
 }
 
 /// `cuMemFreeAsync[_ptsz]`.
@@ -169,8 +258,41 @@ pub unsafe fn mem_free_async(
     dptr: CUdeviceptr,
     stream: CUstream,
 ) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    free_with(&call, dptr, call.stream(stream), || unsafe {
-        (call.real)(dptr, stream)
+    let on = call.stream(stream);
+    free_with(&call, dptr, on, || match call.rt.memory() {
+        Some(m) if m.mm.owns(dptr) => {
+            m.mm.free(dptr, Some(Stream(on as usize)))
+                .err()
+                .unwrap_or(CUDA_SUCCESS)
+        }
+        // SAFETY: forwarded unchanged.
+        _ => unsafe { (call.real)(dptr, stream) },
     })
+}
+
+/// `cuMemGetInfo_v2`: with a manager, free and total as the device budget sees them.
+///
+/// # Safety
+/// The driver's contract for `cuMemGetInfo_v2`.
+pub unsafe fn mem_get_info(
+    call: Call<pfn::MemGetInfo>,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    match serving(&call) {
+        Some(m) => {
+            if free.is_null() || total.is_null() {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            let (f, t) = m.mm.mem_get_info();
+            // SAFETY: both non-null, and valid for writes by the caller's contract.
+            unsafe {
+                free.write(f);
+                total.write(t);
+            }
+            CUDA_SUCCESS
+        }
+        // SAFETY: forwarded unchanged.
+        None => unsafe { (call.real)(free, total) },
+    }
 }

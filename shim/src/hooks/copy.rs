@@ -1,7 +1,8 @@
-//! Copy hooks: forward, then record which allocations the copy read and wrote.
+//! Copy hooks: make managed memory on either side device-resident, forward, then record
+//! which allocations the copy read and wrote.
 //!
 //! Copies are accesses too: a swapped-out tensor must be brought back before a copy reads
-//! it (issue #4), and the planner needs to see them.
+//! or writes it, and the planner needs to see them.
 
 use std::ffi::c_void;
 
@@ -11,7 +12,7 @@ use tensile_driver_abi::{
 };
 use tensile_trace::CopyKind;
 
-use super::{implicit_stream, Call};
+use super::{implicit_stream, residency, Call};
 use crate::syms::pfn;
 
 /// What one copy touches.
@@ -21,13 +22,28 @@ struct CopyDesc {
     dst: Option<u64>,
     src: Option<u64>,
     bytes: u64,
+    /// Bytes from `dst` / `src` to one past the last byte touched on that side (more than
+    /// `bytes` for pitched 2D copies).
+    dst_span: u64,
+    src_span: u64,
     stream: u64,
     asynchronous: bool,
 }
 
 fn copy_with<F>(call: &Call<F>, d: CopyDesc, forward: impl FnOnce() -> CUresult) -> CUresult {
     let t = call.rt.now_ns();
+    let side = |p: Option<u64>, span: u64| p.map_or((0, 0), |p| (p, span as usize));
+    let ranges = [side(d.dst, d.dst_span), side(d.src, d.src_span)];
+    let pinned = match residency::pin(call.rt, d.stream, &ranges, || {
+        format!("{} of {} bytes", call.sym.name(), d.bytes)
+    }) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     let r = forward();
+    if let Some(p) = pinned {
+        p.done();
+    }
     if r == CUDA_SUCCESS {
         if !d.asynchronous {
             // A synchronous copy waited for earlier work: collect its launch times.
@@ -62,6 +78,8 @@ fn desc(
         dst,
         src,
         bytes: bytes as u64,
+        dst_span: bytes as u64,
+        src_span: bytes as u64,
         stream,
         asynchronous,
     }
@@ -329,7 +347,14 @@ unsafe fn desc_2d(p: *const CUDA_MEMCPY2D, stream: u64, asynchronous: bool) -> O
         (false, false) => CopyKind::Any,
     };
     let bytes = c.width_in_bytes.saturating_mul(c.height);
-    Some(desc(kind, dst, src, bytes, stream, asynchronous))
+    // Rows after the first start one pitch further each.
+    let span = |pitch: usize| {
+        (c.height.saturating_sub(1).saturating_mul(pitch)).saturating_add(c.width_in_bytes) as u64
+    };
+    let mut d = desc(kind, dst, src, bytes, stream, asynchronous);
+    d.dst_span = if c.height == 0 { 0 } else { span(c.dst_pitch) };
+    d.src_span = if c.height == 0 { 0 } else { span(c.src_pitch) };
+    Some(d)
 }
 
 /// `cuMemcpy2D_v2[_ptds]` and `cuMemcpy2DUnaligned_v2[_ptds]`.

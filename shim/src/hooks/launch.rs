@@ -1,5 +1,5 @@
-//! Launch hooks: resolve which live allocations a launch's arguments point into, forward
-//! the launch, and record it.
+//! Launch hooks: resolve which live allocations a launch's arguments point into, make the
+//! managed ones device-resident, forward the launch, and record it.
 //!
 //! This is the hot path (hundreds of thousands of launches per second in training). With
 //! tracing off it allocates nothing: the accesses go into a per-thread buffer that is
@@ -12,12 +12,32 @@ use std::ffi::c_void;
 use tensile_driver_abi::{CUfunction, CUlaunchConfig, CUresult, CUstream, CUDA_SUCCESS};
 use tensile_trace::Access;
 
-use super::Call;
+use super::{residency, Call};
+use crate::alloc_index::Range;
+use crate::params::AccessSink;
 use crate::syms::pfn;
 use crate::tracker::LaunchShape;
 
+/// What a launch's scan resolved: the accesses for the trace, the byte ranges for the
+/// memory manager.
+#[derive(Default)]
+struct Resolved {
+    accesses: Vec<Access>,
+    ranges: Vec<(u64, usize)>,
+}
+
+impl AccessSink for Resolved {
+    #[inline]
+    fn push(&mut self, access: Access, range: Range) {
+        self.accesses.push(access);
+        self.ranges.push((range.start, range.len as usize));
+    }
+}
+
 thread_local! {
-    static SCRATCH: Cell<Vec<Access>> = const { Cell::new(Vec::new()) };
+    static SCRATCH: Cell<Resolved> = const {
+        Cell::new(Resolved { accesses: Vec::new(), ranges: Vec::new() })
+    };
 }
 
 /// Resolves, forwards, records. `forward` performs the real launch.
@@ -42,8 +62,9 @@ unsafe fn launch_with<F>(
     // launch from the driver safe: it would just get an empty buffer of its own. During
     // thread teardown (a launch from another library's TLS destructor) the cell may be gone
     // already: use a fresh buffer then.
-    let mut accesses = SCRATCH.try_with(Cell::take).unwrap_or_default();
-    accesses.clear();
+    let mut resolved = SCRATCH.try_with(Cell::take).unwrap_or_default();
+    resolved.accesses.clear();
+    resolved.ranges.clear();
     // SAFETY: forwarded from the caller.
     let kernel = unsafe {
         rt.tracker.resolve_launch(
@@ -51,24 +72,36 @@ unsafe fn launch_with<F>(
             f,
             kernel_params.cast_const().cast(),
             extra.cast_const().cast(),
-            &mut accesses,
+            &mut resolved,
         )
     };
-    // Issue #4: the memory manager makes `accesses` resident here, ordered on the stream.
+    let pinned = residency::pin(rt, shape.stream, &resolved.ranges, || {
+        format!("the launch of kernel `{}`", kernel.name)
+    });
+    let pinned = match pinned {
+        Ok(p) => p,
+        Err(code) => {
+            let _ = SCRATCH.try_with(|s| s.set(resolved));
+            return code;
+        }
+    };
+    let accesses = &resolved.accesses;
     let per_thread = call.sym.per_thread();
     let timed = match (rec, rt.timing.as_ref()) {
         (Some(_), Some(timing)) => timing.start(stream, per_thread).map(|s| (timing, s)),
         _ => None,
     };
     let r = forward();
+    if let Some(p) = pinned {
+        p.done();
+    }
     if let Some(rec) = rec {
-        let seq =
-            (r == CUDA_SUCCESS).then(|| rt.tracker.launched(rec, t, kernel, shape, &accesses));
+        let seq = (r == CUDA_SUCCESS).then(|| rt.tracker.launched(rec, t, kernel, shape, accesses));
         if let Some((timing, started)) = timed {
             timing.finish(started, stream, per_thread, seq, rec);
         }
     }
-    let _ = SCRATCH.try_with(|s| s.set(accesses));
+    let _ = SCRATCH.try_with(|s| s.set(resolved));
     r
 }
 

@@ -1,20 +1,33 @@
-//! Memset hooks: forward, then record which allocation was written.
+//! Memset hooks: make managed memory device-resident, forward, then record which
+//! allocation was written.
 
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUstream, CUDA_SUCCESS};
 
-use super::{implicit_stream, Call};
+use super::{implicit_stream, residency, Call};
 use crate::syms::pfn;
 
+/// `span`: bytes from `dst` to one past the last byte written (rows and pitch for 2D).
+#[allow(clippy::too_many_arguments)]
 fn memset_with<F>(
     call: &Call<F>,
     dst: CUdeviceptr,
     bytes: usize,
+    span: usize,
     stream: u64,
     asynchronous: bool,
     forward: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let t = call.rt.now_ns();
+    let pinned = match residency::pin(call.rt, stream, &[(dst, span)], || {
+        format!("{} of {} bytes", call.sym.name(), bytes)
+    }) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     let r = forward();
+    if let Some(p) = pinned {
+        p.done();
+    }
     if r == CUDA_SUCCESS {
         if let Some(rec) = call.rt.recorder.as_ref() {
             call.rt
@@ -30,6 +43,16 @@ fn bytes_2d(width: usize, height: usize, element: usize) -> usize {
     width.saturating_mul(element).saturating_mul(height)
 }
 
+/// Bytes from the start of a 2D memset to one past its last byte.
+fn span_2d(pitch: usize, width: usize, height: usize, element: usize) -> usize {
+    if height == 0 {
+        return 0;
+    }
+    (height - 1)
+        .saturating_mul(pitch)
+        .saturating_add(width.saturating_mul(element))
+}
+
 macro_rules! memset_hooks {
     ($( $name:ident, $name_async:ident, $fam:ident, $fam_async:ident, $t:ty, $size:expr; )*) => {$(
         #[doc = concat!("`cuMemsetD", stringify!($fam), "`-style synchronous memset.")]
@@ -39,7 +62,7 @@ macro_rules! memset_hooks {
         pub unsafe fn $name(call: Call<pfn::$fam>, dst: CUdeviceptr, value: $t, count: usize) -> CUresult {
             let bytes = count.saturating_mul($size);
             // SAFETY: forwarded unchanged.
-            memset_with(&call, dst, bytes, implicit_stream(call.sym), false, || unsafe { (call.real)(dst, value, count) })
+            memset_with(&call, dst, bytes, bytes, implicit_stream(call.sym), false, || unsafe { (call.real)(dst, value, count) })
         }
 
         #[doc = concat!("`cuMemsetD", stringify!($fam), "Async`-style memset.")]
@@ -49,7 +72,7 @@ macro_rules! memset_hooks {
         pub unsafe fn $name_async(call: Call<pfn::$fam_async>, dst: CUdeviceptr, value: $t, count: usize, stream: CUstream) -> CUresult {
             let bytes = count.saturating_mul($size);
             // SAFETY: forwarded unchanged.
-            memset_with(&call, dst, bytes, call.stream(stream), true, || unsafe { (call.real)(dst, value, count, stream) })
+            memset_with(&call, dst, bytes, bytes, call.stream(stream), true, || unsafe { (call.real)(dst, value, count, stream) })
         }
     )*};
 }
@@ -62,8 +85,9 @@ macro_rules! memset_2d_hooks {
         /// The driver's contract for the function of `call.sym`.
         pub unsafe fn $name(call: Call<pfn::$fam>, dst: CUdeviceptr, pitch: usize, value: $t, width: usize, height: usize) -> CUresult {
             let bytes = bytes_2d(width, height, $size);
+            let span = span_2d(pitch, width, height, $size);
             // SAFETY: forwarded unchanged.
-            memset_with(&call, dst, bytes, implicit_stream(call.sym), false, || unsafe { (call.real)(dst, pitch, value, width, height) })
+            memset_with(&call, dst, bytes, span, implicit_stream(call.sym), false, || unsafe { (call.real)(dst, pitch, value, width, height) })
         }
 
         #[doc = concat!("`cuMemset", stringify!($fam), "Async`-style 2D memset.")]
@@ -80,8 +104,9 @@ macro_rules! memset_2d_hooks {
             stream: CUstream,
         ) -> CUresult {
             let bytes = bytes_2d(width, height, $size);
+            let span = span_2d(pitch, width, height, $size);
             // SAFETY: forwarded unchanged.
-            memset_with(&call, dst, bytes, call.stream(stream), true, || unsafe { (call.real)(dst, pitch, value, width, height, stream) })
+            memset_with(&call, dst, bytes, span, call.stream(stream), true, || unsafe { (call.real)(dst, pitch, value, width, height, stream) })
         }
     )*};
 }

@@ -2,8 +2,10 @@
 //!
 //! Every hook receives a [`Call`]: the runtime, the real driver function for the exact
 //! versioned symbol the application asked for (so a `_ptsz` wrapper forwards to `_ptsz`),
-//! and which symbol that was. Hooks forward the call unchanged and track or trace around
-//! it; they never change arguments or results (that is issue #4's memory manager).
+//! and which symbol that was. Hooks track and trace around each call; with a memory manager
+//! running, allocations, frees and `cuMemGetInfo` in its arena are served by it and every
+//! launch, copy and memset first makes the managed memory it touches device-resident
+//! ([`residency`]). Everything else is forwarded unchanged.
 //!
 //! Which symbols map to which hook is in [`crate::syms`]; the C surface is `ld-preload`.
 
@@ -22,6 +24,7 @@ pub mod copy;
 pub mod launch;
 pub mod memset;
 pub mod module;
+pub mod residency;
 pub mod sync;
 
 /// One intercepted call: where to forward it, and the runtime.

@@ -1,0 +1,87 @@
+//! Making arena memory device-resident around a launch, copy or memset.
+//!
+//! [`pin`] asks the memory manager to bring every touched range onto the device (swapping
+//! in, evicting others) and ordered before the work on its stream; [`Pinned::done`] reports
+//! the work queued, so the pages stay until it completes. Without a manager, or when nothing
+//! touched lies in the arena, both are free. This module does not decide what is touched:
+//! the hooks resolve that.
+
+use tensile_driver_abi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY};
+
+use crate::managed::Managed;
+use crate::memory::{AccessTicket, Stream};
+use crate::runtime::Runtime;
+
+/// Pages held device-resident for one call until its work is queued.
+#[must_use = "call done() after forwarding, or the pages stay pinned"]
+pub struct Pinned {
+    managed: &'static Managed,
+    ticket: AccessTicket,
+}
+
+impl Pinned {
+    /// The work was queued (or its forward failed): the pages may go once it completes.
+    pub fn done(self) {
+        if let Err(code) = self.managed.mm.note_access_done(self.ticket) {
+            tracing::warn!("tensile: recording an access failed with error {code}");
+        }
+    }
+}
+
+/// Brings `ranges` (`(start, bytes)`, arena or not) onto the device for work about to be
+/// queued on `stream` (the handle value, `CU_STREAM_PER_THREAD` for a per-thread default
+/// stream). `Ok(None)`: nothing to do. On error the call must not be forwarded: the code is
+/// what the application gets. `what` names the call for the one log line an access larger
+/// than the whole budget gets.
+#[inline]
+pub fn pin(
+    rt: &'static Runtime,
+    stream: u64,
+    ranges: &[(u64, usize)],
+    what: impl FnOnce() -> String,
+) -> Result<Option<Pinned>, CUresult> {
+    let Some(managed) = rt.memory() else {
+        return Ok(None);
+    };
+    if !ranges.iter().any(|&(p, n)| n > 0 && managed.mm.owns(p)) {
+        return Ok(None);
+    }
+    match managed.mm.prepare_access(Stream(stream as usize), ranges) {
+        Ok(ticket) => Ok(Some(Pinned { managed, ticket })),
+        Err(code) => {
+            if code == CUDA_ERROR_OUT_OF_MEMORY {
+                let bytes = arena_bytes(managed, ranges);
+                let (_, budget) = managed.mm.mem_get_info();
+                tracing::error!(
+                    "tensile: {} needs {} bytes ({} MiB) of managed memory at once, more than \
+                     the device budget of {} MiB: CUDA_ERROR_OUT_OF_MEMORY",
+                    what(),
+                    bytes,
+                    bytes >> 20,
+                    budget >> 20
+                );
+            }
+            Err(code)
+        }
+    }
+}
+
+/// Bytes of the arena the ranges cover (overlaps counted once).
+fn arena_bytes(managed: &Managed, ranges: &[(u64, usize)]) -> u64 {
+    let mut rs: Vec<(u64, u64)> = ranges
+        .iter()
+        .filter(|&&(p, n)| n > 0 && managed.mm.owns(p))
+        .map(|&(p, n)| (p, p.saturating_add(n as u64)))
+        .collect();
+    rs.sort_unstable();
+    let mut total = 0;
+    let mut covered_to = 0;
+    for (start, end) in rs {
+        let start = start.max(covered_to);
+        if end > start {
+            total += end - start;
+            covered_to = end;
+        }
+    }
+    total
+}
