@@ -17,10 +17,9 @@ use std::ffi::{c_void, CStr, CString};
 
 use tensile_driver_abi::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUmemAccessDesc, CUmemAllocationProp,
-    CUmemGenericAllocationHandle, CUmemLocation, CUresult, CUstream, CUDA_ERROR_NOT_FOUND,
-    CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING,
-    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_TYPE_DEVICE,
-    CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_STREAM_NON_BLOCKING,
+    CUmemGenericAllocationHandle, CUmemLocation, CUresult, CUstream, CUDA_ERROR_NOT_READY,
+    CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_STREAM_NON_BLOCKING,
 };
 
 use super::driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
@@ -416,9 +415,6 @@ pub fn find_simgpu() -> Option<std::path::PathBuf> {
     lib.exists().then_some(lib)
 }
 
-/// `CUDA_ERROR_NOT_FOUND`, for callers that map a missing driver to a driver error.
-pub const NOT_FOUND: CUresult = CUDA_ERROR_NOT_FOUND;
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -445,9 +441,27 @@ mod tests {
             );
             return;
         };
-        let drv = match DlDriver::open(&lib.to_string_lossy(), 0) {
+        swap_round_trip(&lib.to_string_lossy(), 0);
+    }
+
+    /// The same on a real GPU, when asked to (`TENSILE_TEST_REAL_GPU=1`): the system's
+    /// `libcuda.so.1`, so the VMM assumptions (host-NUMA frames mapped at two addresses,
+    /// copies between them, per-page remaps) are checked on the hardware.
+    #[test]
+    fn swaps_on_a_real_gpu_when_asked() {
+        if std::env::var("TENSILE_TEST_REAL_GPU").as_deref() != Ok("1") {
+            eprintln!("SKIPPED: set TENSILE_TEST_REAL_GPU=1 to run on the machine's GPU");
+            return;
+        }
+        // The real driver takes some device memory of its own for streams and events.
+        swap_round_trip("libcuda.so.1", 64 * MIB);
+    }
+
+    /// `slack`: device memory the driver may use beyond what the manager creates.
+    fn swap_round_trip(lib: &str, slack: usize) {
+        let drv = match DlDriver::open(lib, 0) {
             Ok(d) => Arc::new(d),
-            Err(e) => panic!("the simulated GPU at {} did not load: {e}", lib.display()),
+            Err(e) => panic!("the driver {lib} did not load: {e}"),
         };
         let budget = 8 * MIB;
         let mut cfg = ManagerConfig::new(budget, 256 * MIB);
@@ -472,7 +486,7 @@ mod tests {
             mm.note_access_done(t).unwrap();
             let (free, _) = drv.mem_get_info().unwrap();
             assert!(
-                free0 - free <= budget,
+                free0.saturating_sub(free) <= budget + slack,
                 "the process holds more than its budget"
             );
         }
@@ -503,6 +517,6 @@ mod tests {
             drv.stream_destroy(s).unwrap();
         }
         let (free, _) = drv.mem_get_info().unwrap();
-        assert_eq!(free, free0, "everything went back to the device");
+        assert!(free + slack >= free0, "everything went back to the device");
     }
 }
