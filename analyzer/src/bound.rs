@@ -20,7 +20,7 @@
 
 use serde::Serialize;
 
-use crate::cost::{Budget, CostModel};
+use crate::cost::{format_bytes, Budget, CostModel};
 use crate::cycle::Cycle;
 use crate::plan::op_bytes;
 use crate::timeline::{needed_bytes, op_start_times, Liveness};
@@ -46,7 +46,11 @@ pub struct LowerBound {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BoundError {
     /// An op touches more than the budget: infeasible at any speed.
-    #[error("op {op} alone touches {bytes} bytes, more than the budget of {budget} bytes")]
+    #[error(
+        "op {op} alone touches {}, more than the budget of {}",
+        format_bytes(*bytes),
+        format_bytes(*budget)
+    )]
     OpTooLarge {
         /// Op.
         op: u32,

@@ -97,6 +97,21 @@ impl Budget {
     }
 }
 
+/// Formats a byte count for people: `512 B`, `1.50 MiB`, `4.00 GiB`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.2} {}", UNITS[unit])
+}
+
 /// Parses a byte size: `4GiB`, `512MiB`, `1.5GB`, `123456`, or a percentage (`50%`) of `peak`.
 pub fn parse_size(text: &str, peak: Option<u64>) -> Result<u64, String> {
     let t = text.trim();
@@ -139,4 +154,59 @@ pub fn parse_size(text: &str, peak: Option<u64>) -> Result<u64, String> {
         return Err(format!("{text:?} is not a positive size"));
     }
     Ok(bytes.round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_percentages() {
+        assert_eq!(parse_size("4GiB", None), Ok(4 << 30));
+        assert_eq!(parse_size(" 512 MiB ", None), Ok(512 << 20));
+        assert_eq!(parse_size("1.5GB", None), Ok(1_500_000_000));
+        assert_eq!(parse_size("123456", None), Ok(123_456));
+        assert_eq!(parse_size("50%", Some(1000)), Ok(500));
+        assert_eq!(parse_size("12.5%", Some(800)), Ok(100));
+        assert!(parse_size("50%", None)
+            .unwrap_err()
+            .contains("needs a known peak"));
+        assert!(parse_size("-3%", Some(10)).is_err());
+        assert!(parse_size("4 parsecs", None)
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(parse_size("GiB", None).is_err());
+        assert!(parse_size("0", None).is_err());
+    }
+
+    #[test]
+    fn bytes_format_for_people() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(1536), "1.50 KiB");
+        assert_eq!(format_bytes(4 << 30), "4.00 GiB");
+    }
+
+    #[test]
+    fn copy_times_follow_the_bandwidths() {
+        let c = CostModel::default();
+        assert_eq!(c.h2d_ns(55_000), 1000);
+        assert_eq!(c.d2h_ns(55_001), 1001, "rounded up");
+        assert_eq!(c.shared_rates(), (46.0, 46.0));
+        let slow = CostModel {
+            bidir_gbps: 200.0,
+            ..c
+        };
+        assert_eq!(
+            slow.shared_rates(),
+            (55.0, 55.0),
+            "never faster than one direction alone"
+        );
+        assert!(CostModel {
+            d2h_gbps: f64::NAN,
+            ..c
+        }
+        .validate()
+        .is_err());
+        assert!(c.validate().is_ok());
+    }
 }

@@ -24,7 +24,7 @@ use std::collections::BinaryHeap;
 
 use serde::Serialize;
 
-use crate::cost::{Budget, CostModel};
+use crate::cost::{format_bytes, Budget, CostModel};
 use crate::cycle::{Cycle, TensorId};
 use crate::timeline::{needed_bytes, op_start_times, Gap, Liveness};
 
@@ -88,8 +88,9 @@ impl SwapPlan {
 pub enum PlanError {
     /// One op touches more than the budget: no amount of swapping helps.
     #[error(
-        "op {op} alone touches {bytes} bytes, more than the budget of {budget} bytes; \
-         no swap plan can run it"
+        "op {op} alone touches {}, more than the budget of {}; no swap plan can run it",
+        format_bytes(*bytes),
+        format_bytes(*budget)
     )]
     OpTooLarge {
         /// Op position.

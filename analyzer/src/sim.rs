@@ -22,7 +22,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use crate::cost::{Budget, CostModel};
+use crate::cost::{format_bytes, Budget, CostModel};
 use crate::cycle::{Cycle, TensorId};
 use crate::plan::SwapPlan;
 use crate::timeline::{unrolled_accesses, Liveness};
@@ -102,7 +102,11 @@ pub struct SimReport {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SimError {
     /// Device bytes would exceed the budget.
-    #[error("budget exceeded at op {op}: {bytes} bytes on the device, budget {budget}")]
+    #[error(
+        "budget exceeded at op {op}: {} on the device, budget {}",
+        format_bytes(*bytes),
+        format_bytes(*budget)
+    )]
     BudgetExceeded {
         /// Op position in the cycle.
         op: u32,
@@ -120,7 +124,11 @@ pub enum SimError {
         tensor: TensorId,
     },
     /// One op's tensors alone exceed the budget.
-    #[error("op {op} alone touches {bytes} bytes, more than the budget of {budget}")]
+    #[error(
+        "op {op} alone touches {}, more than the budget of {}",
+        format_bytes(*bytes),
+        format_bytes(*budget)
+    )]
     OpTooLarge {
         /// Op position.
         op: u32,
