@@ -580,6 +580,21 @@ impl Session {
 
     /// Launches `k` with `args` on `s`, passing them in `form`.
     pub fn launch(&self, k: &Kernel, grid: u32, block: u32, s: CUstream, args: &[Arg], form: Form) {
+        let r = self.try_launch(k, grid, block, s, args, form);
+        check(r, &format!("launch of {}", k.name));
+    }
+
+    /// [`Session::launch`] that returns the driver's result instead of panicking on an
+    /// error (the expectation line is printed only for a launch the driver accepted).
+    pub fn try_launch(
+        &self,
+        k: &Kernel,
+        grid: u32,
+        block: u32,
+        s: CUstream,
+        args: &[Arg],
+        form: Form,
+    ) -> CUresult {
         let params = &k.signature.params;
         assert_eq!(params.len(), args.len(), "{}: argument count", k.name);
         let mut accesses = Vec::new();
@@ -680,15 +695,17 @@ impl Session {
                 }
             }
         };
-        check(r, &format!("launch of {}", k.name));
-        self.expect(Expect::Launch {
-            kernel: k.name.clone(),
-            stream: self.stream_id(s),
-            grid: [grid, 1, 1],
-            block: [block, 1, 1],
-            smem: 0,
-            accesses,
-        });
+        if r == CUDA_SUCCESS {
+            self.expect(Expect::Launch {
+                kernel: k.name.clone(),
+                stream: self.stream_id(s),
+                grid: [grid, 1, 1],
+                block: [block, 1, 1],
+                smem: 0,
+                accesses,
+            });
+        }
+        r
     }
 
     /// Prints the digest of a device buffer's contents (downloaded synchronously).

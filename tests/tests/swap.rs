@@ -1,0 +1,299 @@
+//! The memory manager under `LD_PRELOAD`, on the simulated GPU: no byte is lost when the
+//! footprint is several times the device, and its errors are the driver's.
+//!
+//! The training-like workload (`wl_train`) runs once without the shim on an unlimited
+//! simulated GPU; its digests (losses, outputs, parameters, momenta) must come out bit for
+//! bit the same under the shim with the device capped at 1/2, 1/4 and 1/8 of the footprint,
+//! with randomized stream timing and the per-thread default stream, and the trace must show
+//! that it really swapped both ways within the budget.
+
+use std::collections::BTreeMap;
+
+use tensile_tests::check::read_trace;
+use tensile_tests::expect::fnv1a;
+use tensile_tests::harness::{temp_trace, Output, Run};
+use tensile_trace::{Record, Stats};
+
+const MIB: usize = 1 << 20;
+
+/// The workload's shape: layers, tensor KiB, iterations. Footprint: (4 layers + 2) tensors.
+const LAYERS: usize = 12;
+const TENSOR_KIB: usize = 1536;
+const ITERATIONS: usize = 2;
+const FOOTPRINT: usize = (4 * LAYERS + 2) * TENSOR_KIB * 1024;
+
+fn train(lookup: &str) -> Run {
+    Run::new(env!("CARGO_BIN_EXE_wl_train"))
+        .arg(lookup)
+        .arg(LAYERS.to_string())
+        .arg(TENSOR_KIB.to_string())
+        .arg(ITERATIONS.to_string())
+}
+
+/// The `D` lines of a run, by name.
+fn digests(out: &Output) -> BTreeMap<String, String> {
+    out.stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("D "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+fn stats_of(path: &std::path::Path) -> Stats {
+    let t = read_trace(path);
+    let _ = std::fs::remove_file(path);
+    t.records
+        .iter()
+        .find_map(|r| match r {
+            Record::Stats(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("the trace has a Stats record")
+}
+
+#[test]
+fn no_byte_is_lost_at_a_half_a_quarter_and_an_eighth_of_the_footprint() {
+    let native = train("proc:13000:0").output();
+    native.assert_ok("the native run");
+    let want = digests(&native);
+    assert_eq!(want.len(), 2 * ITERATIONS + 2 * LAYERS + 1, "{}", native.stdout);
+
+    // (what, lookup, device capacity, jitter)
+    let cases = [
+        ("half", "proc:13000:0", FOOTPRINT / 2, 0),
+        ("quarter", "dlsym:13000:0", FOOTPRINT / 4, 0),
+        ("eighth", "proc:13000:0", FOOTPRINT / 8, 0),
+        ("eighth, jitter, per-thread stream", "proc:13000:1", FOOTPRINT / 8, 40),
+    ];
+    let results: Vec<(&str, usize, Output, Stats)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|&(what, lookup, capacity, jitter)| {
+                scope.spawn(move || {
+                    let trace = temp_trace(&format!("swap-{capacity}-{jitter}"));
+                    let out = train(lookup)
+                        .trace(&trace)
+                        .env("TENSILE_POLICY", "lru")
+                        .env("TENSILE_LOG", "info")
+                        .env("TENSILE_SIM_DEVICE_MEMORY", capacity.to_string())
+                        .env("TENSILE_SIM_JITTER_US", jitter.to_string())
+                        .output();
+                    out.assert_ok(what);
+                    (what, capacity, out.clone(), stats_of(&trace))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a run thread panicked"))
+            .collect()
+    });
+    for (what, capacity, out, stats) in results {
+        assert_eq!(
+            digests(&out),
+            want,
+            "{what}: results differ from the unlimited run\n{}",
+            out.stderr
+        );
+        // The device really was too small, and the manager stayed within it.
+        let budget = capacity / (2 * MIB) * (2 * MIB);
+        assert!(
+            stats.bytes_to_host > 0 && stats.bytes_to_device > 0,
+            "{what}: no swapping: {stats:?}"
+        );
+        assert!(
+            stats.peak_resident_bytes as usize <= budget.max(2 * MIB),
+            "{what}: peak {} over the budget {budget}",
+            stats.peak_resident_bytes
+        );
+        assert!(stats.host_pool_bytes > 0, "{what}: {stats:?}");
+        assert!(
+            out.stderr.contains("tensile: swapped "),
+            "{what}: no statistics at exit\n{}",
+            out.stderr
+        );
+        assert!(
+            !out.stderr.contains("ERROR") && !out.stderr.contains("panicked"),
+            "{what}:\n{}",
+            out.stderr
+        );
+    }
+}
+
+#[test]
+fn a_budget_above_the_footprint_swaps_nothing_and_policy_off_forwards() {
+    let native = train("proc:13000:0").output();
+    native.assert_ok("the native run");
+    for policy in ["lru", "off"] {
+        let trace = temp_trace(&format!("noswap-{policy}"));
+        let out = train("proc:13000:0")
+            .trace(&trace)
+            .env("TENSILE_POLICY", policy)
+            .env("TENSILE_DEVICE_MEMORY", "1GiB")
+            .output();
+        out.assert_ok(policy);
+        assert_eq!(digests(&out), digests(&native), "{policy}");
+        let stats = stats_of(&trace);
+        assert_eq!(
+            (stats.bytes_to_host, stats.bytes_to_device),
+            (0, 0),
+            "{policy}"
+        );
+    }
+}
+
+fn mem(mode: &str) -> Run {
+    Run::new(env!("CARGO_BIN_EXE_wl_mem")).arg(mode)
+}
+
+/// The value of the `<prefix> <name>` line.
+fn line<'a>(out: &'a Output, prefix: &str, name: &str) -> &'a str {
+    let start = format!("{prefix} {name} ");
+    out.stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(start.as_str()))
+        .unwrap_or_else(|| panic!("no `{start}` line in\n{}", out.stdout))
+}
+
+#[test]
+fn a_launch_needing_more_than_the_budget_is_out_of_memory_and_nothing_else_breaks() {
+    // Two 6 MiB tensors under an 8 MiB budget: each fits, both at once do not.
+    let native = mem("oom").arg("6").output();
+    native.assert_ok("native");
+    assert_eq!(line(&native, "R", "copy_both"), "0");
+    let out = mem("oom")
+        .arg("6")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .env("TENSILE_DEVICE_MEMORY", "8MiB")
+        .output();
+    out.assert_ok("under the shim");
+    // CUDA_ERROR_OUT_OF_MEMORY
+    assert_eq!(line(&out, "R", "copy_both"), "2");
+    let oom_lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("kernel `copy_u32`"))
+        .collect();
+    assert_eq!(oom_lines.len(), 1, "{}", out.stderr);
+    assert!(
+        oom_lines[0].contains("12582912 bytes") && oom_lines[0].contains("budget of 8 MiB"),
+        "{}",
+        oom_lines[0]
+    );
+    // The copy did not happen, everything else did: a holds the pattern, b its memset
+    // value doubled.
+    assert_eq!(line(&out, "D", "a"), line(&native, "D", "a"));
+    let doubled = (f32::from_bits(0x0101_0101) * 2.0).to_le_bytes();
+    let b: Vec<u8> = doubled.iter().copied().cycle().take(6 * MIB).collect();
+    assert_eq!(line(&out, "D", "b"), format!("{:016x}", fnv1a(&b)));
+}
+
+#[test]
+fn bad_frees_get_the_drivers_error_codes() {
+    let native = mem("frees").output();
+    native.assert_ok("native");
+    let out = mem("frees")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .output();
+    out.assert_ok("under the shim");
+    for name in ["double_free", "double_free_async", "unknown_free"] {
+        let code = line(&native, "R", name);
+        assert_ne!(code, "0", "{name}: the simulator accepted a bad free");
+        assert_eq!(line(&out, "R", name), code, "{name}");
+    }
+    assert_eq!(line(&out, "D", "after"), line(&native, "D", "after"));
+}
+
+#[test]
+fn mem_get_info_reports_the_budget() {
+    let out = mem("info")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .env("TENSILE_DEVICE_MEMORY", "24MiB")
+        .env("TENSILE_SIM_DEVICE_MEMORY", "1GiB")
+        .output();
+    out.assert_ok("under the shim");
+    let parse = |v: &str| -> (usize, usize) {
+        let (f, t) = v.split_once(' ').expect("two numbers");
+        (f.parse().expect("free"), t.parse().expect("total"))
+    };
+    let (free0, total0) = parse(line(&out, "M", "before"));
+    let (free1, total1) = parse(line(&out, "M", "after"));
+    assert_eq!((total0, total1), (24 * MIB, 24 * MIB));
+    assert_eq!(free0, 24 * MIB);
+    assert!(
+        free1 <= 24 * MIB - 6 * MIB && free1 >= 24 * MIB - 8 * MIB,
+        "{free1}"
+    );
+    // Without a budget the card's view comes through (the simulator's capacity).
+    let out = mem("info")
+        .preload(true)
+        .env("TENSILE_POLICY", "off")
+        .env("TENSILE_SIM_DEVICE_MEMORY", "1GiB")
+        .output();
+    out.assert_ok("policy off");
+    assert_eq!(parse(line(&out, "M", "before")).1, 1 << 30);
+}
+
+#[test]
+fn a_bad_memory_setting_is_one_clear_line_and_the_default() {
+    let out = mem("info")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .env("TENSILE_DEVICE_MEMORY", "lots")
+        .env("TENSILE_SIM_DEVICE_MEMORY", "64MiB")
+        .output();
+    out.assert_ok("bad setting");
+    let lines: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("TENSILE_DEVICE_MEMORY"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", out.stderr);
+    assert!(lines[0].contains("\"lots\""), "{}", lines[0]);
+    // The default: the card's free memory.
+    assert_eq!(line(&out, "M", "before").split(' ').nth(1), Some("67108864"));
+}
+
+#[test]
+fn pytorch_gets_the_stream_ordered_allocator_unless_the_user_chose() {
+    let out = mem("env").preload(true).env("TENSILE_LOG", "info").output();
+    out.assert_ok("unset");
+    assert!(
+        out.stdout.contains("V backend:cudaMallocAsync\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr.contains("set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"),
+        "{}",
+        out.stderr
+    );
+
+    let out = mem("env")
+        .preload(true)
+        .env("PYTORCH_CUDA_ALLOC_CONF", "backend:native")
+        .output();
+    out.assert_ok("user's choice");
+    assert!(out.stdout.contains("V backend:native\n"), "{}", out.stdout);
+    let warnings = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("PYTORCH_CUDA_ALLOC_CONF"))
+        .count();
+    assert_eq!(warnings, 1, "{}", out.stderr);
+
+    let out = mem("env")
+        .preload(true)
+        .env("TENSILE_POLICY", "off")
+        .output();
+    out.assert_ok("policy off");
+    assert!(out.stdout.contains("V <unset>\n"), "{}", out.stdout);
+
+    let out = mem("env").output();
+    out.assert_ok("without the shim");
+    assert!(out.stdout.contains("V <unset>\n"), "{}", out.stdout);
+}
