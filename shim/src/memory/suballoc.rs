@@ -149,7 +149,7 @@ impl Suballocator {
             None => match self.free.take(span, align) {
                 Some(off) => off,
                 None => {
-                    let g = self.grow(span + align)?;
+                    let g = self.grow(span.saturating_add(align))?;
                     grown = Some(g);
                     self.free
                         .take(span, align)
@@ -209,20 +209,18 @@ impl Suballocator {
         // Only the part not covered by a free hole at the frontier needs new space.
         let tail = self.free.ending_at(self.frontier).map_or(0, |(_, l)| l);
         let need = need.saturating_sub(tail);
-        let by = need.max(self.grow_bytes).next_multiple_of(self.page);
-        let end = self
-            .frontier
-            .checked_add(by)
-            .ok_or(SubAllocError::ArenaFull)?;
-        let end = if end > self.capacity {
-            // A last, smaller step may still fit.
-            let exact = self.frontier + need.next_multiple_of(self.page);
-            if exact > self.capacity {
-                return Err(SubAllocError::ArenaFull);
-            }
-            exact
+        let full = SubAllocError::ArenaFull;
+        let exact = need.checked_next_multiple_of(self.page).ok_or(full)?;
+        let exact_end = self.frontier.checked_add(exact).ok_or(full)?;
+        if exact_end > self.capacity {
+            return Err(full);
+        }
+        // Grow by a whole batch if it fits, else by just what is needed.
+        let batch_end = self.frontier.saturating_add(exact.max(self.grow_bytes));
+        let end = if batch_end <= self.capacity {
+            batch_end
         } else {
-            end
+            exact_end
         };
         let start = self.frontier;
         self.free.insert(start, end - start);
@@ -324,5 +322,11 @@ mod tests {
         assert_eq!(s.alloc(2 * PAGE, 0, &done), Err(SubAllocError::ArenaFull));
         assert!(s.alloc(PAGE, 0, &done).is_ok(), "the last page still fits");
         assert_eq!(s.alloc(0, 0, &done), Err(SubAllocError::ZeroSize));
+        assert_eq!(s.alloc(u64::MAX, 0, &done), Err(SubAllocError::ArenaFull));
+        assert_eq!(
+            s.alloc(u64::MAX - 600, 0, &done),
+            Err(SubAllocError::ArenaFull)
+        );
+        assert_eq!(s.alloc(1 << 62, 0, &done), Err(SubAllocError::ArenaFull));
     }
 }

@@ -118,6 +118,11 @@ fn frees_by_kind() {
         Err(CUDA_ERROR_INVALID_VALUE),
         "zero bytes"
     );
+    assert_eq!(
+        mm.alloc(usize::MAX, None),
+        Err(CUDA_ERROR_OUT_OF_MEMORY),
+        "over the arena"
+    );
     assert_eq!(mm.allocation_containing(p), None);
 }
 
