@@ -15,6 +15,10 @@
 //! Prints `D` lines (compared bit for bit between runs): the loss of every iteration, and
 //! the final parameters, momenta and snapshot. Everything is deterministic: the streams
 //! never race on a buffer.
+//!
+//! `wl_train probe` instead reports whether the `libcuda.so.1` the loader finds has a device
+//! (`devices <n>`, exit 0) or not (exit 1): `tensile demo` asks it before choosing between a
+//! real GPU and the simulated one.
 
 use tensile_tests::driver::Lookup;
 use tensile_tests::expect::fnv1a;
@@ -33,7 +37,61 @@ fn arg(i: usize, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// Loads `libcuda.so.1` as the loader finds it and counts its devices.
+fn probe() -> Result<i32, String> {
+    type Init = unsafe extern "C" fn(u32) -> u32;
+    type Count = unsafe extern "C" fn(*mut i32) -> u32;
+    // SAFETY: a C string literal.
+    let h = unsafe { libc::dlopen(c"libcuda.so.1".as_ptr(), libc::RTLD_NOW) };
+    if h.is_null() {
+        return Err("no libcuda.so.1".into());
+    }
+    // SAFETY: a live handle and C string literals.
+    let (init, count) = unsafe {
+        (
+            libc::dlsym(h, c"cuInit".as_ptr()),
+            libc::dlsym(h, c"cuDeviceGetCount".as_ptr()),
+        )
+    };
+    if init.is_null() || count.is_null() {
+        return Err("libcuda.so.1 lacks cuInit or cuDeviceGetCount".into());
+    }
+    // SAFETY: the driver's cuInit and cuDeviceGetCount have these C signatures (cuda.h).
+    let (init, count) = unsafe {
+        (
+            std::mem::transmute::<*mut libc::c_void, Init>(init),
+            std::mem::transmute::<*mut libc::c_void, Count>(count),
+        )
+    };
+    let mut n = 0;
+    // SAFETY: plain driver calls with a valid out-pointer.
+    let r = unsafe {
+        match init(0) {
+            0 => count(&mut n),
+            e => e,
+        }
+    };
+    if r != 0 {
+        return Err(format!("the driver failed with error {r}"));
+    }
+    Ok(n)
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("probe") {
+        match probe() {
+            Ok(n) if n > 0 => println!("devices {n}"),
+            Ok(_) => {
+                println!("devices 0");
+                std::process::exit(1);
+            }
+            Err(e) => {
+                println!("no device: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let lookup = std::env::args()
         .nth(1)
         .and_then(|a| Lookup::parse(&a))

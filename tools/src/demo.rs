@@ -1,0 +1,286 @@
+//! `tensile demo`: a training-like workload at about four times the device budget, under
+//! libtensile, checked bit for bit against a run with unlimited memory.
+//!
+//! The workload is `wl_train` (from `tensile-tests`: parameters, optimizer state, forward
+//! activations kept for the backward pass, two streams). Everything is found next to the
+//! `tensile` binary, where `cargo build --release --workspace` puts it: `libtensile.so`,
+//! `wl_train` and the simulated GPU's `libcuda.so`. On a machine whose own `libcuda.so.1`
+//! has a device, the workload runs on that GPU (the budget then comes from
+//! `TENSILE_DEVICE_MEMORY`); otherwise on the simulated GPU, whose capacity is set to the
+//! budget. The swap statistics come from the `Stats` record of the managed run's trace.
+//!
+//! Not here: any memory management (that is the library), or a PyTorch workload (see the
+//! benchmark scripts).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use tensile_trace::{Reader, Record, Stats};
+
+const MIB: u64 = 1 << 20;
+
+/// Arguments of `tensile demo`.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// Layers of the model (each: parameters, gradient, momentum, one kept activation).
+    #[arg(long, default_value_t = 16)]
+    pub layers: u64,
+    /// Size of every tensor, KiB (not a multiple of the 2 MiB page, on purpose).
+    #[arg(long, default_value_t = 1536)]
+    pub tensor_kib: u64,
+    /// Training iterations.
+    #[arg(long, default_value_t = 3)]
+    pub iterations: u64,
+    /// The footprint is this many times the device budget.
+    #[arg(long, default_value_t = 4)]
+    pub ratio: u64,
+    /// Run on the simulated GPU even if this machine has a real one.
+    #[arg(long)]
+    pub simulated: bool,
+    /// Keep the working directory (trace, logs) and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Everything the demo runs, found next to the `tensile` binary.
+struct Pieces {
+    library: PathBuf,
+    workload: PathBuf,
+    simulator: PathBuf,
+}
+
+fn find_pieces() -> Result<Pieces, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the tensile binary: {e}"))?;
+    let dir = exe
+        .parent()
+        .ok_or("the tensile binary has no directory")?
+        .to_path_buf();
+    let pieces = Pieces {
+        library: dir.join("libtensile.so"),
+        workload: dir.join("wl_train"),
+        simulator: dir.join("libcuda.so"),
+    };
+    let missing: Vec<String> = [&pieces.library, &pieces.workload, &pieces.simulator]
+        .iter()
+        .filter(|p| !p.is_file())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "missing next to the tensile binary: {}; run cargo build --release --workspace",
+            missing.join(", ")
+        ));
+    }
+    Ok(pieces)
+}
+
+/// Whether the machine's own driver has a device (asked in a child process, so a broken
+/// driver cannot take the demo down).
+fn real_gpu(workload: &Path) -> bool {
+    Command::new(workload)
+        .arg("probe")
+        .env_remove("LD_PRELOAD")
+        .stderr(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// A scratch directory holding `libcuda.so.1` → the simulator, removed on drop unless kept.
+struct WorkDir {
+    path: PathBuf,
+    keep: bool,
+}
+
+impl WorkDir {
+    fn new(simulator: &Path, keep: bool) -> Result<WorkDir, String> {
+        let path = std::env::temp_dir().join(format!("tensile-demo-{}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let dir = WorkDir { path, keep };
+        let link = dir.path.join("libcuda.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(simulator, &link)
+            .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
+        Ok(dir)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// One run of the workload: its digests and how long it took.
+struct RunResult {
+    digests: BTreeMap<String, String>,
+    seconds: f64,
+}
+
+/// Runs the workload with `env`, echoing its progress lines under `label`.
+fn run_workload(
+    workload: &Path,
+    args: &DemoArgs,
+    env: &[(&str, String)],
+    label: &str,
+) -> Result<RunResult, String> {
+    let mut cmd = Command::new(workload);
+    cmd.arg("proc:13000:0")
+        .arg(args.layers.to_string())
+        .arg(args.tensor_kib.to_string())
+        .arg(args.iterations.to_string())
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", workload.display()))?;
+    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let label = label.to_owned();
+    let echo = std::thread::spawn(move || {
+        let mut log = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(progress) = line.strip_prefix("wl_train: ") {
+                println!("  [{label}] {progress}");
+            } else if line.contains("tensile") {
+                println!("  [{label}] {}", line.trim());
+            }
+            log.push(line);
+        }
+        log
+    });
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for the workload: {e}"))?;
+    let log = echo.join().unwrap_or_default();
+    if !out.status.success() {
+        let tail: Vec<&String> = log.iter().rev().take(20).collect();
+        let tail: Vec<&str> = tail.iter().rev().map(|s| s.as_str()).collect();
+        return Err(format!(
+            "the workload failed ({}):\n{}",
+            out.status,
+            tail.join("\n")
+        ));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let digests = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("D "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    Ok(RunResult {
+        digests,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+fn read_stats(trace: &Path) -> Result<Stats, String> {
+    let reader =
+        Reader::open(trace).map_err(|e| format!("cannot read the trace {}: {e}", trace.display()))?;
+    for record in reader {
+        if let Ok(Record::Stats(s)) = record {
+            return Ok(s);
+        }
+    }
+    Err(format!("the trace {} has no statistics", trace.display()))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / MIB as f64)
+}
+
+/// Runs `tensile demo`.
+pub fn run(args: DemoArgs) -> Result<(), String> {
+    if args.layers == 0 || args.tensor_kib == 0 || args.iterations == 0 || args.ratio == 0 {
+        return Err("--layers, --tensor-kib, --iterations and --ratio must be positive".into());
+    }
+    let pieces = find_pieces()?;
+    let gpu = !args.simulated && real_gpu(&pieces.workload);
+    let work = WorkDir::new(&pieces.simulator, args.keep)?;
+    let footprint = (4 * args.layers + 2) * args.tensor_kib * 1024;
+    // At least four 2 MiB pages: the optimizer step touches three tensors at once.
+    let budget = (footprint / args.ratio).max(8 * MIB);
+    println!(
+        "tensile demo: {} layers, tensors of {} KiB, {} iterations: footprint {}, device budget {} \
+         ({:.1}x), on {}",
+        args.layers,
+        args.tensor_kib,
+        args.iterations,
+        mib(footprint),
+        mib(budget),
+        footprint as f64 / budget as f64,
+        if gpu { "this machine's GPU" } else { "the simulated GPU" },
+    );
+
+    let mut base_env: Vec<(&str, String)> = Vec::new();
+    if !gpu {
+        base_env.push(("LD_LIBRARY_PATH", work.path.display().to_string()));
+    }
+    println!("1/2 reference run, unlimited memory, without libtensile");
+    let reference = run_workload(&pieces.workload, &args, &base_env, "reference")?;
+    println!("    done in {:.1} s", reference.seconds);
+
+    let trace = work.path.join("demo.trace");
+    let mut env = base_env.clone();
+    env.push(("LD_PRELOAD", pieces.library.display().to_string()));
+    env.push(("TENSILE_POLICY", "lru".into()));
+    env.push(("TENSILE_LOG", "info".into()));
+    env.push(("TENSILE_TRACE", trace.display().to_string()));
+    if gpu {
+        env.push(("TENSILE_DEVICE_MEMORY", budget.to_string()));
+    } else {
+        env.push(("TENSILE_SIM_DEVICE_MEMORY", budget.to_string()));
+    }
+    println!(
+        "2/2 managed run, {} of device memory, under libtensile (TENSILE_POLICY=lru)",
+        mib(budget)
+    );
+    let managed = run_workload(&pieces.workload, &args, &env, "managed")?;
+    println!("    done in {:.1} s", managed.seconds);
+
+    if reference.digests.is_empty() {
+        return Err("the reference run printed no results".into());
+    }
+    let differing: Vec<&String> = reference
+        .digests
+        .iter()
+        .filter(|(k, v)| managed.digests.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .collect();
+    if !differing.is_empty() || managed.digests.len() != reference.digests.len() {
+        return Err(format!(
+            "FAILED: results differ from the unlimited run: {differing:?}"
+        ));
+    }
+    println!(
+        "verified: all {} results (losses, outputs, parameters, optimizer state) are identical \
+         bit for bit",
+        reference.digests.len()
+    );
+    let s = read_stats(&trace)?;
+    println!("swap statistics:");
+    println!("  swapped out to host      {}", mib(s.bytes_to_host));
+    println!("  swapped in to device     {}", mib(s.bytes_to_device));
+    println!(
+        "  stalled accesses         {} ({:.1} ms of host time waiting)",
+        s.stalled_launches,
+        s.stall_ns as f64 / 1e6
+    );
+    println!("  peak resident            {}", mib(s.peak_resident_bytes));
+    println!("  pinned host pool         {}", mib(s.host_pool_bytes));
+    if args.keep {
+        println!("kept {}", work.path.display());
+    }
+    println!("demo: success");
+    Ok(())
+}
