@@ -3,7 +3,8 @@
 //! `cargo test` builds this package's binaries (the workloads) but not the cdylibs of other
 //! packages, so [`artifacts`] builds `libtensile.so` and the simulated `libcuda.so` once per
 //! test binary with a nested `cargo build` into the same target directory and profile as
-//! the running test (both derived from the test executable's path), and links
+//! the running test (both derived from the test executable's path), together with the
+//! `tensile` command (for `tensile demo`), and links
 //! `<target>/<profile>/simgpu/libcuda.so.1` (and `libcuda.so`) to the simulator.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ pub struct Artifacts {
     pub preload: PathBuf,
     /// A directory holding `libcuda.so.1` (the simulated GPU), for `LD_LIBRARY_PATH`.
     pub simgpu_dir: PathBuf,
+    /// The `tensile` command, next to `libtensile.so`, the workloads and `libcuda.so`.
+    pub tensile: PathBuf,
 }
 
 /// The target directory and profile directory of the running executable:
@@ -56,6 +59,8 @@ pub fn artifacts() -> &'static Artifacts {
             "tensile-preload",
             "-p",
             "tensile-simgpu",
+            "-p",
+            "tensile-tools",
             "--manifest-path",
         ])
         .arg(&manifest)
@@ -93,6 +98,7 @@ pub fn artifacts() -> &'static Artifacts {
         Artifacts {
             preload,
             simgpu_dir,
+            tensile: profile_dir.join("tensile"),
         }
     })
 }

@@ -57,14 +57,24 @@ fn no_byte_is_lost_at_a_half_a_quarter_and_an_eighth_of_the_footprint() {
     let native = train("proc:13000:0").output();
     native.assert_ok("the native run");
     let want = digests(&native);
-    assert_eq!(want.len(), 2 * ITERATIONS + 2 * LAYERS + 1, "{}", native.stdout);
+    assert_eq!(
+        want.len(),
+        2 * ITERATIONS + 2 * LAYERS + 1,
+        "{}",
+        native.stdout
+    );
 
     // (what, lookup, device capacity, jitter)
     let cases = [
         ("half", "proc:13000:0", FOOTPRINT / 2, 0),
         ("quarter", "dlsym:13000:0", FOOTPRINT / 4, 0),
         ("eighth", "proc:13000:0", FOOTPRINT / 8, 0),
-        ("eighth, jitter, per-thread stream", "proc:13000:1", FOOTPRINT / 8, 40),
+        (
+            "eighth, jitter, per-thread stream",
+            "proc:13000:1",
+            FOOTPRINT / 8,
+            40,
+        ),
     ];
     let results: Vec<(&str, usize, Output, Stats)> = std::thread::scope(|scope| {
         let handles: Vec<_> = cases
@@ -225,7 +235,7 @@ fn mem_get_info_reports_the_budget() {
     assert_eq!((total0, total1), (24 * MIB, 24 * MIB));
     assert_eq!(free0, 24 * MIB);
     assert!(
-        free1 <= 24 * MIB - 6 * MIB && free1 >= 24 * MIB - 8 * MIB,
+        (24 * MIB - 8 * MIB..=24 * MIB - 6 * MIB).contains(&free1),
         "{free1}"
     );
     // Without a budget the card's view comes through (the simulator's capacity).
@@ -255,7 +265,10 @@ fn a_bad_memory_setting_is_one_clear_line_and_the_default() {
     assert_eq!(lines.len(), 1, "{}", out.stderr);
     assert!(lines[0].contains("\"lots\""), "{}", lines[0]);
     // The default: the card's free memory.
-    assert_eq!(line(&out, "M", "before").split(' ').nth(1), Some("67108864"));
+    assert_eq!(
+        line(&out, "M", "before").split(' ').nth(1),
+        Some("67108864")
+    );
 }
 
 #[test]
@@ -268,7 +281,8 @@ fn pytorch_gets_the_stream_ordered_allocator_unless_the_user_chose() {
         out.stdout
     );
     assert!(
-        out.stderr.contains("set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"),
+        out.stderr
+            .contains("set PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync"),
         "{}",
         out.stderr
     );

@@ -53,7 +53,8 @@ struct Pieces {
 }
 
 fn find_pieces() -> Result<Pieces, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the tensile binary: {e}"))?;
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the tensile binary: {e}"))?;
     let dir = exe
         .parent()
         .ok_or("the tensile binary has no directory")?
@@ -185,8 +186,8 @@ fn run_workload(
 }
 
 fn read_stats(trace: &Path) -> Result<Stats, String> {
-    let reader =
-        Reader::open(trace).map_err(|e| format!("cannot read the trace {}: {e}", trace.display()))?;
+    let reader = Reader::open(trace)
+        .map_err(|e| format!("cannot read the trace {}: {e}", trace.display()))?;
     for record in reader {
         if let Ok(Record::Stats(s)) = record {
             return Ok(s);

@@ -181,7 +181,12 @@ fn main() {
             launch(
                 axpy,
                 bwd,
-                &[Arg::F32(1.0), Arg::ptr(acts[l + 1]), Arg::ptr(g), Arg::U64(n)],
+                &[
+                    Arg::F32(1.0),
+                    Arg::ptr(acts[l + 1]),
+                    Arg::ptr(g),
+                    Arg::U64(n),
+                ],
             );
             launch(
                 axpy,
@@ -206,7 +211,12 @@ fn main() {
         // The input goes synchronously: cuMemFree waits for the backward pass.
         s.free(acts[0]);
         // A snapshot of the first layer's parameters, and a host patch into another.
-        s.copy_dtod((snapshot, snapshot), (params[0], params[0]), bytes, Some(bwd));
+        s.copy_dtod(
+            (snapshot, snapshot),
+            (params[0], params[0]),
+            bytes,
+            Some(bwd),
+        );
         let mid = params[layers / 2] + (bytes / 2) as u64;
         s.upload_at((mid, params[layers / 2]), &host_patch, Some(bwd));
         let step_done = s.record_event(bwd);
