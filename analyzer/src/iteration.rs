@@ -256,7 +256,7 @@ fn split_multiple(symbols: &[u64], period: usize) -> usize {
     for m in (2..=8usize).rev() {
         let q = period / m;
         if q >= 3 {
-            if let Some(step) = anchored_step(symbols, q, 2 * m) {
+            if let Some(step) = anchored_step(symbols, q, m + 1) {
                 return step;
             }
         }

@@ -389,6 +389,51 @@ pub fn plan_with(
         heap.extend(deferred);
     }
 
+    // Repair: a gap chosen late in the sweep may count its memory free only from where its
+    // write-back ends, leaving ops the sweep visited earlier over the budget. Extend such
+    // reliefs back (the op will wait for the write-back), or pick more gaps, furthest next use
+    // first.
+    for pos in 0..p {
+        if resident[pos] <= b_sel {
+            continue;
+        }
+        let mut covering: Vec<(u64, usize, u64)> = Vec::new(); // (to, gap, pos unrolled)
+        for (gi, g) in live.gaps.iter().enumerate() {
+            let (from, to) = (u64::from(g.from), u64::from(g.to));
+            let at = [pos as u64, (pos + p) as u64]
+                .into_iter()
+                .find(|&u| from < u && u < to);
+            if let Some(u) = at {
+                if !picks.selected[gi] || relief_start[gi] > u {
+                    covering.push((to, gi, u));
+                }
+            }
+        }
+        covering.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, gi, u) in covering {
+            if resident[pos] <= b_sel {
+                break;
+            }
+            let g = live.gaps[gi];
+            let bytes = tensor_bytes(g.tensor);
+            if picks.selected[gi] {
+                add_range(&mut resident, p, u, relief_start[gi], -i128::from(bytes));
+                relief_start[gi] = u;
+            } else {
+                relief_start[gi] = u64::from(g.from) + 1;
+                select(
+                    &mut picks,
+                    &mut resident,
+                    &live.gaps,
+                    gi,
+                    p,
+                    bytes,
+                    relief_start[gi],
+                );
+            }
+        }
+    }
+
     // Prune: undo evictions the budget does not need, most recent first.
     for &gi in picks.order.iter().rev() {
         let g = live.gaps[gi];

@@ -20,7 +20,7 @@ fn budget_for(cycle: &tensile_analyzer::Cycle, frac: f64) -> Budget {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
 
     #[test]
     fn plan_respects_budget_and_residency(cycle in common_synth::cycle_strategy(), frac in 0.0f64..1.0) {
@@ -158,4 +158,55 @@ fn a_budget_below_one_op_is_refused_with_the_op() {
     )
     .unwrap_err();
     assert!(matches!(err, SimError::OpTooLarge { op: 2, .. }));
+}
+
+#[test]
+fn every_variant_covers_ops_visited_before_a_late_write_back() {
+    // Found by the property test: a gap chosen late in the sweep, counting its memory free only
+    // after its write-back, left an op visited earlier over the budget (a deadlock in the
+    // simulator). The planner now repairs that; every variant must simulate cleanly.
+    use tensile_analyzer::cycle::{Cycle, Identity, Tensor};
+    let transient = |o: u32, mib: u64, at: u32, alloc: u32, free: u32| Tensor {
+        identity: Identity::Transient {
+            ordinal: o,
+            bytes: mib << 20,
+        },
+        bytes: mib << 20,
+        accesses: vec![at],
+        alloc_at: Some(alloc),
+        free_at: Some(free),
+        source: o,
+    };
+    let persistent = |o: u32, mib: u64, at: u32| Tensor {
+        identity: Identity::Persistent {
+            trace_id: u64::from(o),
+        },
+        bytes: mib << 20,
+        accesses: vec![at],
+        alloc_at: None,
+        free_at: None,
+        source: o,
+    };
+    let tensors = vec![
+        transient(0, 15, 1, 1, 2),
+        transient(1, 16, 1, 1, 2),
+        transient(2, 3, 0, 0, 1),
+        persistent(3, 51, 2),
+        persistent(4, 20, 1),
+        transient(5, 1, 2, 0, 3),
+    ];
+    let cycle = Cycle::from_parts(&[1000, 431_349, 426_577, 857_926], tensors).unwrap();
+    let budget = Budget::new(52 << 20);
+    let cost = CostModel::default();
+    for options in PLAN_VARIANTS {
+        let plan = plan_with(&cycle, &budget, &cost, &options).unwrap();
+        let report = simulate(
+            &cycle,
+            Policy::Plan(&plan),
+            budget,
+            &cost,
+            SimOptions::default(),
+        );
+        assert!(report.is_ok(), "{options:?}: {report:?}");
+    }
 }
