@@ -1,6 +1,8 @@
 //! The launch hook's added cost with tracing off: what a launch pays before it is
 //! forwarded (kernel lookup in the per-thread cache, scan of every candidate word of its
-//! parameters against the allocation index, the per-thread access buffer).
+//! parameters against the allocation index, the per-thread buffer of accesses and of the
+//! byte ranges the memory manager is given). The manager's own `prepare_access` is
+//! measured in `shim/src/memory/bench.rs`.
 //!
 //! Setup: 1,000 (and 10,000) live allocations spread over a realistic device address
 //! range, 64 distinct kernels of 10 parameters each (7 device pointers, 3 scalars), and
@@ -15,8 +17,9 @@ use std::ffi::c_void;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use tensile_shim::alloc_index::Range;
 use tensile_shim::kernels::{Description, Introspection};
-use tensile_shim::params::{ParamInfo, ParamLayout};
+use tensile_shim::params::{AccessSink, ParamInfo, ParamLayout};
 use tensile_shim::tracker::Tracker;
 use tensile_trace::{Access, AllocKind};
 
@@ -87,15 +90,33 @@ fn ten_pointer_sized_params() -> Description {
     }
 }
 
+/// What the launch hook collects: accesses for the trace, ranges for the memory manager.
+#[derive(Default)]
+struct Resolved {
+    accesses: Vec<Access>,
+    ranges: Vec<(u64, usize)>,
+}
+
+impl AccessSink for Resolved {
+    #[inline]
+    fn push(&mut self, access: Access, range: Range) {
+        self.accesses.push(access);
+        self.ranges.push((range.start, range.len as usize));
+    }
+}
+
 thread_local! {
-    static SCRATCH: Cell<Vec<Access>> = const { Cell::new(Vec::new()) };
+    static SCRATCH: Cell<Resolved> = const {
+        Cell::new(Resolved { accesses: Vec::new(), ranges: Vec::new() })
+    };
 }
 
 /// Everything the launch hook does before forwarding, with tracing off.
 #[inline(never)]
 fn hook_path(t: &Tracker, f: usize, kernel_params: &[*const c_void; PARAMS]) -> usize {
     let mut accesses = SCRATCH.take();
-    accesses.clear();
+    accesses.accesses.clear();
+    accesses.ranges.clear();
     // SAFETY: every entry of `kernel_params` points to an 8-byte value, as the layout says.
     let kernel = unsafe {
         t.resolve_launch_with(
@@ -107,7 +128,7 @@ fn hook_path(t: &Tracker, f: usize, kernel_params: &[*const c_void; PARAMS]) -> 
             ten_pointer_sized_params,
         )
     };
-    let n = accesses.len() + kernel.id as usize;
+    let n = accesses.accesses.len() + accesses.ranges.len() + kernel.id as usize;
     SCRATCH.set(accesses);
     n
 }

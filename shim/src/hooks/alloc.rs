@@ -103,23 +103,18 @@ pub unsafe fn mem_alloc_pitch(
 ) -> CUresult {
     let t = call.rt.now_ns();
     let r = match serving(&call) {
-        Some(m) if !pitch.is_null() => {
-            let mut got = 0usize;
-            // SAFETY: `dptr` is the caller's out-pointer.
-            let r = unsafe {
-                serve(dptr, width.max(1), || {
-                    m.mm.alloc_pitch(width, height, element_size)
-                        .map(|(p, pitch)| {
-                            got = pitch;
-                            p
-                        })
-                })
-            };
-            if r == CUDA_SUCCESS {
-                // SAFETY: non-null (checked above) and valid by the caller's contract.
-                unsafe { pitch.write(got) };
+        Some(m) if !pitch.is_null() && !dptr.is_null() => {
+            match m.mm.alloc_pitch(width, height, element_size) {
+                Ok((p, row_pitch)) => {
+                    // SAFETY: both non-null, and valid for writes by the caller's contract.
+                    unsafe {
+                        dptr.write(p);
+                        pitch.write(row_pitch);
+                    }
+                    CUDA_SUCCESS
+                }
+                Err(code) => code,
             }
-            r
         }
         Some(_) => CUDA_ERROR_INVALID_VALUE,
         // SAFETY: forwarded unchanged.
