@@ -443,6 +443,135 @@ mod tests {
         assert!(render(&a).unwrap_err().contains("cannot read"));
     }
 
+    /// A small training loop in the project's own format: 6 steps of 8 launches over two
+    /// parameters and per-step activations, gzipped.
+    fn own_format_trace() -> PathBuf {
+        use std::io::Write as _;
+        use tensile_trace::{
+            Access, Alloc, AllocKind, End, Free, Header, KernelInfo, Launch, LaunchTime, Record,
+            Writer, FORMAT_VERSION,
+        };
+        let header = Header {
+            format_version: FORMAT_VERSION,
+            pid: 1,
+            start_unix_ns: 0,
+            producer: "replay test".into(),
+            command: "train".into(),
+        };
+        let mut w = Writer::new(Vec::new(), &header).unwrap();
+        let mut t = 0u64;
+        let mut seq = 0u64;
+        let mut next_id = 3u64;
+        for k in 0..8u32 {
+            let name = format!("kernel{k}");
+            w.write(&Record::Kernel(KernelInfo {
+                id: k,
+                name,
+                nparams: 2,
+            }))
+            .unwrap();
+        }
+        for (id, bytes) in [(1u64, 256u64 << 20), (2, 256 << 20)] {
+            let alloc = Alloc {
+                t_ns: t,
+                stream: 0,
+                id,
+                ptr: id << 32,
+                bytes,
+                kind: AllocKind::Sync,
+            };
+            w.write(&Record::Alloc(alloc)).unwrap();
+        }
+        for _step in 0..6 {
+            let mut acts = Vec::new();
+            for k in 0..8u32 {
+                t += 1000;
+                let id = next_id;
+                next_id += 1;
+                let alloc = Alloc {
+                    t_ns: t,
+                    stream: 0,
+                    id,
+                    ptr: id << 32,
+                    bytes: 128 << 20,
+                    kind: AllocKind::Async,
+                };
+                w.write(&Record::Alloc(alloc)).unwrap();
+                acts.push(id);
+                let mut accesses = vec![Access {
+                    alloc: id,
+                    param_offset: 0,
+                }];
+                accesses.push(Access {
+                    alloc: 1 + u64::from(k % 2),
+                    param_offset: 8,
+                });
+                if k >= 4 {
+                    // "Backward": reads the activation of the mirrored forward launch.
+                    accesses.push(Access {
+                        alloc: acts[7 - k as usize],
+                        param_offset: 16,
+                    });
+                }
+                let launch = Launch {
+                    t_ns: t,
+                    stream: 0,
+                    seq,
+                    kernel: k,
+                    grid: [1, 1, 1],
+                    block: [128, 1, 1],
+                    smem: 0,
+                    accesses,
+                };
+                w.write(&Record::Launch(launch)).unwrap();
+                w.write(&Record::LaunchTime(LaunchTime {
+                    seq,
+                    gpu_ns: 2_000_000,
+                }))
+                .unwrap();
+                seq += 1;
+            }
+            for id in acts {
+                w.write(&Record::Free(Free {
+                    t_ns: t,
+                    stream: 0,
+                    id,
+                }))
+                .unwrap();
+            }
+        }
+        let bytes = w
+            .finish(End {
+                t_ns: t + 1,
+                dropped_records: 0,
+            })
+            .unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&bytes).unwrap();
+        let path = std::env::temp_dir().join(format!("replay-own-{}.tnsl.gz", std::process::id()));
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        path
+    }
+
+    #[test]
+    fn reads_the_projects_own_format() {
+        let path = own_format_trace();
+        let mut a = args(&["--budget", "50%", "--policy", "plan,lru", "--json"]);
+        a.trace = path.clone();
+        let out = render(&a).unwrap();
+        let _ = std::fs::remove_file(path);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        let plan = &v.as_array().unwrap()[0];
+        assert_eq!(plan["format"], "tensile");
+        assert_eq!(plan["iterations"], 6);
+        assert_eq!(plan["period_ops"], 8);
+        assert_eq!(plan["compute_ns"], 16_000_000);
+        // Two 256 MiB parameters and eight 128 MiB activations at the peak.
+        assert_eq!(plan["peak_bytes"], (512u64 + 8 * 128) << 20);
+        assert!(plan["fits_budget"].as_bool().unwrap());
+        assert!(plan["predicted_ns"].as_u64().unwrap() >= plan["lower_bound_ns"].as_u64().unwrap());
+    }
+
     #[test]
     fn policies_parse() {
         assert_eq!(
