@@ -148,7 +148,10 @@ fn load(args: &ReplayArgs) -> Result<Trace, String> {
     let options = LoadOptions {
         allow_truncated: args.allow_truncated,
     };
-    let mut last = Instant::now();
+    // Due at the first tick, then every 200 ms.
+    let mut last = Instant::now()
+        .checked_sub(Duration::from_secs(1))
+        .unwrap_or_else(Instant::now);
     let mut shown = false;
     let mut progress = |done: u64, total: u64| {
         if show && last.elapsed() >= Duration::from_millis(200) {

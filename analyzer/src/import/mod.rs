@@ -1,4 +1,4 @@
-//! Reading trace files into the analyzer's [`Trace`](crate::model::Trace) model.
+//! Reading trace files into the analyzer's [`Trace`] model.
 //!
 //! [`load`] opens a file, detects gzip and the format from the first bytes (capture v1 text or
 //! the project's own binary format), and streams it through the matching importer, reporting
