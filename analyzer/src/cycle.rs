@@ -140,8 +140,15 @@ impl Cycle {
         span: Range<usize>,
         next_start: usize,
         cost: &CostModel,
-    ) -> Cycle {
-        build(trace, span, next_start, cost)
+    ) -> Result<Cycle, String> {
+        let n = trace.ops.len();
+        if span.is_empty() || span.end > n || next_start < span.end || next_start > n {
+            return Err(format!(
+                "ops {}..{} (next iteration at {next_start}) is not an iteration of a trace of {n} ops",
+                span.start, span.end
+            ));
+        }
+        Ok(build(trace, span, next_start, cost))
     }
 
     /// Builds a cycle directly from op durations and tensors (for synthetic workloads and tests):

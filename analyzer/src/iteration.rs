@@ -307,7 +307,9 @@ fn find_anchor_occurrences(hashes: &[u64], period: usize, cost: &[u64]) -> Vec<u
         if !seen.insert(h) {
             continue;
         }
-        let occ = &positions[&h];
+        let Some(occ) = positions.get(&h) else {
+            continue;
+        };
         if occ.len() < 2 || occ.windows(2).any(|w| w[1] - w[0] < min_gap) {
             continue;
         }
