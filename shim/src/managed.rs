@@ -115,11 +115,15 @@ impl MemorySlot {
         if config.policy == Policy::Off {
             return self.cell.get_or_init(|| None).as_ref();
         }
+        // The driver's functions are looked up (the dynamic loader's lock) before `init` is
+        // taken: a thread inside `dlopen` (a library constructor allocating) may be waiting
+        // for `init`, and must never wait for a thread that waits for the loader.
+        let driver = RealMemoryDriver::for_current_context(real);
         let _guard = self.init.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = self.cell.get() {
             return m.as_ref();
         }
-        match create(config, real) {
+        match driver.and_then(|d| create(config, d)) {
             Ok(m) => self.cell.get_or_init(|| Some(m)).as_ref(),
             // Not an error yet: the application calls before making a context current.
             Err(SetupError::NoContext) => None,
@@ -134,8 +138,8 @@ impl MemorySlot {
     }
 }
 
-fn create(config: &Config, real: &RealDriver) -> Result<Managed, SetupError> {
-    let driver = Arc::new(RealMemoryDriver::for_current_context(real)?);
+fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupError> {
+    let driver = Arc::new(driver);
     let (free, total) = driver
         .mem_get_info()
         .map_err(|e| SetupError::Driver("cuMemGetInfo_v2", e))?;
