@@ -4,11 +4,15 @@
 //! for a copy). Detection has two stages, both tolerant to noise (a longer first step that creates
 //! optimizer state, a kernel that runs only every k steps, a different prologue):
 //!
-//! 1. **Period.** Candidate lags come from n-gram repetition: for every position, the distance to
-//!    the previous occurrence of the same n-gram. Each candidate lag `p` is scored by the fraction
-//!    of positions `i` with `s[i] == s[i + p]`. The period is the smallest lag scoring within a
-//!    small margin of the best, so a multiple of the period never wins over the period itself and
-//!    a repeated layer (which matches only inside the forward or backward pass) never scores high.
+//! 1. **Period.** Candidate lags come from n-gram repetition (3- and 8-grams): for every
+//!    position, the distance to the previous occurrence of the same n-gram. Each candidate lag
+//!    `p` is scored on the later part of the trace by comparing `s[i]` with `s[i + p]` in chunks
+//!    at least a period long and taking the median chunk's match fraction, so the few chunks an
+//!    occasional extra kernel shifts out of step do not count, while a repeated layer (which
+//!    matches only inside the forward or backward pass) never scores high. Among lags within a
+//!    small margin of the best, the smallest one that anchors confirm wins (so a multiple of the
+//!    period never beats the period), and the anchors' most regular gap gives the step length. A
+//!    period that splits into 2 to 8 anchor-confirmed parts (a kernel every k steps) is split.
 //! 2. **Boundaries.** An *anchor* is an n-gram that occurs about once per period (no two
 //!    occurrences closer than half a period). Among anchors found in the most iterations, the one
 //!    where the fewest bytes are allocated is chosen: iterations then start at the footprint's low
@@ -24,7 +28,7 @@ use serde::Serialize;
 
 use crate::model::{CopyDir, OpKind, Trace};
 
-/// Length of the n-grams used for candidate lags and anchors.
+/// Length of the longest anchor n-gram.
 const GRAM: usize = 12;
 /// A lag scoring within this of the best lag counts as equally good (then the smallest wins).
 const SCORE_MARGIN: f64 = 0.05;

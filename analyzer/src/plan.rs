@@ -10,11 +10,15 @@
 //!    that op, the one whose next use is furthest ahead, preferring gaps long enough (in GPU
 //!    time, on both sides of the op) to hide the copies. Never-touched persistent tensors count
 //!    as needed infinitely far ahead and go first (they cost nothing in the steady state).
-//! 2. **Prune**: an eviction that the budget no longer needs (later choices covered it) is
-//!    undone, most recently chosen first.
+//! 2. **Repair and prune**: ops left over the budget (possible when an eviction's memory is
+//!    counted free only after its write-back) get reliefs extended or more gaps; then an eviction
+//!    the budget no longer needs (later choices covered it) is undone, most recent first.
 //! 3. **Fetch as early as memory allows**: in order of next use, each evicted tensor's read-back
 //!    is issued at the earliest op from which keeping it on the device stays within the budget
 //!    up to its use.
+//!
+//! [`plan`] runs these passes with several settings ([`PLAN_VARIANTS`]), simulates each plan,
+//! and keeps the fastest; [`plan_with`] runs one setting.
 //!
 //! The plan is periodic by construction: the same actions at the same positions in every
 //! iteration, and a gap that wraps past the end of the iteration is evicted at the end of one
