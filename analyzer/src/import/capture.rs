@@ -36,7 +36,7 @@ pub fn read_capture(
             break;
         }
         line_no += 1;
-        if line_no % 4096 == 0 {
+        if line_no.is_multiple_of(4096) {
             tick();
         }
         let at = Location::Line(line_no);

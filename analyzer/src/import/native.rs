@@ -29,7 +29,7 @@ pub fn read_tensile(
             Err(TraceError::Truncated { .. }) if allow_truncated => break,
             Err(e) => return Err(format_error(path, e)),
         };
-        if record_no % 4096 == 0 {
+        if record_no.is_multiple_of(4096) {
             tick();
         }
         let at = Location::Record(record_no);
