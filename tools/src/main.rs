@@ -2,6 +2,7 @@
 //!
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
+mod demo;
 mod replay;
 mod run;
 mod trace_info;
@@ -22,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a training-like workload at 4x its memory budget and check every byte.
+    Demo(demo::DemoArgs),
     /// Run a program with libtensile.so preloaded.
     Run(run::RunArgs),
     /// Summarize a trace: counts, allocation and launch statistics, top kernels.
@@ -33,6 +36,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Run(args) => run::run(args),
         Command::TraceInfo(args) => trace_info::run(args),
         Command::Replay(args) => replay::run(args),
