@@ -21,7 +21,8 @@ fn gunzip(path: &Path) -> Vec<u8> {
 }
 
 fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tensile-analyzer-test-{}", std::process::id()));
+    // Cargo's scratch directory for integration tests, inside the target directory.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("import");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(name);
     std::fs::write(&path, bytes).unwrap();
