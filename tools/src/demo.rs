@@ -152,8 +152,15 @@ fn run_workload(
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(progress) = line.strip_prefix("wl_train: ") {
                 println!("  [{label}] {progress}");
-            } else if line.contains("tensile") {
-                println!("  [{label}] {}", line.trim());
+            } else if let Some(at) = line.find("tensile: ") {
+                // The library's own lines, without the log's timestamp and target; the
+                // allocator and trace notices are not news here.
+                let message = &line[at..];
+                if !message.contains("PYTORCH_CUDA_ALLOC_CONF")
+                    && !message.contains("writing the trace")
+                {
+                    println!("  [{label}] {message}");
+                }
             }
             log.push(line);
         }
