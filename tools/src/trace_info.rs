@@ -230,10 +230,9 @@ impl TraceSummary {
         );
         for (id, k) in kernels.into_iter().take(top) {
             let name = self.kernel_names.get(id).map_or("?", String::as_str);
-            let (total, mean) = if k.timed > 0 {
-                (ms(k.gpu_ns), ms(k.gpu_ns / k.timed))
-            } else {
-                ("-".into(), "-".into())
+            let (total, mean) = match k.gpu_ns.checked_div(k.timed) {
+                Some(mean) => (ms(k.gpu_ns), ms(mean)),
+                None => ("-".into(), "-".into()),
             };
             let _ = writeln!(
                 out,
