@@ -6,8 +6,15 @@
 //! created (the policy is `off`, the driver lacks the VMM calls, reserving the arena fails)
 //! the hooks forward to the driver exactly as without a manager. Which calls the manager
 //! serves is decided in [`crate::hooks`]; what it does with them is [`crate::memory`].
+//!
+//! Once started, a maintenance thread calls [`MemoryManager::maintain`] every millisecond:
+//! swaps whose copies finished are completed (their unmaps and remaps) and pages are evicted
+//! ahead of need there, off the launch path. It is stopped at exit ([`stop_maintenance`])
+//! before the driver is torn down.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::config::{Config, Policy};
 use crate::memory::{Driver, ManagerConfig, MemoryManager, SizeSpec};
@@ -108,7 +115,11 @@ impl MemorySlot {
     /// The manager, created now if it was not yet and the policy asks for one. `None`: no
     /// manager (policy `off`, creation failed, or no context is current yet: then the next
     /// call tries again).
-    pub fn get_or_create(&self, config: &Config, real: &RealDriver) -> Option<&Managed> {
+    pub fn get_or_create(
+        &'static self,
+        config: &Config,
+        real: &RealDriver,
+    ) -> Option<&'static Managed> {
         if let Some(m) = self.cell.get() {
             return m.as_ref();
         }
@@ -124,7 +135,13 @@ impl MemorySlot {
             return m.as_ref();
         }
         match driver.and_then(|d| create(config, d)) {
-            Ok(m) => self.cell.get_or_init(|| Some(m)).as_ref(),
+            Ok(m) => {
+                let m = self.cell.get_or_init(|| Some(m)).as_ref();
+                if let Some(m) = m {
+                    start_maintenance(m);
+                }
+                m
+            }
             // Not an error yet: the application calls before making a context current.
             Err(SetupError::NoContext) => None,
             Err(why) => {
@@ -179,6 +196,60 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
         driver,
         log_stats_at_exit: tracing::enabled!(tracing::Level::INFO),
     })
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+static RUNNING: AtomicBool = AtomicBool::new(false);
+
+/// Starts the maintenance thread of `m` (once per process).
+fn start_maintenance(m: &'static Managed) {
+    if RUNNING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("tensile-maintain".into())
+        .spawn(move || {
+            // A panic here must not take the application down; the thread just ends.
+            let _ = std::panic::catch_unwind(|| maintain_loop(m));
+            RUNNING.store(false, Ordering::Release);
+        });
+    if let Err(e) = spawned {
+        RUNNING.store(false, Ordering::Release);
+        tracing::warn!("tensile: no maintenance thread ({e}); evictions happen on demand only");
+    }
+}
+
+fn maintain_loop(m: &'static Managed) {
+    if let Err(code) = m.driver.bind_current_thread() {
+        tracing::warn!("tensile: the maintenance thread cannot use the context (error {code})");
+        return;
+    }
+    let mut failures = 0u32;
+    while !STOP.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(1));
+        match m.mm.maintain() {
+            Ok(()) => failures = 0,
+            Err(code) => {
+                failures += 1;
+                // A broken context fails every call: say so once and stop trying.
+                if failures == 100 {
+                    tracing::warn!(
+                        "tensile: background maintenance keeps failing (error {code}); stopped"
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Stops the maintenance thread (at exit), waiting for it at most 100 ms.
+pub fn stop_maintenance() {
+    STOP.store(true, Ordering::Release);
+    let deadline = Instant::now() + Duration::from_millis(100);
+    while RUNNING.load(Ordering::Acquire) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
 
 #[cfg(test)]

@@ -212,6 +212,13 @@ impl RealMemoryDriver {
         self.in_context(|| check(unsafe { (self.f.ctx_synchronize)() }))
     }
 
+    /// Makes the manager's context current on the calling thread (for a thread of the
+    /// shim's own, so that its calls need no switch).
+    pub fn bind_current_thread(&self) -> Result<(), R> {
+        // SAFETY: the context was current when this driver was made; see `in_context`.
+        check(unsafe { (self.f.ctx_set_current)(self.ctx as CUcontext) })
+    }
+
     /// Runs `call` with the manager's context current, restoring the caller's afterwards.
     #[inline]
     fn in_context<T>(&self, call: impl FnOnce() -> Result<T, R>) -> Result<T, R> {

@@ -215,7 +215,7 @@ impl Runtime {
     }
 
     /// The memory manager, started now if the policy asks for one and a context is current.
-    pub fn memory_or_start(&self) -> Option<&Managed> {
+    pub fn memory_or_start(&'static self) -> Option<&'static Managed> {
         self.memory.get_or_create(&self.config, &self.driver)
     }
 
@@ -251,6 +251,7 @@ impl Runtime {
 
     /// Logs the statistics and completes the trace (statistics and the end marker).
     pub fn finish(&self) {
+        crate::managed::stop_maintenance();
         // No driver calls here (the driver and thread-locals may be half torn down at
         // exit): launch times were collected at the program's syncs, and the manager's
         // statistics are plain counters.
