@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tensile_analyzer::cost::{parse_size, CostModel};
+use tensile_analyzer::cost::{format_bytes, parse_size, CostModel};
 use tensile_analyzer::import::{load_with_progress, LoadOptions};
 use tensile_analyzer::model::SourceFormat;
 use tensile_analyzer::{analyze, evaluate, Analysis, Budget, Evaluation, PolicyKind, Trace};
@@ -176,10 +176,6 @@ fn ms(ns: u64) -> String {
     format!("{:.2} ms", ns as f64 / 1e6)
 }
 
-fn gib(bytes: u64) -> String {
-    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-}
-
 fn format_name(f: SourceFormat) -> &'static str {
     match f {
         SourceFormat::CaptureV1 => "capture v1",
@@ -194,6 +190,9 @@ fn human(
     budget: Budget,
     results: &[Evaluation],
 ) -> String {
+    // Byte quantities use the unit their magnitude calls for (B, KiB, MiB, GiB), so the
+    // MiB-sized traces of simulated workloads do not all read "0.00 GiB"; `--json` keeps bytes.
+    let bytes = format_bytes;
     let mut out = String::new();
     let it = &analysis.iterations;
     let fp = &analysis.footprint;
@@ -222,9 +221,9 @@ fn human(
     let _ = writeln!(
         out,
         "memory     peak {} allocated, {} holding data; budget {} ({:.1}% of peak)",
-        gib(fp.peak_allocated),
-        gib(fp.peak_needed),
-        gib(budget.bytes),
+        bytes(fp.peak_allocated),
+        bytes(fp.peak_needed),
+        bytes(budget.bytes),
         budget.bytes as f64 * 100.0 / fp.peak_allocated.max(1) as f64
     );
     let bound = results.iter().find_map(|r| r.bound);
@@ -268,9 +267,9 @@ fn human(
             ms(rep.step_ns),
             vs,
             ms(rep.stall_ns),
-            gib(rep.bytes_h2d),
-            gib(rep.bytes_d2h),
-            gib(rep.peak_resident_bytes),
+            bytes(rep.bytes_h2d),
+            bytes(rep.bytes_d2h),
+            bytes(rep.peak_resident_bytes),
             if rep.fits {
                 "kept"
             } else {
@@ -447,8 +446,8 @@ mod tests {
     }
 
     /// A small training loop in the project's own format: 6 steps of 8 launches over two
-    /// parameters and per-step activations, gzipped.
-    fn own_format_trace() -> PathBuf {
+    /// parameters of 256 `unit`s and per-step activations of 128 `unit`s, gzipped.
+    fn own_format_trace(unit: u64) -> PathBuf {
         use std::io::Write as _;
         use tensile_trace::{
             Access, Alloc, AllocKind, End, Free, Header, KernelInfo, Launch, LaunchTime, Record,
@@ -474,7 +473,7 @@ mod tests {
             }))
             .unwrap();
         }
-        for (id, bytes) in [(1u64, 256u64 << 20), (2, 256 << 20)] {
+        for (id, bytes) in [(1u64, 256 * unit), (2, 256 * unit)] {
             let alloc = Alloc {
                 t_ns: t,
                 stream: 0,
@@ -496,7 +495,7 @@ mod tests {
                     stream: 0,
                     id,
                     ptr: id << 32,
-                    bytes: 128 << 20,
+                    bytes: 128 * unit,
                     kind: AllocKind::Async,
                 };
                 w.write(&Record::Alloc(alloc)).unwrap();
@@ -551,14 +550,15 @@ mod tests {
             .unwrap();
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&bytes).unwrap();
-        let path = std::env::temp_dir().join(format!("replay-own-{}.tnsl.gz", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("replay-own-{}-{unit}.tnsl.gz", std::process::id()));
         std::fs::write(&path, gz.finish().unwrap()).unwrap();
         path
     }
 
     #[test]
     fn reads_the_projects_own_format() {
-        let path = own_format_trace();
+        let path = own_format_trace(1 << 20);
         let mut a = args(&["--budget", "50%", "--policy", "plan,lru", "--json"]);
         a.trace = path.clone();
         let out = render(&a).unwrap();
@@ -573,6 +573,32 @@ mod tests {
         assert_eq!(plan["peak_bytes"], (512u64 + 8 * 128) << 20);
         assert!(plan["fits_budget"].as_bool().unwrap());
         assert!(plan["predicted_ns"].as_u64().unwrap() >= plan["lower_bound_ns"].as_u64().unwrap());
+    }
+
+    #[test]
+    fn small_traces_print_bytes_in_a_readable_unit() {
+        // Parameters of 256 KiB, activations of 128 KiB: the peak is 1.50 MiB.
+        let path = own_format_trace(1 << 10);
+        let mut a = args(&["--budget", "50%", "--policy", "all"]);
+        a.trace = path.clone();
+        let human = render(&a).unwrap();
+        a.json = true;
+        let json = render(&a).unwrap();
+        let _ = std::fs::remove_file(path);
+        assert!(!human.contains("0.00 GiB"), "{human}");
+        assert!(
+            human.contains("peak 1.50 MiB allocated"),
+            "peak not in MiB:\n{human}"
+        );
+        assert!(human.contains("budget 768.00 KiB"), "{human}");
+        let none = human.lines().find(|l| l.starts_with("none")).unwrap();
+        assert!(none.contains(" 0 B "), "no copies under none: {none}");
+        assert!(none.contains("1.50 MiB"), "peak resident of none: {none}");
+        // JSON keys and units are unchanged: plain bytes.
+        let v: Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v[0]["peak_bytes"], (512u64 + 8 * 128) << 10);
+        assert_eq!(v[0]["budget_bytes"], (512u64 + 8 * 128) << 9);
+        assert_eq!(v[2]["bytes_h2d"], 0);
     }
 
     #[test]
