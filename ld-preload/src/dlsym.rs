@@ -13,13 +13,23 @@ use std::panic::catch_unwind;
 
 use tensile_shim::interpose;
 
-/// Where a `dlsym(_, symbol)` call goes: glibc's `dlsym`, the managed path, or null.
-/// Never unwinds (the trampoline has no unwind information).
-extern "C" fn route(symbol: *const c_char) -> *const c_void {
+/// Where a `dlsym(_, symbol)` call goes: glibc's `dlsym`, the managed path (the library
+/// flavour when the caller, found from `return_address`, is cuBLAS or cuDNN: see
+/// `tensile_shim::callers`), or null. Never unwinds (the trampoline has no unwind
+/// information).
+extern "C" fn route(symbol: *const c_char, return_address: *const c_void) -> *const c_void {
     let managed = super::dlsym_managed as *const c_void;
     catch_unwind(|| {
         // SAFETY: `symbol` is dlsym's argument: null or a NUL-terminated string.
-        unsafe { interpose::dlsym_route(symbol, managed) }
+        let to = unsafe { interpose::dlsym_route(symbol, managed) };
+        // Only managed names pay for finding the caller.
+        if to == managed
+            && tensile_shim::callers::caller_is_forwarded_library(return_address as usize)
+        {
+            super::dlsym_managed_library as *const c_void
+        } else {
+            to
+        }
     })
     .unwrap_or(std::ptr::null())
 }
@@ -38,6 +48,8 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
         "push rsi",
         "sub rsp, 8",
         "mov rdi, rsi",
+        // The caller's return address, above the two saved registers and the padding.
+        "mov rsi, [rsp + 24]",
         "call {route}",
         "add rsp, 8",
         "pop rsi",
@@ -60,7 +72,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *m
 #[cfg(not(target_arch = "x86_64"))]
 #[no_mangle]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
-    let target = route(symbol);
+    let target = route(symbol, std::ptr::null());
     if target.is_null() {
         return std::ptr::null_mut();
     }

@@ -116,14 +116,99 @@ pub unsafe extern "C" fn cuGetProcAddress(
     })
 }
 
+/// The wrapper set handed to cuBLAS, cuBLASLt and cuDNN (`tensile_shim::callers`): their
+/// allocating entry points are the driver's own (null here), so their internal memory is
+/// never served by the memory manager; `cuGetProcAddress*` are the library flavour, so what
+/// they fetch through it follows the same rule. With `TENSILE_POLICY=off` nothing is
+/// managed and they get the ordinary set (their allocations are then traced too).
+fn wrapper_of_library(sym: Sym) -> *mut c_void {
+    if tensile_shim::runtime::config().policy == tensile_shim::config::Policy::Off {
+        return wrapper_of(sym);
+    }
+    match sym {
+        Sym::cuGetProcAddress => get_proc_address_for_libraries as *mut c_void,
+        Sym::cuGetProcAddress_v2 => get_proc_address_v2_for_libraries as *mut c_void,
+        s if s.allocates() => std::ptr::null_mut(),
+        s => wrapper_of(s),
+    }
+}
+
+/// `cuGetProcAddress_v2` as handed to the libraries of [`wrapper_of_library`].
+///
+/// # Safety
+/// The CUDA driver's contract for `cuGetProcAddress_v2`.
+unsafe extern "C" fn get_proc_address_v2_for_libraries(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+    symbol_status: *mut i32,
+) -> CUresult {
+    ffi_guard("cuGetProcAddress_v2", || {
+        // SAFETY: the C caller's arguments, under the driver's contract.
+        unsafe {
+            proc_address::get_proc_address_v2(
+                symbol,
+                pfn,
+                cuda_version,
+                flags,
+                symbol_status,
+                wrapper_of_library,
+            )
+        }
+    })
+}
+
+/// `cuGetProcAddress` as handed to the libraries of [`wrapper_of_library`].
+///
+/// # Safety
+/// The CUDA driver's contract for `cuGetProcAddress`.
+unsafe extern "C" fn get_proc_address_for_libraries(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: i32,
+    flags: u64,
+) -> CUresult {
+    ffi_guard("cuGetProcAddress", || {
+        // SAFETY: the C caller's arguments, under the driver's contract.
+        unsafe {
+            proc_address::get_proc_address(symbol, pfn, cuda_version, flags, wrapper_of_library)
+        }
+    })
+}
+
 /// `dlsym` for a managed name (the trampoline in [`dlsym`] jumps here).
 ///
 /// # Safety
 /// `dlsym`'s contract.
 unsafe extern "C" fn dlsym_managed(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // SAFETY: forwarded from the caller.
+    unsafe { dlsym_with(handle, symbol, wrapper_of) }
+}
+
+/// `dlsym` for a managed name asked by cuBLAS or cuDNN (see [`wrapper_of_library`]).
+///
+/// # Safety
+/// `dlsym`'s contract.
+unsafe extern "C" fn dlsym_managed_library(
+    handle: *mut c_void,
+    symbol: *const c_char,
+) -> *mut c_void {
+    // SAFETY: forwarded from the caller.
+    unsafe { dlsym_with(handle, symbol, wrapper_of_library) }
+}
+
+/// The managed `dlsym` with the wrapper set `wrappers`.
+///
+/// # Safety
+/// `dlsym`'s contract, for a managed name.
+unsafe fn dlsym_with(
+    handle: *mut c_void,
+    symbol: *const c_char,
+    wrappers: proc_address::WrapperOf,
+) -> *mut c_void {
     // SAFETY: routed here only for NUL-terminated managed names.
-    let wrapped =
-        catch_unwind(|| unsafe { interpose::dlsym_intercept(handle, symbol, wrapper_of) });
+    let wrapped = catch_unwind(|| unsafe { interpose::dlsym_intercept(handle, symbol, wrappers) });
     match wrapped {
         Ok(p) => p,
         Err(_) => {

@@ -76,6 +76,13 @@ pub unsafe fn dlsym_intercept(
         return found;
     }
     let wrapper = wrappers(sym);
+    if wrapper.is_null() {
+        // This caller gets the driver's own function (see `crate::callers`).
+        return match runtime::get() {
+            Some(rt) => crate::callers::driver_function_for_library(found, rt.driver.get(sym)),
+            None => found,
+        };
+    }
     // Creating the runtime loads the driver, whose constructors may call dlsym: then this
     // returns None on the same thread and the real answer stands.
     let rt = runtime::get();

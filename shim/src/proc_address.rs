@@ -20,7 +20,7 @@ use crate::runtime::{self, Runtime};
 use crate::syms::{pfn, Sym};
 
 /// The address of the exported wrapper of each managed symbol (supplied by `ld-preload`,
-/// where the wrappers live).
+/// where the wrappers live). Null: hand this caller the driver's own function.
 pub type WrapperOf = fn(Sym) -> *mut c_void;
 
 /// The override of `cuGetProcAddress_v2`.
@@ -125,8 +125,16 @@ unsafe fn redirect(
         );
     }
     rt.driver.adopt(sym, found);
+    let wrapper = wrappers(sym);
+    if wrapper.is_null() {
+        // This caller gets the driver's own function (see `crate::callers`).
+        let real = crate::callers::driver_function_for_library(found, rt.driver.get(sym));
+        // SAFETY: `pfn` is the caller's out-pointer, written by the driver just now.
+        unsafe { pfn.write(real) };
+        return;
+    }
     // SAFETY: `pfn` is the caller's out-pointer, written by the driver just now.
-    unsafe { pfn.write(wrappers(sym)) };
+    unsafe { pfn.write(wrapper) };
     tracing::trace!(
         name,
         version,

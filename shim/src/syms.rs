@@ -281,6 +281,19 @@ impl Sym {
         let name = self.name();
         name.ends_with("_ptsz") || name.ends_with("_ptds")
     }
+
+    /// Whether this entry point allocates device memory (what the memory manager serves).
+    pub fn allocates(self) -> bool {
+        matches!(
+            self,
+            Sym::cuMemAlloc_v2
+                | Sym::cuMemAllocPitch_v2
+                | Sym::cuMemAllocAsync
+                | Sym::cuMemAllocAsync_ptsz
+                | Sym::cuMemAllocFromPoolAsync
+                | Sym::cuMemAllocFromPoolAsync_ptsz
+        )
+    }
 }
 
 #[cfg(test)]

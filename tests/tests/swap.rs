@@ -311,3 +311,63 @@ fn pytorch_gets_the_stream_ordered_allocator_unless_the_user_chose() {
     out.assert_ok("without the shim");
     assert!(out.stdout.contains("V <unset>\n"), "{}", out.stdout);
 }
+
+/// Builds `tests/src/fake_cublas.c` (a library that reaches the driver as cuBLAS does) as
+/// `libcublasFake.so` with the system C compiler.
+fn fake_cublas() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tensile-fake-cublas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let lib = dir.join("libcublasFake.so");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/fake_cublas.c");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("running cc (a C compiler is needed for this test)");
+    assert!(
+        out.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib
+}
+
+#[test]
+fn cublas_like_libraries_get_the_drivers_own_allocations() {
+    let lib = fake_cublas();
+    let lib_arg = lib.to_string_lossy().into_owned();
+    for (policy, library_managed) in [("lru", false), ("off", true)] {
+        let trace = temp_trace(&format!("library-{policy}"));
+        let out = mem("library")
+            .arg(lib_arg.clone())
+            .trace(&trace)
+            .env("TENSILE_POLICY", policy)
+            .output();
+        out.assert_ok(policy);
+        let ptr = |name: &str| u64::from_str_radix(line(&out, "P", name), 16).expect("hex");
+        let t = read_trace(&trace);
+        let _ = std::fs::remove_file(&trace);
+        let traced: Vec<u64> = t
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Alloc(a) => Some(a.ptr),
+                _ => None,
+            })
+            .collect();
+        // The application's own allocation is always seen (and managed under lru).
+        assert!(traced.contains(&ptr("app")), "{policy}: {traced:x?}");
+        // The library's are the driver's own under a managing policy: the shim never sees
+        // them. With policy off every allocation is wrapped and traced, as before.
+        for name in ["gpa", "dlsym"] {
+            assert_eq!(
+                traced.contains(&ptr(name)),
+                library_managed,
+                "{policy}: the library's allocation through {name}: {traced:x?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(lib.parent().expect("a directory"));
+}

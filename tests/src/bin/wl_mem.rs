@@ -9,6 +9,9 @@
 //! - `info`: what `cuMemGetInfo` reports before and after allocating 6 MiB (`M` lines).
 //! - `env`: prints `PYTORCH_CUDA_ALLOC_CONF` as the process sees it (`V` line) and touches
 //!   the driver once.
+//! - `library <path>`: allocates 4 MiB itself and 4 MiB twice through the library at `<path>`
+//!   (`tests/src/fake_cublas.c`, which looks the driver up as cuBLAS does), writes and reads
+//!   back all three, frees them, and prints the pointers (`P app|gpa|dlsym <hex>`).
 
 use tensile_driver_abi::{CUdeviceptr, CUDA_SUCCESS};
 use tensile_tests::driver::Lookup;
@@ -42,7 +45,8 @@ fn main() {
             let p = s.alloc(4096);
             s.free(p);
         }
-        _ => panic!("usage: wl_mem oom <mib> | frees | info | env"),
+        "library" => library(&s, args.get(2).expect("wl_mem library <path>")),
+        _ => panic!("usage: wl_mem oom <mib> | frees | info | env | library <path>"),
     }
     s.sync_ctx();
     s.say("done");
@@ -129,4 +133,44 @@ fn info(s: &Session) {
     let (free, total) = mem_info(s);
     s.say(format!("M after {free} {total}"));
     s.free(p);
+}
+
+fn library(s: &Session, path: &str) {
+    type Alloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> i32;
+    type Free = unsafe extern "C" fn(CUdeviceptr) -> i32;
+    let c_path = std::ffi::CString::new(path).expect("a path without NUL");
+    // SAFETY: a valid C string.
+    let lib = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW) };
+    assert!(!lib.is_null(), "dlopen {path} failed");
+    let sym = |name: &std::ffi::CStr| {
+        // SAFETY: a live handle and a C string.
+        let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
+        assert!(!p.is_null(), "{name:?} missing");
+        p
+    };
+    // SAFETY: the library's functions have these C signatures (fake_cublas.c).
+    let (by_gpa, by_dlsym, free) = unsafe {
+        (
+            std::mem::transmute::<*mut libc::c_void, Alloc>(sym(c"fake_alloc_gpa")),
+            std::mem::transmute::<*mut libc::c_void, Alloc>(sym(c"fake_alloc_dlsym")),
+            std::mem::transmute::<*mut libc::c_void, Free>(sym(c"fake_free")),
+        )
+    };
+    let bytes = 4 * MIB;
+    let app = s.alloc(bytes);
+    let (mut gpa, mut dl) = (0, 0);
+    // SAFETY: valid out-pointers.
+    let (r1, r2) = unsafe { (by_gpa(&mut gpa, bytes), by_dlsym(&mut dl, bytes)) };
+    assert_eq!((r1, r2), (0, 0), "the library's allocations failed");
+    for (name, p) in [("app", app), ("gpa", gpa), ("dlsym", dl)] {
+        s.say(format!("P {name} {p:x}"));
+        let data: Vec<u8> = (0..4096u32).map(|i| (i as u8) ^ name.len() as u8).collect();
+        s.upload(p, &data, None);
+        let back = s.download(p, 4096, None);
+        assert_eq!(back, data, "{name}: data lost");
+    }
+    s.free(app);
+    // SAFETY: pointers the library allocated.
+    let (r1, r2) = unsafe { (free(gpa), free(dl)) };
+    assert_eq!((r1, r2), (0, 0), "the library's frees failed");
 }
