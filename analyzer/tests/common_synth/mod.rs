@@ -95,3 +95,25 @@ pub fn cycle_strategy() -> impl Strategy<Value = Cycle> {
     )
         .prop_map(|(durations, specs)| build(&durations, &specs))
 }
+
+/// Copy-bound cycles: short ops (1-50 µs) and persistent tensors of 1-64 MiB, each touched at
+/// one to three points, so that at a low budget the data on the host must rotate.
+pub fn copy_bound_cycle_strategy() -> impl Strategy<Value = Cycle> {
+    (
+        prop::collection::vec(1_000u64..50_000, 3..40),
+        prop::collection::vec((1u64..64, prop::collection::vec(0.0f64..1.0, 1..4)), 2..16),
+    )
+        .prop_map(|(durations, tensors)| {
+            let specs: Vec<TensorSpec> = tensors
+                .into_iter()
+                .map(|(mib, access_fracs)| TensorSpec {
+                    mib,
+                    persistent: true,
+                    start: 0,
+                    len_frac: 0.5,
+                    access_fracs,
+                })
+                .collect();
+            build(&durations, &specs)
+        })
+}
