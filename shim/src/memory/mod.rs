@@ -16,6 +16,7 @@
 //! | [`driver`] | the driver operations the manager needs |
 //! | [`fake`] | an in-memory driver for tests |
 //! | [`cuda`] | the trait over a dynamically loaded `libcuda.so.1` |
+//! | [`table`] | the trait over a table of the driver's function pointers |
 //! | [`page`] | the per-page residency state machine and page table |
 //! | [`frames`] | device frames within the budget; the pinned host pool |
 //! | [`extent`] | best-fit free extents |
@@ -36,6 +37,7 @@ pub mod manager;
 pub mod page;
 pub mod stats;
 pub mod suballoc;
+pub mod table;
 
 #[cfg(test)]
 mod tests;
