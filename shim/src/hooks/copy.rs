@@ -12,7 +12,7 @@ use tensile_driver_abi::{
 };
 use tensile_trace::CopyKind;
 
-use super::{implicit_stream, residency, Call};
+use super::{implicit_stream, residency, stream_value, Call};
 use crate::syms::pfn;
 
 /// What one copy touches.
@@ -65,13 +65,16 @@ fn copy_with<F>(call: &Call<F>, d: CopyDesc, forward: impl FnOnce() -> CUresult)
     r
 }
 
-fn desc(
+/// The copy of `bytes` contiguous bytes between `dst` and `src` (`None`: host memory).
+/// `stream` is the stream argument of an asynchronous variant; `None` for a synchronous one,
+/// which runs on the call's implicit stream.
+fn desc<F>(
+    call: &Call<F>,
     kind: CopyKind,
     dst: Option<u64>,
     src: Option<u64>,
     bytes: usize,
-    stream: u64,
-    asynchronous: bool,
+    stream: Option<CUstream>,
 ) -> CopyDesc {
     CopyDesc {
         kind,
@@ -80,9 +83,22 @@ fn desc(
         bytes: bytes as u64,
         dst_span: bytes as u64,
         src_span: bytes as u64,
-        stream,
-        asynchronous,
+        stream: stream.map_or_else(|| implicit_stream(call.sym), |s| stream_value(call.sym, s)),
+        asynchronous: stream.is_some(),
     }
+}
+
+/// A contiguous copy (see [`desc`]) forwarded by `forward`.
+fn copy<F>(
+    call: &Call<F>,
+    kind: CopyKind,
+    dst: Option<u64>,
+    src: Option<u64>,
+    bytes: usize,
+    stream: Option<CUstream>,
+    forward: impl FnOnce() -> CUresult,
+) -> CUresult {
+    copy_with(call, desc(call, kind, dst, src, bytes, stream), forward)
 }
 
 /// `cuMemcpy[_ptds]` (unified addressing: either side may be host or device).
@@ -95,16 +111,17 @@ pub unsafe fn memcpy(
     src: CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes) };
+    copy(
+        &call,
         CopyKind::Any,
         Some(dst),
         Some(src),
         bytes,
-        implicit_stream(call.sym),
-        false,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes) })
+        None,
+        forward,
+    )
 }
 
 /// `cuMemcpyAsync[_ptsz]`.
@@ -118,16 +135,17 @@ pub unsafe fn memcpy_async(
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes, stream) };
+    copy(
+        &call,
         CopyKind::Any,
         Some(dst),
         Some(src),
         bytes,
-        call.stream(stream),
-        true,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes, stream) })
+        Some(stream),
+        forward,
+    )
 }
 
 /// `cuMemcpyHtoD_v2[_ptds]`.
@@ -140,16 +158,17 @@ pub unsafe fn memcpy_htod(
     src: *const c_void,
     bytes: usize,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes) };
+    copy(
+        &call,
         CopyKind::HostToDevice,
         Some(dst),
         None,
         bytes,
-        implicit_stream(call.sym),
-        false,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes) })
+        None,
+        forward,
+    )
 }
 
 /// `cuMemcpyHtoDAsync_v2[_ptsz]`.
@@ -163,16 +182,17 @@ pub unsafe fn memcpy_htod_async(
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes, stream) };
+    copy(
+        &call,
         CopyKind::HostToDevice,
         Some(dst),
         None,
         bytes,
-        call.stream(stream),
-        true,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes, stream) })
+        Some(stream),
+        forward,
+    )
 }
 
 /// `cuMemcpyDtoH_v2[_ptds]`.
@@ -185,16 +205,17 @@ pub unsafe fn memcpy_dtoh(
     src: CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes) };
+    copy(
+        &call,
         CopyKind::DeviceToHost,
         None,
         Some(src),
         bytes,
-        implicit_stream(call.sym),
-        false,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes) })
+        None,
+        forward,
+    )
 }
 
 /// `cuMemcpyDtoHAsync_v2[_ptsz]`.
@@ -208,16 +229,17 @@ pub unsafe fn memcpy_dtoh_async(
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes, stream) };
+    copy(
+        &call,
         CopyKind::DeviceToHost,
         None,
         Some(src),
         bytes,
-        call.stream(stream),
-        true,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes, stream) })
+        Some(stream),
+        forward,
+    )
 }
 
 /// `cuMemcpyDtoD_v2[_ptds]`.
@@ -230,16 +252,17 @@ pub unsafe fn memcpy_dtod(
     src: CUdeviceptr,
     bytes: usize,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes) };
+    copy(
+        &call,
         CopyKind::DeviceToDevice,
         Some(dst),
         Some(src),
         bytes,
-        implicit_stream(call.sym),
-        false,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes) })
+        None,
+        forward,
+    )
 }
 
 /// `cuMemcpyDtoDAsync_v2[_ptsz]`.
@@ -253,16 +276,17 @@ pub unsafe fn memcpy_dtod_async(
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, src, bytes, stream) };
+    copy(
+        &call,
         CopyKind::DeviceToDevice,
         Some(dst),
         Some(src),
         bytes,
-        call.stream(stream),
-        true,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe { (call.real)(dst, src, bytes, stream) })
+        Some(stream),
+        forward,
+    )
 }
 
 /// `cuMemcpyPeer[_ptds]`.
@@ -277,18 +301,17 @@ pub unsafe fn memcpy_peer(
     src_ctx: CUcontext,
     bytes: usize,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, dst_ctx, src, src_ctx, bytes) };
+    copy(
+        &call,
         CopyKind::DeviceToDevice,
         Some(dst),
         Some(src),
         bytes,
-        implicit_stream(call.sym),
-        false,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe {
-        (call.real)(dst, dst_ctx, src, src_ctx, bytes)
-    })
+        None,
+        forward,
+    )
 }
 
 /// `cuMemcpyPeerAsync[_ptsz]`.
@@ -304,26 +327,29 @@ pub unsafe fn memcpy_peer_async(
     bytes: usize,
     stream: CUstream,
 ) -> CUresult {
-    let d = desc(
+    // SAFETY: forwarded unchanged.
+    let forward = || unsafe { (call.real)(dst, dst_ctx, src, src_ctx, bytes, stream) };
+    copy(
+        &call,
         CopyKind::DeviceToDevice,
         Some(dst),
         Some(src),
         bytes,
-        call.stream(stream),
-        true,
-    );
-    // SAFETY: forwarded unchanged.
-    copy_with(&call, d, || unsafe {
-        (call.real)(dst, dst_ctx, src, src_ctx, bytes, stream)
-    })
+        Some(stream),
+        forward,
+    )
 }
 
-/// What a `CUDA_MEMCPY2D` touches. Array endpoints are not device allocations the shim
+/// What a `CUDA_MEMCPY2D` touches (`stream` as for [`desc`]). Array endpoints are not device allocations the shim
 /// tracks; they count as untracked.
 ///
 /// # Safety
 /// `p` must be null or point to a valid `CUDA_MEMCPY2D`.
-unsafe fn desc_2d(p: *const CUDA_MEMCPY2D, stream: u64, asynchronous: bool) -> Option<CopyDesc> {
+unsafe fn desc_2d<F>(
+    call: &Call<F>,
+    p: *const CUDA_MEMCPY2D,
+    stream: Option<CUstream>,
+) -> Option<CopyDesc> {
     if p.is_null() {
         return None;
     }
@@ -351,7 +377,7 @@ unsafe fn desc_2d(p: *const CUDA_MEMCPY2D, stream: u64, asynchronous: bool) -> O
     let span = |pitch: usize| {
         (c.height.saturating_sub(1).saturating_mul(pitch)).saturating_add(c.width_in_bytes) as u64
     };
-    let mut d = desc(kind, dst, src, bytes, stream, asynchronous);
+    let mut d = desc(call, kind, dst, src, bytes, stream);
     d.dst_span = if c.height == 0 { 0 } else { span(c.dst_pitch) };
     d.src_span = if c.height == 0 { 0 } else { span(c.src_pitch) };
     Some(d)
@@ -363,7 +389,7 @@ unsafe fn desc_2d(p: *const CUDA_MEMCPY2D, stream: u64, asynchronous: bool) -> O
 /// The driver's contract for `cuMemcpy2D_v2`.
 pub unsafe fn memcpy_2d(call: Call<pfn::Memcpy2D>, copy: *const CUDA_MEMCPY2D) -> CUresult {
     // SAFETY: `copy` is the caller's descriptor.
-    match unsafe { desc_2d(copy, implicit_stream(call.sym), false) } {
+    match unsafe { desc_2d(&call, copy, None) } {
         // SAFETY: forwarded unchanged.
         Some(d) => copy_with(&call, d, || unsafe { (call.real)(copy) }),
         // SAFETY: forwarded unchanged (the driver rejects the null descriptor).
@@ -381,7 +407,7 @@ pub unsafe fn memcpy_2d_async(
     stream: CUstream,
 ) -> CUresult {
     // SAFETY: `copy` is the caller's descriptor.
-    match unsafe { desc_2d(copy, call.stream(stream), true) } {
+    match unsafe { desc_2d(&call, copy, Some(stream)) } {
         // SAFETY: forwarded unchanged.
         Some(d) => copy_with(&call, d, || unsafe { (call.real)(copy, stream) }),
         // SAFETY: forwarded unchanged (the driver rejects the null descriptor).
