@@ -12,16 +12,15 @@
 //!
 //! Run: `cargo bench -p tensile-shim --bench launch_hook`.
 
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use tensile_shim::alloc_index::Range;
+use tensile_shim::hooks::launch::with_scratch;
 use tensile_shim::kernels::{Description, Introspection};
-use tensile_shim::params::{AccessSink, ParamInfo, ParamLayout};
+use tensile_shim::params::{ParamInfo, ParamLayout};
 use tensile_shim::tracker::Tracker;
-use tensile_trace::{Access, AllocKind};
+use tensile_trace::AllocKind;
 
 const KERNELS: usize = 64;
 const PARAMS: usize = 10;
@@ -90,47 +89,25 @@ fn ten_pointer_sized_params() -> Description {
     }
 }
 
-/// What the launch hook collects: accesses for the trace, ranges for the memory manager.
-#[derive(Default)]
-struct Resolved {
-    accesses: Vec<Access>,
-    ranges: Vec<(u64, usize)>,
-}
-
-impl AccessSink for Resolved {
-    #[inline]
-    fn push(&mut self, access: Access, range: Range) {
-        self.accesses.push(access);
-        self.ranges.push((range.start, range.len as usize));
-    }
-}
-
-thread_local! {
-    static SCRATCH: Cell<Resolved> = const {
-        Cell::new(Resolved { accesses: Vec::new(), ranges: Vec::new() })
-    };
-}
-
-/// Everything the launch hook does before forwarding, with tracing off.
+/// Everything the launch hook does before forwarding, with tracing off: the hook's own
+/// scratch buffer and scan, with the kernel described by a fixed layout instead of the
+/// driver.
 #[inline(never)]
 fn hook_path(t: &Tracker, f: usize, kernel_params: &[*const c_void; PARAMS]) -> usize {
-    let mut accesses = SCRATCH.take();
-    accesses.accesses.clear();
-    accesses.ranges.clear();
-    // SAFETY: every entry of `kernel_params` points to an 8-byte value, as the layout says.
-    let kernel = unsafe {
-        t.resolve_launch_with(
-            None,
-            f as *mut c_void,
-            kernel_params.as_ptr(),
-            std::ptr::null(),
-            &mut accesses,
-            ten_pointer_sized_params,
-        )
-    };
-    let n = accesses.accesses.len() + accesses.ranges.len() + kernel.id as usize;
-    SCRATCH.set(accesses);
-    n
+    with_scratch(|resolved| {
+        // SAFETY: every entry of `kernel_params` points to an 8-byte value, as the layout says.
+        let kernel = unsafe {
+            t.resolve_launch_with(
+                None,
+                f as *mut c_void,
+                kernel_params.as_ptr(),
+                std::ptr::null(),
+                resolved,
+                ten_pointer_sized_params,
+            )
+        };
+        resolved.accesses.len() + resolved.ranges.len() + kernel.id as usize
+    })
 }
 
 fn bench_launch(c: &mut Criterion) {

@@ -21,9 +21,9 @@ use crate::tracker::LaunchShape;
 /// What a launch's scan resolved: the accesses for the trace, the byte ranges for the
 /// memory manager.
 #[derive(Default)]
-struct Resolved {
-    accesses: Vec<Access>,
-    ranges: Vec<(u64, usize)>,
+pub struct Resolved {
+    pub accesses: Vec<Access>,
+    pub ranges: Vec<(u64, usize)>,
 }
 
 impl AccessSink for Resolved {
@@ -38,6 +38,23 @@ thread_local! {
     static SCRATCH: Cell<Resolved> = const {
         Cell::new(Resolved { accesses: Vec::new(), ranges: Vec::new() })
     };
+}
+
+/// Runs `body` with this thread's reusable (emptied) [`Resolved`] buffer, so that a launch
+/// allocates nothing once the buffer has grown. Public so that the launch benchmark
+/// measures this very path.
+#[inline]
+pub fn with_scratch<T>(body: impl FnOnce(&mut Resolved) -> T) -> T {
+    // Taking the buffer out of the cell (rather than borrowing it) keeps a re-entrant
+    // launch from the driver safe: it would just get an empty buffer of its own. During
+    // thread teardown (a launch from another library's TLS destructor) the cell may be gone
+    // already: use a fresh buffer then.
+    let mut resolved = SCRATCH.try_with(Cell::take).unwrap_or_default();
+    resolved.accesses.clear();
+    resolved.ranges.clear();
+    let out = body(&mut resolved);
+    let _ = SCRATCH.try_with(|s| s.set(resolved));
+    out
 }
 
 /// Resolves, forwards, records. `forward` performs the real launch.
@@ -58,51 +75,43 @@ unsafe fn launch_with<F>(
     let rt = call.rt;
     let rec = rt.recorder.as_ref();
     let t = rt.now_ns();
-    // Taking the buffer out of the cell (rather than borrowing it) keeps a re-entrant
-    // launch from the driver safe: it would just get an empty buffer of its own. During
-    // thread teardown (a launch from another library's TLS destructor) the cell may be gone
-    // already: use a fresh buffer then.
-    let mut resolved = SCRATCH.try_with(Cell::take).unwrap_or_default();
-    resolved.accesses.clear();
-    resolved.ranges.clear();
-    // SAFETY: forwarded from the caller.
-    let kernel = unsafe {
-        rt.tracker.resolve_launch(
-            rec,
-            f,
-            kernel_params.cast_const().cast(),
-            extra.cast_const().cast(),
-            &mut resolved,
-        )
-    };
-    let pinned = residency::pin(rt, shape.stream, &resolved.ranges, || {
-        format!("the launch of kernel `{}`", kernel.name)
-    });
-    let pinned = match pinned {
-        Ok(p) => p,
-        Err(code) => {
-            let _ = SCRATCH.try_with(|s| s.set(resolved));
-            return code;
+    with_scratch(|resolved| {
+        // SAFETY: forwarded from the caller.
+        let kernel = unsafe {
+            rt.tracker.resolve_launch(
+                rec,
+                f,
+                kernel_params.cast_const().cast(),
+                extra.cast_const().cast(),
+                resolved,
+            )
+        };
+        let pinned = residency::pin(rt, shape.stream, &resolved.ranges, || {
+            format!("the launch of kernel `{}`", kernel.name)
+        });
+        let pinned = match pinned {
+            Ok(p) => p,
+            Err(code) => return code,
+        };
+        let accesses = &resolved.accesses;
+        let per_thread = call.sym.per_thread();
+        let timed = match (rec, rt.timing.as_ref()) {
+            (Some(_), Some(timing)) => timing.start(stream, per_thread).map(|s| (timing, s)),
+            _ => None,
+        };
+        let r = forward();
+        if let Some(p) = pinned {
+            p.done();
         }
-    };
-    let accesses = &resolved.accesses;
-    let per_thread = call.sym.per_thread();
-    let timed = match (rec, rt.timing.as_ref()) {
-        (Some(_), Some(timing)) => timing.start(stream, per_thread).map(|s| (timing, s)),
-        _ => None,
-    };
-    let r = forward();
-    if let Some(p) = pinned {
-        p.done();
-    }
-    if let Some(rec) = rec {
-        let seq = (r == CUDA_SUCCESS).then(|| rt.tracker.launched(rec, t, kernel, shape, accesses));
-        if let Some((timing, started)) = timed {
-            timing.finish(started, stream, per_thread, seq, rec);
+        if let Some(rec) = rec {
+            let seq =
+                (r == CUDA_SUCCESS).then(|| rt.tracker.launched(rec, t, kernel, shape, accesses));
+            if let Some((timing, started)) = timed {
+                timing.finish(started, stream, per_thread, seq, rec);
+            }
         }
-    }
-    let _ = SCRATCH.try_with(|s| s.set(resolved));
-    r
+        r
+    })
 }
 
 /// `cuLaunchKernel[_ptsz]`.
