@@ -291,53 +291,48 @@ fn memset(
     }
 }
 
-unsafe fn memset_d8(pt: bool, dst: CUdeviceptr, v: u8, n: usize) -> Result<(), CUresult> {
-    memset(pt, None, dst, vec![v], n)
+/// A memset element (`cuMemsetD8/16/32*`): its value as the bytes it repeats.
+trait Element: Copy {
+    fn pattern(self) -> Vec<u8>;
 }
-per_thread_pair!(cuMemsetD8_v2, cuMemsetD8_v2_ptds, memset_d8, (dst: CUdeviceptr, v: u8, n: usize));
 
-unsafe fn memset_d16(pt: bool, dst: CUdeviceptr, v: u16, n: usize) -> Result<(), CUresult> {
-    memset(pt, None, dst, v.to_ne_bytes().to_vec(), n)
+impl Element for u8 {
+    fn pattern(self) -> Vec<u8> {
+        vec![self]
+    }
 }
-per_thread_pair!(cuMemsetD16_v2, cuMemsetD16_v2_ptds, memset_d16, (dst: CUdeviceptr, v: u16, n: usize));
 
-unsafe fn memset_d32(pt: bool, dst: CUdeviceptr, v: u32, n: usize) -> Result<(), CUresult> {
-    memset(pt, None, dst, v.to_ne_bytes().to_vec(), n)
+impl Element for u16 {
+    fn pattern(self) -> Vec<u8> {
+        self.to_ne_bytes().to_vec()
+    }
 }
-per_thread_pair!(cuMemsetD32_v2, cuMemsetD32_v2_ptds, memset_d32, (dst: CUdeviceptr, v: u32, n: usize));
 
-unsafe fn memset_d8_async(
+impl Element for u32 {
+    fn pattern(self) -> Vec<u8> {
+        self.to_ne_bytes().to_vec()
+    }
+}
+
+unsafe fn memset_d<T: Element>(pt: bool, dst: CUdeviceptr, v: T, n: usize) -> Result<(), CUresult> {
+    memset(pt, None, dst, v.pattern(), n)
+}
+per_thread_pair!(cuMemsetD8_v2, cuMemsetD8_v2_ptds, memset_d::<u8>, (dst: CUdeviceptr, v: u8, n: usize));
+per_thread_pair!(cuMemsetD16_v2, cuMemsetD16_v2_ptds, memset_d::<u16>, (dst: CUdeviceptr, v: u16, n: usize));
+per_thread_pair!(cuMemsetD32_v2, cuMemsetD32_v2_ptds, memset_d::<u32>, (dst: CUdeviceptr, v: u32, n: usize));
+
+unsafe fn memset_d_async<T: Element>(
     pt: bool,
     dst: CUdeviceptr,
-    v: u8,
+    v: T,
     n: usize,
     h: CUstream,
 ) -> Result<(), CUresult> {
-    memset(pt, Some(h), dst, vec![v], n)
+    memset(pt, Some(h), dst, v.pattern(), n)
 }
-per_thread_pair!(cuMemsetD8Async, cuMemsetD8Async_ptsz, memset_d8_async, (dst: CUdeviceptr, v: u8, n: usize, h: CUstream));
-
-unsafe fn memset_d16_async(
-    pt: bool,
-    dst: CUdeviceptr,
-    v: u16,
-    n: usize,
-    h: CUstream,
-) -> Result<(), CUresult> {
-    memset(pt, Some(h), dst, v.to_ne_bytes().to_vec(), n)
-}
-per_thread_pair!(cuMemsetD16Async, cuMemsetD16Async_ptsz, memset_d16_async, (dst: CUdeviceptr, v: u16, n: usize, h: CUstream));
-
-unsafe fn memset_d32_async(
-    pt: bool,
-    dst: CUdeviceptr,
-    v: u32,
-    n: usize,
-    h: CUstream,
-) -> Result<(), CUresult> {
-    memset(pt, Some(h), dst, v.to_ne_bytes().to_vec(), n)
-}
-per_thread_pair!(cuMemsetD32Async, cuMemsetD32Async_ptsz, memset_d32_async, (dst: CUdeviceptr, v: u32, n: usize, h: CUstream));
+per_thread_pair!(cuMemsetD8Async, cuMemsetD8Async_ptsz, memset_d_async::<u8>, (dst: CUdeviceptr, v: u8, n: usize, h: CUstream));
+per_thread_pair!(cuMemsetD16Async, cuMemsetD16Async_ptsz, memset_d_async::<u16>, (dst: CUdeviceptr, v: u16, n: usize, h: CUstream));
+per_thread_pair!(cuMemsetD32Async, cuMemsetD32Async_ptsz, memset_d_async::<u32>, (dst: CUdeviceptr, v: u32, n: usize, h: CUstream));
 
 /// A 2D memset of `height` rows of `width` elements, `pitch` bytes apart (device memory,
 /// checked when it runs).
@@ -373,80 +368,34 @@ fn memset_2d(
     }
 }
 
-unsafe fn memset_d2d8(
+unsafe fn memset_d2d<T: Element>(
     pt: bool,
     dst: CUdeviceptr,
     pitch: usize,
-    v: u8,
+    v: T,
     w: usize,
     h: usize,
 ) -> Result<(), CUresult> {
-    memset_2d(pt, None, dst, pitch, vec![v], w, h)
+    memset_2d(pt, None, dst, pitch, v.pattern(), w, h)
 }
-per_thread_pair!(cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds, memset_d2d8, (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize));
+per_thread_pair!(cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds, memset_d2d::<u8>, (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize));
+per_thread_pair!(cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds, memset_d2d::<u16>, (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize));
+per_thread_pair!(cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds, memset_d2d::<u32>, (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize));
 
-unsafe fn memset_d2d16(
+unsafe fn memset_d2d_async<T: Element>(
     pt: bool,
     dst: CUdeviceptr,
     pitch: usize,
-    v: u16,
-    w: usize,
-    h: usize,
-) -> Result<(), CUresult> {
-    memset_2d(pt, None, dst, pitch, v.to_ne_bytes().to_vec(), w, h)
-}
-per_thread_pair!(cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds, memset_d2d16, (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize));
-
-unsafe fn memset_d2d32(
-    pt: bool,
-    dst: CUdeviceptr,
-    pitch: usize,
-    v: u32,
-    w: usize,
-    h: usize,
-) -> Result<(), CUresult> {
-    memset_2d(pt, None, dst, pitch, v.to_ne_bytes().to_vec(), w, h)
-}
-per_thread_pair!(cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds, memset_d2d32, (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize));
-
-unsafe fn memset_d2d8_async(
-    pt: bool,
-    dst: CUdeviceptr,
-    pitch: usize,
-    v: u8,
+    v: T,
     w: usize,
     h: usize,
     s: CUstream,
 ) -> Result<(), CUresult> {
-    memset_2d(pt, Some(s), dst, pitch, vec![v], w, h)
+    memset_2d(pt, Some(s), dst, pitch, v.pattern(), w, h)
 }
-per_thread_pair!(cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz, memset_d2d8_async, (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream));
-
-unsafe fn memset_d2d16_async(
-    pt: bool,
-    dst: CUdeviceptr,
-    pitch: usize,
-    v: u16,
-    w: usize,
-    h: usize,
-    s: CUstream,
-) -> Result<(), CUresult> {
-    memset_2d(pt, Some(s), dst, pitch, v.to_ne_bytes().to_vec(), w, h)
-}
-per_thread_pair!(cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz, memset_d2d16_async, (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream));
-
-unsafe fn memset_d2d32_async(
-    pt: bool,
-    dst: CUdeviceptr,
-    pitch: usize,
-    v: u32,
-    w: usize,
-    h: usize,
-    s: CUstream,
-) -> Result<(), CUresult> {
-    memset_2d(pt, Some(s), dst, pitch, v.to_ne_bytes().to_vec(), w, h)
-}
-per_thread_pair!(cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz, memset_d2d32_async, (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream));
+per_thread_pair!(cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz, memset_d2d_async::<u8>, (dst: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream));
+per_thread_pair!(cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz, memset_d2d_async::<u16>, (dst: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream));
+per_thread_pair!(cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz, memset_d2d_async::<u32>, (dst: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream));
 
 /// Both contexts must be valid; with one device, a peer copy is a device-to-device copy.
 fn check_peer_contexts(dst_ctx: CUcontext, src_ctx: CUcontext) -> Result<(), CUresult> {
