@@ -19,6 +19,14 @@ fn check_device(dev: CUdevice) -> Result<(), CUresult> {
     }
 }
 
+/// The pool behind a handle the application passed (`CUDA_ERROR_INVALID_VALUE` if none).
+fn pool_of(pool: CUmemoryPool) -> Result<Arc<Pool>, CUresult> {
+    st()?
+        .pools
+        .get(pool as usize)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
 unsafe fn device_get_default_mem_pool(
     pool: *mut CUmemoryPool,
     dev: CUdevice,
@@ -102,10 +110,7 @@ unsafe fn mem_pool_set_attribute(
     attr: i32,
     value: *mut c_void,
 ) -> Result<(), CUresult> {
-    let p = st()?
-        .pools
-        .get(pool as usize)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let p = pool_of(pool)?;
     let is_int = Pool::attr_is_int(attr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if value.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -127,10 +132,7 @@ unsafe fn mem_pool_get_attribute(
     attr: i32,
     value: *mut c_void,
 ) -> Result<(), CUresult> {
-    let p = st()?
-        .pools
-        .get(pool as usize)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let p = pool_of(pool)?;
     if value.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -147,10 +149,6 @@ export!(cuMemPoolGetAttribute, mem_pool_get_attribute, (pool: CUmemoryPool, attr
 
 /// Pools cache nothing here, so there is never anything to trim.
 unsafe fn mem_pool_trim_to(pool: CUmemoryPool, _keep: usize) -> Result<(), CUresult> {
-    st()?
-        .pools
-        .get(pool as usize)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    Ok(())
+    pool_of(pool).map(drop)
 }
 export!(cuMemPoolTrimTo, mem_pool_trim_to, (pool: CUmemoryPool, keep: usize));
