@@ -15,8 +15,14 @@
 //! their stalls add up. The bound is the compute time plus the largest such sum over all ops and
 //! window pairs, and never less than the bandwidth needed to move the largest excess each way.
 //!
+//! A second term counts bytes instead of time: when the data off the device rotates, the
+//! evicted gaps must cover every op's excess, and any point of the covering LP's dual gives a
+//! number of bytes every plan moves each way per iteration ([`packing_bytes`],
+//! [`covering_dual_bytes`]); the copy engines need at least [`copy_time_ns`] for them.
+//!
 //! It is a relaxation (each window is priced as if the other copies and the cheapest choice of
-//! tensors were free), so real plans can be slower; no plan under this model can be faster.
+//! tensors were free; the byte count ignores when the copies can happen), so real plans can be
+//! slower; no plan under this model can be faster.
 
 use serde::Serialize;
 
