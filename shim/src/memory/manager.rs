@@ -1276,20 +1276,30 @@ impl Inner {
 
     /// Waits for the swap-ins in flight and completes them.
     fn wait_incoming(&mut self) -> Result<(), CUresult> {
-        let mut evs: Vec<Event> = self
-            .incoming
+        self.wait_swaps(&self.incoming, |state| match state {
+            ResidencyState::ToDevice { event, .. } => Some(event),
+            _ => None,
+        })?;
+        self.poll()
+    }
+
+    /// Waits for the events of the swaps in flight of `pages` (the `incoming` or `outgoing`
+    /// set; `event` gives the event of a page still in that swap), each event once.
+    fn wait_swaps(
+        &self,
+        pages: &BTreeSet<usize>,
+        event: impl Fn(ResidencyState) -> Option<Event>,
+    ) -> Result<(), CUresult> {
+        let mut evs: Vec<Event> = pages
             .iter()
-            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
-                Some(ResidencyState::ToDevice { event, .. }) => Some(event),
-                _ => None,
-            })
+            .filter_map(|&p| self.pages.get(p).and_then(|e| event(e.state)))
             .collect();
         evs.sort_unstable();
         evs.dedup();
         for ev in evs {
             self.driver.event_synchronize(ev)?;
         }
-        self.poll()
+        Ok(())
     }
 
     /// Undoes a swap-out batch that could not be queued completely: the pages stay `Device`;
@@ -1306,19 +1316,10 @@ impl Inner {
 
     /// Waits for the swap-outs in flight and completes them.
     fn wait_outgoing(&mut self) -> Result<(), CUresult> {
-        let mut evs: Vec<Event> = self
-            .outgoing
-            .iter()
-            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
-                Some(ResidencyState::ToHost { event, .. }) => Some(event),
-                _ => None,
-            })
-            .collect();
-        evs.sort_unstable();
-        evs.dedup();
-        for ev in evs {
-            self.driver.event_synchronize(ev)?;
-        }
+        self.wait_swaps(&self.outgoing, |state| match state {
+            ResidencyState::ToHost { event, .. } => Some(event),
+            _ => None,
+        })?;
         self.poll()
     }
 
