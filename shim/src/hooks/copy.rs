@@ -34,16 +34,8 @@ fn copy_with<F>(call: &Call<F>, d: CopyDesc, forward: impl FnOnce() -> CUresult)
     let t = call.rt.now_ns();
     let side = |p: Option<u64>, span: u64| p.map_or((0, 0), |p| (p, span as usize));
     let ranges = [side(d.dst, d.dst_span), side(d.src, d.src_span)];
-    let pinned = match residency::pin(call.rt, d.stream, &ranges, || {
-        format!("{} of {} bytes", call.sym.name(), d.bytes)
-    }) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let r = forward();
-    if let Some(p) = pinned {
-        p.done();
-    }
+    let what = || format!("{} of {} bytes", call.sym.name(), d.bytes);
+    let r = residency::forward_pinned(call.rt, d.stream, &ranges, what, forward);
     if r == CUDA_SUCCESS {
         if !d.asynchronous {
             // A synchronous copy waited for earlier work: collect its launch times.

@@ -18,16 +18,8 @@ fn memset_with<F>(
     forward: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let t = call.rt.now_ns();
-    let pinned = match residency::pin(call.rt, stream, &[(dst, span)], || {
-        format!("{} of {} bytes", call.sym.name(), bytes)
-    }) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
-    let r = forward();
-    if let Some(p) = pinned {
-        p.done();
-    }
+    let what = || format!("{} of {} bytes", call.sym.name(), bytes);
+    let r = residency::forward_pinned(call.rt, stream, &[(dst, span)], what, forward);
     if r == CUDA_SUCCESS {
         if let Some(rec) = call.rt.recorder.as_ref() {
             call.rt

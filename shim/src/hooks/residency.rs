@@ -3,8 +3,8 @@
 //! [`pin`] asks the memory manager to bring every touched range onto the device (swapping
 //! in, evicting others) and ordered before the work on its stream; [`Pinned::done`] reports
 //! the work queued, so the pages stay until it completes. Without a manager, or when nothing
-//! touched lies in the arena, both are free. This module does not decide what is touched:
-//! the hooks resolve that.
+//! touched lies in the arena, both are free. [`forward_pinned`] wraps a call in the two.
+//! This module does not decide what is touched: the hooks resolve that.
 
 use tensile_driver_abi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
@@ -64,6 +64,27 @@ pub fn pin(
             Err(code)
         }
     }
+}
+
+/// [`pin`], then `forward` (the call itself), then [`Pinned::done`]: the call's result, or
+/// the pin's error code (then the call was not forwarded).
+#[inline]
+pub fn forward_pinned(
+    rt: &'static Runtime,
+    stream: u64,
+    ranges: &[(u64, usize)],
+    what: impl FnOnce() -> String,
+    forward: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let pinned = match pin(rt, stream, ranges, what) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let r = forward();
+    if let Some(p) = pinned {
+        p.done();
+    }
+    r
 }
 
 /// Bytes of the arena the ranges cover (overlaps counted once).
