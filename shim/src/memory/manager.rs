@@ -761,19 +761,8 @@ impl Inner {
                     }
                 };
                 // The free's fence also covers work the manager did not see on that stream.
-                let completed = self.fences.completed().to_vec();
                 if let Some((first, last)) = self.pages_of(a.ptr, a.span) {
-                    for p in first..=last {
-                        if let Some(e) = self.pages.entry_mut(p) {
-                            e.add_use(
-                                Use {
-                                    stream_slot: slot as u32,
-                                    seq,
-                                },
-                                &completed,
-                            );
-                        }
-                    }
+                    self.add_fence_use(first..=last, slot, seq);
                 }
                 self.drop_live(a.ptr, a.span);
                 self.sub.release_after(a, slot, seq);
@@ -931,16 +920,20 @@ impl Inner {
             // Promised fence: recorded on demand before anyone waits for it.
             Err(_) => self.fences.next_seq(slot),
         };
+        self.add_fence_use(pages.iter().copied(), slot, seq);
+    }
+
+    /// Makes the fence `seq` on stream `slot` a use of each of `pages`: they are not idle
+    /// until it completes.
+    fn add_fence_use(&mut self, pages: impl IntoIterator<Item = usize>, slot: usize, seq: u64) {
         let completed = self.fences.completed().to_vec();
-        for &p in pages {
+        let u = Use {
+            stream_slot: slot as u32,
+            seq,
+        };
+        for p in pages {
             if let Some(e) = self.pages.entry_mut(p) {
-                e.add_use(
-                    Use {
-                        stream_slot: slot as u32,
-                        seq,
-                    },
-                    &completed,
-                );
+                e.add_use(u, &completed);
             }
         }
     }
