@@ -9,7 +9,7 @@
 //!   `cuLaunchKernel_ptsz`, ...), for programs linked against libcuda directly;
 //! - a constructor that reads the configuration and sets up logging.
 //!
-//! Every exported body is one call into `tensile_shim` inside [`ffi_guard`]: a panic never
+//! Every exported body is one call into `tensile_shim` inside `ffi_guard`: a panic never
 //! crosses the C boundary, it becomes `CUDA_ERROR_UNKNOWN` and a log line.
 
 use std::ffi::{c_char, c_void};

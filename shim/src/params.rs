@@ -229,7 +229,7 @@ impl ParamLayout {
 ///
 /// # Safety
 /// `extra` must be a valid `CU_LAUNCH_PARAM_END`-terminated list of (marker, value) pairs
-/// (read at most [`MAX_EXTRA_ENTRIES`] pairs deep); the size value, when present, must
+/// (read at most `MAX_EXTRA_ENTRIES` pairs deep); the size value, when present, must
 /// point to a `size_t`.
 pub unsafe fn packed_buffer(extra: *const *const c_void) -> Option<(*const u8, usize)> {
     let mut buf: *const u8 = std::ptr::null();

@@ -1,6 +1,6 @@
 //! The managed entry points, written down once.
 //!
-//! [`with_managed_entry_points!`] holds the list: for each *family* (one C signature), the
+//! [`with_managed_entry_points!`](crate::with_managed_entry_points) holds the list: for each *family* (one C signature), the
 //! hook in [`crate::hooks`] that implements it and the versioned driver symbols that share
 //! it (`cuMemcpyHtoD_v2` and `cuMemcpyHtoD_v2_ptds` are one family). The list is expanded
 //! twice: here, into the [`Sym`] enum, the function pointer types ([`pfn`]) and the Rust
