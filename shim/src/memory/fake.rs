@@ -615,7 +615,13 @@ impl Driver for FakeDriver {
     fn mem_unmap(&self, ptr: CUdeviceptr, size: usize) -> Result<(), CUresult> {
         let mut s = self.lock();
         s.enter(FakeCall::Unmap)?;
-        let keys = s.covering(ptr, size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // The driver documents that the range must be *the* range that was mapped (it
+        // cannot unmap part of a mapping); whether one call may cover several mappings is
+        // not documented, so the fake refuses that too and the manager never relies on it.
+        let keys = s
+            .covering(ptr, size)
+            .filter(|k| k.len() == 1)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         s.check_no_queued_work("unmap", ptr, size);
         for k in keys {
             if let Some(m) = s.mappings.remove(&k) {

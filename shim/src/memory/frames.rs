@@ -15,6 +15,7 @@
 //!
 //! Neither pool decides *which* page gets a frame; that is the manager's job.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -152,7 +153,9 @@ struct HostState {
     chunks: Vec<PhysHandle>,
     /// Frame index → (chunk, offset in chunk, address in the host window).
     frames: Vec<(u32, usize, CUdeviceptr)>,
-    free: Vec<HostFrame>,
+    /// Free frames in address order (frame indices follow window addresses), so the lowest
+    /// are handed out first and runs of free frames can be found.
+    free: BTreeSet<HostFrame>,
     /// Bytes of the window promised to chunks (created or being created).
     reserved_bytes: usize,
     growing: bool,
@@ -231,8 +234,7 @@ impl HostShared {
                 let n = bytes / c.page;
                 s.frames
                     .extend((0..n).map(|i| (chunk, i * c.page, va + (i * c.page) as u64)));
-                s.free
-                    .extend((first..first + n as u32).rev().map(HostFrame));
+                s.free.extend((first..first + n as u32).map(HostFrame));
                 s.last_error = None;
                 Ok(())
             }
@@ -284,7 +286,7 @@ impl HostPool {
             state: Mutex::new(HostState {
                 chunks: Vec::new(),
                 frames: Vec::new(),
-                free: Vec::new(),
+                free: BTreeSet::new(),
                 reserved_bytes: 0,
                 growing: false,
                 want_grow: config.background && window_bytes > 0,
@@ -311,7 +313,7 @@ impl HostPool {
         let sh = &self.shared;
         let mut s = sh.lock();
         loop {
-            if let Some(f) = s.free.pop() {
+            if let Some(f) = s.free.pop_first() {
                 if s.free.len() < sh.config.low_water_frames
                     && sh.config.background
                     && s.reserved_bytes < sh.window_bytes
@@ -343,7 +345,56 @@ impl HostPool {
     }
 
     pub fn give(&self, f: HostFrame) {
-        self.shared.lock().free.push(f);
+        self.shared.lock().free.insert(f);
+    }
+
+    /// Trades `held` (frames taken for one batch of consecutive pages) for as many free
+    /// frames in as few runs of consecutive frames as it finds, in address order: a batch of
+    /// pages copied into a run of frames is one copy, and once swapped out it is mapped with
+    /// one `cuMemMap` (when the run lies in one chunk). Looks at a bounded number of free
+    /// frames, so a fragmented pool costs little. `held` comes back sorted.
+    pub fn regroup(&self, held: &mut [HostFrame]) {
+        const SCAN: usize = 4096;
+        let n = held.len();
+        if n < 2 {
+            return;
+        }
+        let mut s = self.shared.lock();
+        s.free.extend(held.iter().copied());
+        // The first run of at least n frames, else the longest run seen.
+        let (mut best, mut best_len) = (HostFrame(0), 0usize);
+        let (mut start, mut len) = (HostFrame(0), 0usize);
+        let mut prev: Option<HostFrame> = None;
+        for &f in s.free.iter().take(SCAN) {
+            if prev.is_some_and(|p| p.0 + 1 == f.0) {
+                len += 1;
+            } else {
+                (start, len) = (f, 1);
+            }
+            if len > best_len {
+                (best, best_len) = (start, len);
+            }
+            if best_len >= n {
+                break;
+            }
+            prev = Some(f);
+        }
+        let mut out: Vec<HostFrame> = (best.0..best.0 + best_len.min(n) as u32)
+            .map(HostFrame)
+            .collect();
+        for f in &out {
+            s.free.remove(f);
+        }
+        while out.len() < n {
+            // At least n frames are free: the ones just given back.
+            let Some(f) = s.free.pop_first() else { break };
+            out.push(f);
+        }
+        out.sort_unstable();
+        // `out` has n frames (n were just given back); zip keeps this panic-free regardless.
+        for (h, f) in held.iter_mut().zip(out) {
+            *h = f;
+        }
     }
 
     /// Address of the frame in the host window (a copy source or destination).
@@ -371,7 +422,7 @@ impl HostPool {
     /// The free frames and the number of frames created (for consistency checks).
     pub fn free_list(&self) -> (Vec<HostFrame>, usize) {
         let s = self.shared.lock();
-        (s.free.clone(), s.frames.len())
+        (s.free.iter().copied().collect(), s.frames.len())
     }
 
     /// Waits until no growth is in flight (for tests that count bytes).

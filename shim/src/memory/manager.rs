@@ -24,7 +24,7 @@
 //! the lock held; the host pool has its own lock, taken after this one, and its grower thread
 //! never takes this one.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -32,7 +32,7 @@ use tensile_driver_abi::{
     CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
 };
 
-use super::driver::{Driver, Event, Stream};
+use super::driver::{Driver, Event, PhysHandle, Stream};
 use super::fences::Fences;
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolError};
 use super::page::{Frame, PageTable, ResidencyState, Use};
@@ -136,9 +136,15 @@ struct Inner {
     deferred_host: Vec<(HostFrame, Event)>,
     /// Pages with a device frame and no live allocation.
     dead_device: BTreeSet<usize>,
-    /// `Host` pages whose address could not be mapped to their host frame (a driver call
-    /// failed). Their data is safe in the frame; `poll` retries the mapping.
+    /// `Host` pages whose address is not mapped to their host frame: a driver call failed,
+    /// or the page shared a host run with a page that left it. Their data is safe in the
+    /// frame; `remap_host` (also from `poll`) maps them again.
     unmapped_host: BTreeSet<usize>,
+    /// Multi-page host mappings: first page → pages. Consecutive `Host` pages whose frames
+    /// are consecutive in one host chunk are mapped with one `cuMemMap` (and unmapped with
+    /// one `cuMemUnmap`); single-page mappings are not listed. Device frames are always
+    /// mapped page by page, so an eviction never has to touch a neighbour that may be in use.
+    host_runs: BTreeMap<usize, usize>,
     stats: MemoryStats,
 }
 
@@ -213,6 +219,7 @@ impl MemoryManager {
             deferred_host: Vec::new(),
             dead_device: BTreeSet::new(),
             unmapped_host: BTreeSet::new(),
+            host_runs: BTreeMap::new(),
             stats: MemoryStats::default(),
         };
         Ok(Self {
@@ -327,7 +334,7 @@ impl MemoryManager {
     /// a background thread of the interposer may call it periodically. `prepare_access` does
     /// the same after each on-demand swap.
     pub fn maintain(&self) -> Result<(), CUresult> {
-        self.lock().keep_reserve()
+        self.lock().keep_reserve(true)
     }
 
     /// Residency of the page holding `addr` (for tests and diagnostics).
@@ -420,6 +427,29 @@ impl MemoryManager {
                 "{} host frames accounted for, {host_created} created",
                 host.len()
             ));
+        }
+        let mut end = 0;
+        for (&first, &n) in &s.host_runs {
+            if n < 2 || first < end {
+                return Err(format!("host run {first}+{n} is too short or overlaps"));
+            }
+            end = first + n;
+            let mut at: Option<(PhysHandle, usize)> = None;
+            for p in first..end {
+                let Some(ResidencyState::Host(h)) = s.pages.get(p).map(|e| e.state) else {
+                    return Err(format!("page {p} of host run {first}+{n} is not Host"));
+                };
+                if s.unmapped_host.contains(&p) {
+                    return Err(format!("page {p} of host run {first}+{n} noted unmapped"));
+                }
+                let loc = s.host.location(h);
+                if at.is_some_and(|(c, off)| (c, off + s.page) != loc) {
+                    return Err(format!(
+                        "host run {first}+{n} is not contiguous at page {p}"
+                    ));
+                }
+                at = Some(loc);
+            }
         }
         for &p in &s.unmapped_host {
             if !matches!(
@@ -614,23 +644,37 @@ impl Inner {
     }
 
     /// Maps each `(page, frame)` at the page's address, then sets access in contiguous
-    /// runs (`cuMemSetAccess` is the expensive call). Undoes its own maps on failure.
+    /// runs (`cuMemSetAccess` is the expensive call). Host frames of consecutive pages that
+    /// are consecutive in one chunk share one mapping (noted in `host_runs`); device frames
+    /// get one mapping per page. Undoes its own maps on failure.
     fn map_batch(&mut self, plan: &[(usize, Frame)]) -> Result<(), CUresult> {
         let page = self.page;
+        let mut sorted = plan.to_vec();
+        sorted.sort_unstable_by_key(|&(p, _)| p);
+        // (first page, pages, chunk, offset, host)
+        let mut maps: Vec<(usize, usize, PhysHandle, usize, bool)> = Vec::new();
+        for &(p, f) in &sorted {
+            let (h, off) = self.location(f);
+            let host = matches!(f, Frame::Host(_));
+            match maps.last_mut() {
+                Some(m) if host && m.4 && m.0 + m.1 == p && m.2 == h && m.3 + m.1 * page == off => {
+                    m.1 += 1
+                }
+                _ => maps.push((p, 1, h, off, host)),
+            }
+        }
         let mut mapped = 0;
         let mut err = None;
-        for &(p, f) in plan {
-            let (h, off) = self.location(f);
-            if let Err(e) = self.driver.mem_map(self.va(p), page, off, h) {
+        for &(p, n, h, off, _) in &maps {
+            if let Err(e) = self.driver.mem_map(self.va(p), n * page, off, h) {
                 err = Some(e);
                 break;
             }
             mapped += 1;
         }
         if err.is_none() {
-            let mut sorted: Vec<usize> = plan.iter().map(|&(p, _)| p).collect();
-            sorted.sort_unstable();
-            for (a, b) in runs(&sorted) {
+            let pages: Vec<usize> = sorted.iter().map(|&(p, _)| p).collect();
+            for (a, b) in runs(&pages) {
                 if let Err(e) =
                     self.driver
                         .mem_set_access(self.va(a), (b - a + 1) * page, self.cfg.device)
@@ -641,14 +685,68 @@ impl Inner {
             }
         }
         match err {
-            None => Ok(()),
+            None => {
+                for &(p, n, ..) in &maps {
+                    if n > 1 {
+                        self.host_runs.insert(p, n);
+                    }
+                }
+                Ok(())
+            }
             Some(e) => {
-                for &(p, _) in &plan[..mapped] {
-                    let _ = self.driver.mem_unmap(self.va(p), page);
+                for &(p, n, ..) in &maps[..mapped] {
+                    let _ = self.driver.mem_unmap(self.va(p), n * page);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// The multi-page host mapping containing page `p`: `(first page, pages)`.
+    fn host_run_of(&self, p: usize) -> Option<(usize, usize)> {
+        self.host_runs
+            .range(..=p)
+            .next_back()
+            .filter(|&(&first, &n)| p < first + n)
+            .map(|(&first, &n)| (first, n))
+    }
+
+    /// Removes the host mappings of `pages` (all `Host`). `cuMemUnmap` cannot split a
+    /// mapping, so a page of a multi-page host run takes the whole run with it: the run's
+    /// other pages are unmapped too, after their last uses (as for any remap), for
+    /// [`Self::remap_host`] to map again. Every page whose mapping this removed is in
+    /// `unmapped_host` afterwards, also when it fails part way.
+    fn unmap_host_pages(&mut self, pages: &[usize]) -> Result<(), CUresult> {
+        let want: BTreeSet<usize> = pages
+            .iter()
+            .copied()
+            .filter(|p| !self.unmapped_host.contains(p))
+            .collect();
+        let mut gone: BTreeSet<usize> = BTreeSet::new();
+        for &p in &want {
+            if gone.contains(&p) {
+                continue;
+            }
+            let (first, n) = self.host_run_of(p).unwrap_or((p, 1));
+            for q in (first..first + n).filter(|q| !want.contains(q)) {
+                let uses = self
+                    .pages
+                    .get(q)
+                    .map(|e| e.uses.clone())
+                    .unwrap_or_default();
+                for u in uses {
+                    self.fences
+                        .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
+                }
+            }
+            self.driver.mem_unmap(self.va(first), n * self.page)?;
+            self.host_runs.remove(&first);
+            for q in first..first + n {
+                self.unmapped_host.insert(q);
+                gone.insert(q);
+            }
+        }
+        Ok(())
     }
 
     fn note_resident(&mut self) {
@@ -688,10 +786,12 @@ impl Inner {
             })
             .map(|(p, _)| p)
             .collect();
-        for &p in &dead {
-            self.unback(p, &completed)?;
-        }
-        Ok(!dead.is_empty())
+        // Their runs' other pages come back through `remap_host` (also after a failure).
+        let r = self
+            .unmap_host_pages(&dead)
+            .and_then(|()| dead.iter().try_for_each(|&p| self.unback(p, &completed)));
+        self.remap_host();
+        r.map(|()| !dead.is_empty())
     }
 
     fn unback(&mut self, p: usize, completed: &[u64]) -> Result<(), CUresult> {
@@ -704,8 +804,15 @@ impl Inner {
         if !allowed {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        // Unmap first: if that fails the page keeps its frame and stays consistent.
-        if !self.unmapped_host.remove(&p) {
+        // Unmap first: if that fails the page keeps its frame and stays consistent. A host
+        // page may take its run's other pages along (they are left to `remap_host`).
+        if matches!(
+            self.pages.get(p).map(|e| e.state),
+            Some(ResidencyState::Host(_))
+        ) {
+            self.unmap_host_pages(&[p])?;
+            self.unmapped_host.remove(&p);
+        } else {
             self.driver.mem_unmap(va, self.page)?;
         }
         match self.pages.unback(p, completed) {
@@ -869,7 +976,11 @@ impl Inner {
                 self.dev.budget_frames() * self.page
             )));
         }
-        self.poll()?;
+        // Finished swap-outs are not completed here: that is VMM work (unmap, map, set
+        // access) the launch does not need unless it is short of frames (`acquire_into` then
+        // completes them); `maintain` does it off the launch path, in larger batches. A page
+        // of this access still `ToHost` is then simply cancelled, at no cost.
+        self.poll_with(false)?;
         let mut waits: Vec<Event> = Vec::new();
         let mut bring_in: Vec<usize> = Vec::new();
         let mut cancelled: Vec<usize> = Vec::new();
@@ -904,7 +1015,7 @@ impl Inner {
         }
         // Under pressure: start the next evictions now, off the next access's critical path.
         // A failure here only means less is free ahead of time; the access itself is ready.
-        if let Err(e) = self.keep_reserve() {
+        if let Err(e) = self.keep_reserve(false) {
             tracing::debug!(code = e, "evicting ahead of need failed");
         }
         Ok(stalled)
@@ -938,11 +1049,12 @@ impl Inner {
         }
     }
 
-    /// Completes finished swaps and, once the budget is used up, starts swap-outs of idle
-    /// least recently used pages until `free_reserve_pages` frames are free or on their way.
-    /// Never waits for anything.
-    fn keep_reserve(&mut self) -> Result<(), CUresult> {
-        self.poll()?;
+    /// Completes finished swaps (swap-outs too only if `complete_outgoing`: see
+    /// [`Self::poll_with`]) and, once the budget is used up, starts swap-outs of idle least
+    /// recently used pages until `free_reserve_pages` frames are free or on their way. Never
+    /// waits for anything.
+    fn keep_reserve(&mut self, complete_outgoing: bool) -> Result<(), CUresult> {
+        self.poll_with(complete_outgoing)?;
         let ready = self.dev.available() + self.outgoing.len();
         let reserve = self
             .cfg
@@ -990,17 +1102,7 @@ impl Inner {
             }
         };
         // Unmap the host frames first; the data stays in them (and in the host window).
-        let mut unmapped = 0;
-        let mut err = None;
-        for &p in pages {
-            if !self.unmapped_host.contains(&p) {
-                if let Err(e) = self.driver.mem_unmap(self.va(p), page) {
-                    err = Some(e);
-                    break;
-                }
-            }
-            unmapped += 1;
-        }
+        let mut err = self.unmap_host_pages(pages).err();
         let plan: Vec<(usize, Frame)> = pages
             .iter()
             .zip(&frames)
@@ -1013,9 +1115,6 @@ impl Inner {
         }
         if let Some(e) = err {
             // Put the host frames back where they were; the pages stay `Host`.
-            for &p in &pages[..unmapped] {
-                self.unmapped_host.insert(p);
-            }
             self.remap_host();
             for d in frames {
                 self.dev.give(d);
@@ -1054,6 +1153,8 @@ impl Inner {
         self.stats.bytes_to_device += (plan.len() * page) as u64;
         self.stats.pages_swapped_in += plan.len() as u64;
         self.note_resident();
+        // Pages that shared a host run with the ones that came in.
+        self.remap_host();
         Ok(ev)
     }
 
@@ -1206,6 +1307,14 @@ impl Inner {
         if copy.is_empty() {
             return Ok(());
         }
+        // Host frames in runs, in address order along the (sorted) pages: contiguous pages
+        // then land in contiguous frames, so their copies merge and, once out, their host
+        // mappings do too.
+        let mut frames: Vec<HostFrame> = copy.iter().map(|&(_, h)| h).collect();
+        self.host.regroup(&mut frames);
+        for (c, h) in copy.iter_mut().zip(frames) {
+            c.1 = h;
+        }
         let ev = match self.copy_event() {
             Ok(ev) => ev,
             Err(e) => {
@@ -1319,6 +1428,12 @@ impl Inner {
     /// Completes finished swaps: remaps swapped-out pages to their host frames (freeing the
     /// device frames), ends finished swap-ins, and frees deferred host frames.
     fn poll(&mut self) -> Result<(), CUresult> {
+        self.poll_with(true)
+    }
+
+    /// [`Self::poll`]; with `complete_outgoing` false only the part that makes no VMM call:
+    /// finished swap-ins and deferred host frames (for the launch path).
+    fn poll_with(&mut self, complete_outgoing: bool) -> Result<(), CUresult> {
         let mut done_cache: HashMap<Event, bool> = HashMap::new();
         let driver = self.driver.clone();
         let mut query = |ev: Event| -> Result<bool, CUresult> {
@@ -1363,6 +1478,9 @@ impl Inner {
         }
         if let Some(e) = failed {
             return Err(e);
+        }
+        if !complete_outgoing {
+            return Ok(());
         }
         // Swap-outs: remap to host in one batch.
         let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
@@ -1455,9 +1573,15 @@ impl Inner {
             .filter(|(_, e)| e.state != ResidencyState::Unbacked)
             .map(|(p, _)| p)
             .collect();
-        for p in pages {
-            let _ = d.mem_unmap(self.va(p), self.page);
+        for (&first, &n) in &self.host_runs {
+            let _ = d.mem_unmap(self.va(first), n * self.page);
         }
+        for p in pages {
+            if self.host_run_of(p).is_none() && !self.unmapped_host.contains(&p) {
+                let _ = d.mem_unmap(self.va(p), self.page);
+            }
+        }
+        self.host_runs.clear();
         self.dev.release_all(&*d);
         self.host.release_all();
         let _ = d.mem_address_free(self.base, self.cfg.arena_bytes / self.page * self.page);

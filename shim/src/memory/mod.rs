@@ -45,6 +45,9 @@ mod tests;
 #[cfg(test)]
 mod bench;
 
+#[cfg(test)]
+mod vmm_count;
+
 pub use budget::{parse_size, BudgetError, SizeSpec};
 pub use driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
 pub use manager::{AccessTicket, ManagerConfig, MemoryManager};

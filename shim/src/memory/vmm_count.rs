@@ -1,0 +1,267 @@
+//! How many VMM calls (`cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`, `cuMemCreate`, ...) the
+//! manager makes per MiB it swaps, counted on the fake driver for a training-like workload
+//! under pressure, and split by where they happen: inside `prepare_access` (the launch path,
+//! where they stall the application) or inside `maintain` (the interposer's background
+//! thread).
+//!
+//! The table: `cargo test --release -p tensile-shim --lib memory::vmm_count -- --ignored
+//! --nocapture`. The regression test (not ignored) checks the bounds the batching gives.
+//! Counts only: the fake driver's timing says nothing about the real driver's.
+
+use std::sync::Arc;
+
+use super::fake::{FakeCall, FakeConfig, FakeDriver, Progress};
+use super::{Driver, ManagerConfig, MemoryManager};
+
+const MIB: usize = 1 << 20;
+const PAGE: usize = 2 * MIB;
+
+/// The VMM call kinds counted.
+const VMM: [FakeCall; 7] = [
+    FakeCall::AddressReserve,
+    FakeCall::CreateDevice,
+    FakeCall::CreateHost,
+    FakeCall::Release,
+    FakeCall::Map,
+    FakeCall::Unmap,
+    FakeCall::SetAccess,
+];
+
+/// VMM calls by kind (indexed as [`VMM`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts([u64; VMM.len()]);
+
+impl Counts {
+    fn read(fake: &FakeDriver) -> Self {
+        Counts(VMM.map(|c| fake.calls(c)))
+    }
+
+    fn since(self, before: Counts) -> Counts {
+        let mut out = self;
+        for (o, b) in out.0.iter_mut().zip(before.0) {
+            *o -= b;
+        }
+        out
+    }
+
+    fn add(&mut self, other: Counts) {
+        for (a, b) in self.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+    }
+
+    fn get(&self, call: FakeCall) -> u64 {
+        VMM.iter().position(|&c| c == call).map_or(0, |i| self.0[i])
+    }
+
+    fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// What one run measured.
+struct Run {
+    launch_path: Counts,
+    background: Counts,
+    mib_moved: f64,
+    pages_moved: u64,
+}
+
+/// A training-like loop: `layers` layers, each a 2-page weight, a 4-page activation and a
+/// 2-page gradient plus a small bias; forward touches weight, bias, previous and own
+/// activation; backward (reverse order) weight, activation and gradient. The budget is a
+/// quarter of the footprint. `maintain_every`: call `maintain` after every n-th launch, as
+/// the interposer's background thread would between launches (0: never).
+fn run(layers: usize, iterations: usize, maintain_every: usize) -> Run {
+    let fake = Arc::new(FakeDriver::new(FakeConfig {
+        device_capacity: 1 << 40,
+        host_capacity: 1 << 40,
+        progress: Progress::Immediate,
+    }));
+    let footprint_pages = layers * 8 + 1;
+    let mut cfg = ManagerConfig::new(footprint_pages / 4 * PAGE, 2 * footprint_pages * PAGE);
+    cfg.host_background = false;
+    cfg.host_chunk_bytes = 64 * MIB;
+    // The interposer caps both at a quarter of small budgets (see `managed.rs`).
+    cfg.free_reserve_pages = cfg.free_reserve_pages.min(footprint_pages / 16);
+    cfg.evict_batch = cfg.evict_batch.min(footprint_pages / 16);
+    let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
+    let s = fake.stream_create().expect("stream");
+    let alloc = |bytes: usize| (mm.alloc(bytes, Some(s)).expect("alloc"), bytes);
+    let tensors: Vec<[(u64, usize); 4]> = (0..layers)
+        .map(|_| {
+            [
+                alloc(2 * PAGE),
+                alloc(4 * 1024),
+                alloc(4 * PAGE),
+                alloc(2 * PAGE),
+            ]
+        })
+        .collect();
+    let mut launch_path = Counts::default();
+    let mut background = Counts::default();
+    let mut launches = 0usize;
+    let mut launch = |ranges: &[(u64, usize)]| {
+        let before = Counts::read(&fake);
+        let t = mm.prepare_access(s, ranges).expect("prepare_access");
+        mm.note_access_done(t).expect("note_access_done");
+        launch_path.add(Counts::read(&fake).since(before));
+        launches += 1;
+        if maintain_every > 0 && launches.is_multiple_of(maintain_every) {
+            let before = Counts::read(&fake);
+            mm.maintain().expect("maintain");
+            background.add(Counts::read(&fake).since(before));
+        }
+    };
+    for _ in 0..iterations {
+        for l in 0..layers {
+            let [w, b, a, _] = tensors[l];
+            let prev = tensors[l.saturating_sub(1)][2];
+            launch(&[w, b, prev, a]);
+        }
+        for l in (0..layers).rev() {
+            let [w, _, a, g] = tensors[l];
+            launch(&[w, a, g]);
+        }
+    }
+    mm.audit().expect("audit");
+    assert!(fake.faults().is_empty(), "{:?}", fake.faults());
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+    let st = mm.stats();
+    let moved = st.bytes_to_host + st.bytes_to_device;
+    Run {
+        launch_path,
+        background,
+        mib_moved: moved as f64 / MIB as f64,
+        pages_moved: st.pages_evicted + st.pages_swapped_in,
+    }
+}
+
+fn print_row(label: &str, c: Counts, r: &Run) {
+    let per_mib = |n: u64| n as f64 / r.mib_moved;
+    println!(
+        "{label:<28} {:>7} {:>7} {:>7} {:>7} {:>7}   {:>6.3} {:>6.3} {:>6.3} {:>6.3}",
+        c.get(FakeCall::Map),
+        c.get(FakeCall::Unmap),
+        c.get(FakeCall::SetAccess),
+        c.get(FakeCall::CreateDevice) + c.get(FakeCall::CreateHost),
+        c.total(),
+        per_mib(c.get(FakeCall::Map)),
+        per_mib(c.get(FakeCall::Unmap)),
+        per_mib(c.get(FakeCall::SetAccess)),
+        per_mib(c.total()),
+    );
+}
+
+#[test]
+#[ignore = "measurement; run with --ignored --nocapture"]
+fn vmm_calls_per_mib_swapped() {
+    println!(
+        "{:<28} {:>7} {:>7} {:>7} {:>7} {:>7}   {:>6} {:>6} {:>6} {:>6}",
+        "", "map", "unmap", "access", "create", "all", "map/M", "unm/M", "acc/M", "all/M"
+    );
+    for maintain_every in [0, 4, 1] {
+        let r = run(16, 4, maintain_every);
+        println!(
+            "-- maintain every {maintain_every} launches (0: never): {:.0} MiB moved, {} pages",
+            r.mib_moved, r.pages_moved
+        );
+        print_row("launch path", r.launch_path, &r);
+        print_row("maintain", r.background, &r);
+        let mut all = r.launch_path;
+        all.add(r.background);
+        print_row("total", all, &r);
+    }
+}
+
+/// The VMM calls one access makes, as `(map, unmap, set access)`.
+fn calls_of(fake: &FakeDriver, f: impl FnOnce()) -> (u64, u64, u64) {
+    let before = Counts::read(fake);
+    f();
+    let c = Counts::read(fake).since(before);
+    (
+        c.get(FakeCall::Map),
+        c.get(FakeCall::Unmap),
+        c.get(FakeCall::SetAccess),
+    )
+}
+
+#[test]
+fn a_tensor_leaves_and_returns_with_one_host_mapping_and_one_access_call_each_way() {
+    const P: usize = 64 << 10;
+    let fake = Arc::new(FakeDriver::new(FakeConfig {
+        device_capacity: 1 << 30,
+        host_capacity: 1 << 30,
+        progress: Progress::Immediate,
+    }));
+    let cfg = ManagerConfig {
+        device: 0,
+        page_size: P,
+        arena_bytes: 1024 * P,
+        device_budget: 8 * P,
+        device_chunk_bytes: 8 * P,
+        grow_bytes: 8 * P,
+        host_cap: 64 * P,
+        host_chunk_bytes: 16 * P,
+        numa_node: 0,
+        host_background: false,
+        evict_batch: 4,
+        free_reserve_pages: 0,
+        fence_every: 1,
+    };
+    let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
+    let s = fake.stream_create().expect("stream");
+    let access = |ptr: u64| {
+        let t = mm
+            .prepare_access(s, &[(ptr, 4 * P)])
+            .expect("prepare_access");
+        mm.note_access_done(t).expect("note_access_done");
+    };
+    // a and b fill the budget; c is backed by host frames from the start.
+    let a = mm.alloc(4 * P, Some(s)).expect("a");
+    let b = mm.alloc(4 * P, Some(s)).expect("b");
+    let c = mm.alloc(4 * P, Some(s)).expect("c");
+    let pattern: Vec<u8> = (0..4 * P).map(|i| (i * 7 + i / P) as u8).collect();
+    access(a);
+    fake.app_write(s, a, pattern.clone()).expect("write");
+    access(b);
+    // c comes in, a (least recently used) goes out: a's 4 device mappings are removed one by
+    // one and its 4 host frames mapped with one call; c's single host mapping is removed
+    // and its 4 device frames mapped one by one; one access call per direction. (Page by
+    // page, both directions, this was 8 maps, 8 unmaps and 2 access calls.)
+    assert_eq!(calls_of(&fake, || access(c)), (1 + 4, 4 + 1, 2));
+    assert!(matches!(
+        mm.residency(a),
+        Some(super::ResidencyState::Host(_))
+    ));
+    // And back: b leaves the same way, a returns through its one host mapping.
+    assert_eq!(calls_of(&fake, || access(a)), (1 + 4, 4 + 1, 2));
+    let read = fake.app_read(s, a, 4 * P).expect("read");
+    assert!(
+        read.get() == Some(pattern),
+        "a's bytes changed on the round trip"
+    );
+    mm.audit().expect("audit");
+    assert!(fake.faults().is_empty(), "{:?}", fake.faults());
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn the_training_loop_needs_fewer_vmm_calls_than_one_map_and_unmap_per_page_moved() {
+    let r = run(8, 2, 0);
+    let mut all = r.launch_path;
+    all.add(r.background);
+    // Page by page every moved page cost one map and one unmap (2 per page) plus the access
+    // calls; host runs must bring maps + unmaps well under that.
+    let map_unmap = all.get(FakeCall::Map) + all.get(FakeCall::Unmap);
+    assert!(
+        r.pages_moved > 100,
+        "the loop must swap: {} pages",
+        r.pages_moved
+    );
+    assert!(
+        map_unmap * 4 < r.pages_moved * 2 * 3,
+        "{map_unmap} maps and unmaps for {} pages moved",
+        r.pages_moved
+    );
+}
