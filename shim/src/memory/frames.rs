@@ -2,9 +2,11 @@
 //!
 //! A *frame* is one page-sized piece of a physical allocation. Physical memory is created in
 //! chunks of many pages (one `cuMemCreate` of 32 MiB costs about what one of 2 MiB does, see
-//! GPU_FACTS.md) and handed out frame by frame; frames are mapped one page at a time, so any
-//! single page can later be unmapped and remapped without touching its neighbours
-//! (`cuMemUnmap` cannot split a mapping).
+//! GPU_FACTS.md) and handed out frame by frame. Where frames are mapped at the arena is the
+//! manager's business (device frames one page at a time, so a single page can be evicted
+//! without touching its neighbours, as `cuMemUnmap` cannot split a mapping; host frames in
+//! runs); this module only keeps host frames in address order and hands out runs of them
+//! ([`HostPool::regroup`]) so that such runs can form.
 //!
 //! - [`DevicePool`]: device frames. It never creates more than the budget allows; that is
 //!   the single place the device budget is enforced.

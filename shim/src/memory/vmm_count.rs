@@ -225,6 +225,8 @@ fn a_tensor_leaves_and_returns_with_one_host_mapping_and_one_access_call_each_wa
     access(a);
     fake.app_write(s, a, pattern.clone()).expect("write");
     access(b);
+    let pattern_b: Vec<u8> = pattern.iter().map(|x| x ^ 0x5a).collect();
+    fake.app_write(s, b, pattern_b.clone()).expect("write b");
     // c comes in, a (least recently used) goes out: a's 4 device mappings are removed one by
     // one and its 4 host frames mapped with one call; c's single host mapping is removed
     // and its 4 device frames mapped one by one; one access call per direction. (Page by
@@ -242,6 +244,24 @@ fn a_tensor_leaves_and_returns_with_one_host_mapping_and_one_access_call_each_wa
         "a's bytes changed on the round trip"
     );
     mm.audit().expect("audit");
+    // One page of b's host run comes in alone: the run's mapping goes, its other pages are
+    // mapped again at once (page 0 alone, pages 2-3 as a new run), and every byte of b
+    // still reads right, the host-mapped pages included, without a fault.
+    let t = mm
+        .prepare_access(s, &[(b + P as u64, P)])
+        .expect("one page");
+    mm.note_access_done(t).expect("note");
+    for (page, host) in [(0, true), (1, false), (2, true), (3, true)] {
+        let r = mm.residency(b + (page * P) as u64);
+        assert_eq!(
+            matches!(r, Some(super::ResidencyState::Host(_))),
+            host,
+            "page {page} of b: {r:?}"
+        );
+    }
+    mm.audit().expect("audit after the split");
+    let read = fake.app_read(s, b, 4 * P).expect("read b");
+    assert!(read.get() == Some(pattern_b), "b's bytes changed");
     assert!(fake.faults().is_empty(), "{:?}", fake.faults());
     assert!(fake.violations().is_empty(), "{:?}", fake.violations());
 }
