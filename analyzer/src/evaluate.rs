@@ -8,7 +8,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::bound::{lower_bound, BoundError, LowerBound};
+use crate::bound::{lower_bound_with, BoundError, BoundOptions, LowerBound};
 use crate::cost::{Budget, CostModel};
 use crate::cycle::Cycle;
 use crate::iteration::{detect, IterationError, Iterations};
@@ -101,28 +101,55 @@ pub fn evaluate(
     budget: Budget,
     cost: &CostModel,
 ) -> Result<Evaluation, EvalError> {
-    let bound = match (lower_bound(cycle, &budget, cost), policy) {
-        (Ok(b), _) => Some(b),
-        (Err(_), PolicyKind::None) => None,
-        (Err(e), _) => return Err(e.into()),
-    };
+    evaluate_many(cycle, &[policy], budget, cost, &BoundOptions::default())
+        .map(|mut v| v.remove(0))
+        .map_err(|(_, e)| e)
+}
+
+/// Evaluates each of `policies` for `budget`, computing the lower bound once (its schedule term
+/// can take seconds). The error names the policy that failed.
+pub fn evaluate_many(
+    cycle: &Cycle,
+    policies: &[PolicyKind],
+    budget: Budget,
+    cost: &CostModel,
+    bound_options: &BoundOptions,
+) -> Result<Vec<Evaluation>, (PolicyKind, EvalError)> {
+    let bound = lower_bound_with(cycle, &budget, cost, bound_options);
     let options = SimOptions {
         cycles: 3,
         record_curve: true,
     };
-    let (report, plan) = match policy {
-        PolicyKind::Plan => {
-            let plan = plan(cycle, &budget, cost)?;
-            let report = simulate(cycle, Policy::Plan(&plan), budget, cost, options)?;
-            (report, Some(plan))
-        }
-        PolicyKind::Lru => (simulate(cycle, Policy::Lru, budget, cost, options)?, None),
-        PolicyKind::None => (simulate(cycle, Policy::None, budget, cost, options)?, None),
-    };
-    Ok(Evaluation {
-        policy,
-        report,
-        plan,
-        bound,
-    })
+    let mut out = Vec::with_capacity(policies.len());
+    for &policy in policies {
+        let fail = |e: EvalError| (policy, e);
+        let bound = match (&bound, policy) {
+            (Ok(b), _) => Some(*b),
+            (Err(_), PolicyKind::None) => None,
+            (Err(e), _) => return Err(fail(e.clone().into())),
+        };
+        let (report, plan) = match policy {
+            PolicyKind::Plan => {
+                let plan = plan(cycle, &budget, cost).map_err(|e| fail(e.into()))?;
+                let report = simulate(cycle, Policy::Plan(&plan), budget, cost, options)
+                    .map_err(|e| fail(e.into()))?;
+                (report, Some(plan))
+            }
+            PolicyKind::Lru => (
+                simulate(cycle, Policy::Lru, budget, cost, options).map_err(|e| fail(e.into()))?,
+                None,
+            ),
+            PolicyKind::None => (
+                simulate(cycle, Policy::None, budget, cost, options).map_err(|e| fail(e.into()))?,
+                None,
+            ),
+        };
+        out.push(Evaluation {
+            policy,
+            report,
+            plan,
+            bound,
+        });
+    }
+    Ok(out)
 }

@@ -20,11 +20,14 @@ pub mod evaluate;
 pub mod import;
 pub mod iteration;
 pub mod model;
+pub mod pieces;
 pub mod plan;
+pub mod schedule_bound;
 pub mod sim;
 pub mod timeline;
 
+pub use bound::BoundOptions;
 pub use cost::{Budget, CostModel};
 pub use cycle::Cycle;
-pub use evaluate::{analyze, evaluate, Analysis, Evaluation, PolicyKind};
+pub use evaluate::{analyze, evaluate, evaluate_many, Analysis, Evaluation, PolicyKind};
 pub use model::Trace;

@@ -30,13 +30,14 @@ use serde::Serialize;
 
 use crate::cost::{format_bytes, Budget, CostModel};
 use crate::cycle::{Cycle, TensorId};
+use crate::pieces::{self, Piece, PieceId};
 use crate::timeline::{needed_bytes, op_start_times, Gap, Liveness};
 
-/// One planned round trip of a tensor.
+/// One planned round trip of a piece.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Eviction {
-    /// The tensor.
-    pub tensor: TensorId,
+    /// The piece (an index into [`SwapPlan::pieces`]).
+    pub piece: PieceId,
     /// Position of the op after which it is written out.
     pub out_after: u32,
     /// Position of the op at whose start (when the compute stream reaches it) the read-back is
@@ -61,28 +62,32 @@ pub struct SwapPlan {
     pub budget_bytes: u64,
     /// Round trips, in order of the op after which they leave.
     pub evictions: Vec<Eviction>,
-    /// Persistent tensors that are never touched: kept on the host for good (no copy in the
-    /// steady state).
-    pub host_resident: Vec<TensorId>,
+    /// Pieces of persistent tensors that are never touched: kept on the host for good (no copy
+    /// in the steady state).
+    pub host_resident: Vec<PieceId>,
+    /// The units the plan moves: byte ranges of the cycle's tensors, which [`Eviction::piece`]
+    /// and `host_resident` index. One whole piece per tensor when the plan was made on the
+    /// cycle as it is ([`plan_with`]); [`plan`] cuts large tensors (see [`crate::pieces`]).
+    pub pieces: Vec<Piece>,
 }
 
 impl SwapPlan {
-    /// Tensors the plan keeps on the host at the start of an iteration (their read-back is issued
+    /// Pieces the plan keeps on the host at the start of an iteration (their read-back is issued
     /// in the iteration, their write-out happened in the previous one).
-    pub fn on_host_at_start(&self) -> Vec<TensorId> {
+    pub fn on_host_at_start(&self) -> Vec<PieceId> {
         self.evictions
             .iter()
             .filter(|e| e.fetch_unrolled >= self.period)
-            .map(|e| e.tensor)
+            .map(|e| e.piece)
             .chain(self.host_resident.iter().copied())
             .collect()
     }
 
     /// Bytes written out per iteration.
-    pub fn bytes_out(&self, cycle: &Cycle) -> u64 {
+    pub fn bytes_out(&self) -> u64 {
         self.evictions
             .iter()
-            .map(|e| cycle.tensors[e.tensor as usize].bytes)
+            .map(|e| self.pieces[e.piece as usize].bytes)
             .sum()
     }
 }
@@ -107,6 +112,9 @@ pub enum PlanError {
     /// The cycle has no ops.
     #[error("the iteration has no ops")]
     Empty,
+    /// The cycle is inconsistent (a tensor accessed by an op it does not have).
+    #[error("inconsistent iteration: {0}")]
+    InvalidCycle(String),
 }
 
 /// Bytes the tensors of each op occupy (what must be on the device while it runs).
@@ -202,14 +210,21 @@ pub const PLAN_VARIANTS: [PlanOptions; 8] = [
     },
 ];
 
-/// Makes a periodic swap plan for `cycle` within `budget`: plans each of [`PLAN_VARIANTS`],
+/// Makes a periodic swap plan for `cycle` within `budget`: cuts its large tensors into pieces
+/// ([`pieces::piece_bytes`] for the budget), plans each of [`PLAN_VARIANTS`] on the pieces,
 /// simulates them, and returns the one with the shortest predicted step (the first on ties).
 pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan, PlanError> {
+    let cut = pieces::cut(cycle, pieces::piece_bytes(budget.bytes));
+    let split = if pieces::is_whole(cycle, &cut) {
+        cycle.clone()
+    } else {
+        pieces::split(cycle, &cut).map_err(PlanError::InvalidCycle)?
+    };
     let mut best: Option<(u64, SwapPlan)> = None;
     for options in PLAN_VARIANTS {
-        let candidate = plan_with(cycle, budget, cost, &options)?;
+        let candidate = plan_with(&split, budget, cost, &options)?;
         let sim = crate::sim::simulate(
-            cycle,
+            &split,
             crate::sim::Policy::Plan(&candidate),
             *budget,
             cost,
@@ -222,10 +237,13 @@ pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan
             best = Some((report.step_ns, candidate));
         }
     }
-    match best {
-        Some((_, plan)) => Ok(plan),
-        None => plan_with(cycle, budget, cost, &PLAN_VARIANTS[0]),
-    }
+    let mut plan = match best {
+        Some((_, plan)) => plan,
+        None => plan_with(&split, budget, cost, &PLAN_VARIANTS[0])?,
+    };
+    // The plan was made on the split cycle, whose tensors are the pieces.
+    plan.pieces = cut;
+    Ok(plan)
 }
 
 /// One planning pass with the given knobs.
@@ -484,7 +502,7 @@ pub fn plan_with(
         }
         add_range(&mut resident, p, fetch, u64::from(g.to), bytes);
         evictions.push(Eviction {
-            tensor: g.tensor,
+            piece: g.tensor,
             out_after: g.from % p as u32,
             fetch_at: (fetch % p as u64) as u32,
             needed_by: g.to % p as u32,
@@ -493,7 +511,7 @@ pub fn plan_with(
             gap_to: g.to,
         });
     }
-    evictions.sort_unstable_by_key(|e| (e.out_after, e.tensor));
+    evictions.sort_unstable_by_key(|e| (e.out_after, e.piece));
     let host_resident = live
         .idle
         .iter()
@@ -506,6 +524,7 @@ pub fn plan_with(
         budget_bytes: budget.bytes,
         evictions,
         host_resident,
+        pieces: pieces::whole(cycle),
     })
 }
 

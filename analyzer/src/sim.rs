@@ -212,6 +212,15 @@ pub fn simulate(
     cost: &CostModel,
     options: SimOptions,
 ) -> Result<SimReport, SimError> {
+    // A plan made on pieces moves pieces: replay it on the cycle whose tensors are its pieces.
+    let split;
+    let cycle = match policy {
+        Policy::Plan(plan) if !crate::pieces::is_whole(cycle, &plan.pieces) => {
+            split = crate::pieces::split(cycle, &plan.pieces).map_err(SimError::BadPlan)?;
+            &split
+        }
+        _ => cycle,
+    };
     let p = cycle.len();
     let cycles = options.cycles.max(2) as usize;
     let n_t = cycle.tensors.len();
@@ -248,11 +257,11 @@ pub fn simulate(
     }
     if let Policy::Plan(plan) = policy {
         for e in &plan.evictions {
-            if e.tensor as usize >= n_t || e.out_after as usize >= p || e.fetch_at as usize >= p {
+            if e.piece as usize >= n_t || e.out_after as usize >= p || e.fetch_at as usize >= p {
                 return Err(SimError::BadPlan(format!("eviction {e:?} is out of range")));
             }
-            actions[e.out_after as usize].evict_after.push(e.tensor);
-            actions[e.fetch_at as usize].fetch_at.push(e.tensor);
+            actions[e.out_after as usize].evict_after.push(e.piece);
+            actions[e.fetch_at as usize].fetch_at.push(e.piece);
         }
     }
     let mut sim = Sim {

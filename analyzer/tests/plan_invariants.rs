@@ -140,6 +140,7 @@ fn simulator_rejects_a_plan_that_ignores_the_budget() {
         budget_bytes: budget.bytes,
         evictions: vec![],
         host_resident: vec![],
+        pieces: tensile_analyzer::pieces::whole(&cycle),
     };
     let err = simulate(
         &cycle,

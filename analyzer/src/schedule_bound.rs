@@ -1,0 +1,446 @@
+//! The schedule term of the lower bound: a linear program over *when* bytes can cross PCIe.
+//!
+//! The other terms of [`crate::bound`] price each op alone (the window term) or count bytes
+//! without asking when they can move (the packing term). This one does both at once: it is a
+//! time-indexed relaxation of every plan, solved as a linear program. It is not the planner and
+//! does not produce a plan; it answers "how fast could any plan be", so that a plan can be
+//! judged against it (docs/planner.md, "The schedule LP", has the derivation).
+//!
+//! The iteration is cut into *phases* of consecutive ops (one op each when the LP is small
+//! enough; see [`ops_per_phase`]). Variables:
+//! - `tau[k]`: wall-clock length of phase `k`, at least the compute time of its ops;
+//! - for every live gap `g` (a tensor between two accesses) and every phase it spans:
+//!   `o[g][k]` bytes written out and `n[g][k]` read back during phase `k`, and `z[g][k]` bytes
+//!   of the gap off the device at the end of phase `k`, with `0 <= z <= size` and
+//!   `z[k] = z[k-1] + o[k] - n[k]` (a byte comes back only after it left, and a gap ends with
+//!   everything back on the device).
+//!
+//! Constraints: in each phase the copy engines move at most `B_out * tau` out, `B_in * tau` in
+//! and `B_both * tau` together; a gap opened by op `a` writes out only after op `a` ends; and at
+//! the start of every op `i` the gaps spanning it have at least `e[i]` bytes off the device (the
+//! excess of data over the budget, beyond what never-touched tensors cover). Inside a phase the
+//! bytes off at op `i` are not variables of their own; they are bounded above by
+//! `z[k-1] + o[k]` and by `z[k] + n[k]`, and the constraint is imposed with each bound (both are
+//! relaxations). The objective is the sum of the `tau`: the step time.
+//!
+//! Any plan's steady state, averaged over iterations, is a feasible point (its copies, split by
+//! phase, satisfy every constraint), so the LP optimum is a lower bound on the long-run step
+//! time. It is a *relaxation*: copies are fluid (a tensor may be partly away, and a copy in
+//! flight counts as partly done, where the simulator holds a whole tensor's memory for its
+//! whole copy), and the two engines are not FIFO queues.
+//!
+//! The LP is solved with Clarabel (an interior-point solver, pure Rust). The value reported is
+//! the smaller of the primal and dual objectives, lowered by the solver's relative tolerance,
+//! so solver error cannot raise the bound above the LP optimum.
+
+use std::time::Instant;
+
+use clarabel::algebra::CscMatrix;
+use clarabel::solver::{
+    DefaultSettingsBuilder, DefaultSolver, IPSolver, SolverStatus, SupportedConeT,
+};
+use serde::Serialize;
+
+use crate::cost::CostModel;
+use crate::cycle::Cycle;
+use crate::timeline::Liveness;
+
+/// Largest LP (in variables) the bound builds by default: about a second to solve on one core.
+pub const DEFAULT_MAX_VARIABLES: usize = 40_000;
+
+/// What the schedule LP found.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ScheduleBound {
+    /// The least step time of any plan, by this relaxation.
+    pub bound_ns: u64,
+    /// Ops per phase the iteration was cut into (1: every op boundary is a phase boundary).
+    pub ops_per_phase: u32,
+    /// Variables of the LP.
+    pub variables: usize,
+    /// Wall-clock time spent building and solving it.
+    pub solve_ms: u64,
+}
+
+/// One gap as the LP sees it: its bytes and its first and last phase (unrolled).
+struct GapSpan {
+    bytes: f64,
+    /// Unrolled position of the access that opens the gap.
+    from: u32,
+    /// Unrolled position of the access that closes it.
+    to: u32,
+}
+
+/// Phases of `k` ops each, numbered continuously across iterations (unrolled).
+#[derive(Clone, Copy)]
+struct Phases {
+    period: u32,
+    k: u32,
+    count: u32,
+}
+
+impl Phases {
+    fn new(period: u32, k: u32) -> Phases {
+        Phases {
+            period,
+            k,
+            count: period.div_ceil(k),
+        }
+    }
+
+    /// Unrolled phase of the segment that starts at unrolled op position `s` (the op and the
+    /// idle time after it, until the next op starts).
+    fn of(&self, s: u32) -> u32 {
+        (s / self.period) * self.count + (s % self.period) / self.k
+    }
+
+    /// Whether unrolled op `s` starts a phase.
+    fn starts_phase(&self, s: u32) -> bool {
+        (s % self.period).is_multiple_of(self.k)
+    }
+
+    /// Phases a gap spans (its segments run from `from` to `to - 1`).
+    fn spanned(&self, g: &GapSpan) -> u32 {
+        self.of(g.to - 1) - self.of(g.from) + 1
+    }
+}
+
+/// The fewest ops per phase whose LP has at most `max_variables` variables.
+pub fn ops_per_phase(live: &Liveness, max_variables: usize) -> u32 {
+    let spans = gap_spans_unsized(live);
+    let period = live.period.max(1);
+    (1..=period)
+        .find(|&k| {
+            let ph = Phases::new(period, k);
+            variable_count(&ph, &spans) <= max_variables
+        })
+        .unwrap_or(period)
+}
+
+fn gap_spans_unsized(live: &Liveness) -> Vec<GapSpan> {
+    live.gaps
+        .iter()
+        .filter(|g| g.to - g.from >= 2)
+        .map(|g| GapSpan {
+            bytes: 0.0,
+            from: g.from,
+            to: g.to,
+        })
+        .collect()
+}
+
+fn variable_count(ph: &Phases, spans: &[GapSpan]) -> usize {
+    ph.count as usize
+        + spans
+            .iter()
+            .map(|g| 3 * ph.spanned(g) as usize - 1)
+            .sum::<usize>()
+}
+
+/// Triplets of a sparse matrix, row by row as constraints are added.
+#[derive(Default)]
+struct Rows {
+    i: Vec<usize>,
+    j: Vec<usize>,
+    v: Vec<f64>,
+    rhs: Vec<f64>,
+}
+
+impl Rows {
+    /// Adds the row `sum coef * x[col] (=|<=) rhs`.
+    fn push(&mut self, terms: impl IntoIterator<Item = (usize, f64)>, rhs: f64) {
+        let r = self.rhs.len();
+        for (col, coef) in terms {
+            self.i.push(r);
+            self.j.push(col);
+            self.v.push(coef);
+        }
+        self.rhs.push(rhs);
+    }
+}
+
+/// Solves the schedule LP for `cycle`, whose ops must have `excess[i]` bytes of touched data off
+/// the device, with phases of `ops_per_phase` ops. `None` when there is nothing to bound (no
+/// excess) or the solver did not reach an optimum (the term is then left out, not guessed).
+pub fn schedule_bound(
+    cycle: &Cycle,
+    live: &Liveness,
+    excess: &[u64],
+    cost: &CostModel,
+    ops_per_phase: u32,
+) -> Option<ScheduleBound> {
+    let started = Instant::now();
+    let period = cycle.len() as u32;
+    if period == 0 || excess.iter().all(|&e| e == 0) {
+        return None;
+    }
+    // Units: MiB and ms keep the coefficients within a few orders of magnitude of 1.
+    const MIB: f64 = (1u64 << 20) as f64;
+    let per_ms = |gbps: f64| gbps * 1e6 / MIB;
+    let (b_out, b_in, b_both) = (
+        per_ms(cost.d2h_gbps),
+        per_ms(cost.h2d_gbps),
+        per_ms(cost.bidir_gbps),
+    );
+    let ph = Phases::new(period, ops_per_phase.clamp(1, period));
+    let nph = ph.count as usize;
+    let spans: Vec<GapSpan> = live
+        .gaps
+        .iter()
+        .filter(|g| g.to - g.from >= 2)
+        .map(|g| GapSpan {
+            bytes: cycle.tensors[g.tensor as usize].bytes as f64 / MIB,
+            from: g.from,
+            to: g.to,
+        })
+        .collect();
+
+    // Column layout: tau[0..nph], then per gap o[0..L], n[0..L], z[0..L-1].
+    let mut cols = nph;
+    let mut eq = Rows::default();
+    let mut ineq = Rows::default();
+    let mut outs_in_phase: Vec<Vec<usize>> = vec![Vec::new(); nph];
+    let mut ins_in_phase: Vec<Vec<usize>> = vec![Vec::new(); nph];
+    // Write-outs in a gap's first phase, grouped by the op opening the gap.
+    let mut first_outs: Vec<Vec<usize>> = vec![Vec::new(); period as usize];
+    // Per op: the two relaxed "bytes off at op i" sums.
+    let mut off_a: Vec<Vec<usize>> = vec![Vec::new(); period as usize];
+    let mut off_b: Vec<Vec<usize>> = vec![Vec::new(); period as usize];
+    let mut z_caps = Vec::new();
+    for g in &spans {
+        let first = ph.of(g.from);
+        let len = ph.spanned(g) as usize;
+        let (o, n, z) = (cols, cols + len, cols + 2 * len);
+        cols += 3 * len - 1;
+        for k in 0..len {
+            let phase = (first as usize + k) % nph;
+            outs_in_phase[phase].push(o + k);
+            ins_in_phase[phase].push(n + k);
+            // z[k] - z[k-1] - o[k] + n[k] = 0, with z[-1] = z[len-1] = 0.
+            let mut terms = vec![(o + k, -1.0), (n + k, 1.0)];
+            if k + 1 < len {
+                terms.push((z + k, 1.0));
+                z_caps.push((z + k, g.bytes));
+            }
+            if k > 0 {
+                terms.push((z + k - 1, -1.0));
+            }
+            eq.push(terms, 0.0);
+        }
+        first_outs[(g.from % period) as usize].push(o);
+        for i in g.from + 1..g.to {
+            let k = (ph.of(i) - first) as usize;
+            let op = (i % period) as usize;
+            if ph.starts_phase(i) {
+                // Exactly the bytes off after the previous phase (k >= 1: the gap started in
+                // an earlier phase).
+                off_a[op].push(z + k - 1);
+                off_b[op].push(z + k - 1);
+            } else {
+                if k > 0 {
+                    off_a[op].push(z + k - 1);
+                }
+                off_a[op].push(o + k);
+                if k + 1 < len {
+                    off_b[op].push(z + k);
+                }
+                off_b[op].push(n + k);
+            }
+        }
+    }
+
+    let ms = |ns: u64| ns as f64 / 1e6;
+    let mut phase_compute = vec![0.0; nph];
+    for (i, op) in cycle.ops.iter().enumerate() {
+        phase_compute[i / ops_per_phase.clamp(1, period) as usize] += ms(op.duration_ns);
+    }
+    for k in 0..nph {
+        let outs = outs_in_phase[k].iter().map(|&c| (c, 1.0));
+        ineq.push(outs.clone().chain([(k, -b_out)]), 0.0);
+        let ins = ins_in_phase[k].iter().map(|&c| (c, 1.0));
+        ineq.push(ins.clone().chain([(k, -b_in)]), 0.0);
+        ineq.push(outs.chain(ins).chain([(k, -b_both)]), 0.0);
+        // tau[k] >= compute of the phase.
+        ineq.push([(k, -1.0)], -phase_compute[k]);
+    }
+    for (a, firsts) in first_outs.iter().enumerate() {
+        if firsts.is_empty() {
+            continue;
+        }
+        // Gaps opened by op a write out after it ends: within tau - d_a of their first phase.
+        let k = a / ops_per_phase.clamp(1, period) as usize;
+        let terms = firsts.iter().map(|&c| (c, 1.0)).chain([(k, -b_out)]);
+        ineq.push(terms, -b_out * ms(cycle.ops[a].duration_ns));
+    }
+    for (i, &e) in excess.iter().enumerate() {
+        if e == 0 {
+            continue;
+        }
+        let e = e as f64 / MIB;
+        ineq.push(off_a[i].iter().map(|&c| (c, -1.0)), -e);
+        if off_b[i] != off_a[i] {
+            ineq.push(off_b[i].iter().map(|&c| (c, -1.0)), -e);
+        }
+    }
+    // Bounds: every gap variable >= 0, z <= its gap's bytes.
+    for c in nph..cols {
+        ineq.push([(c, -1.0)], 0.0);
+    }
+    for &(c, cap) in &z_caps {
+        ineq.push([(c, 1.0)], cap);
+    }
+
+    let (n_eq, n_ineq) = (eq.rhs.len(), ineq.rhs.len());
+    let mut rows_i = eq.i;
+    rows_i.extend(ineq.i.iter().map(|r| r + n_eq));
+    let mut rows_j = eq.j;
+    rows_j.extend(ineq.j);
+    let mut vals = eq.v;
+    vals.extend(ineq.v);
+    let mut b = eq.rhs;
+    b.extend(ineq.rhs);
+    let a = CscMatrix::new_from_triplets(n_eq + n_ineq, cols, rows_i, rows_j, vals);
+    let p = CscMatrix::zeros((cols, cols));
+    let mut q = vec![0.0; cols];
+    q[..nph].iter_mut().for_each(|x| *x = 1.0);
+    let cones = [
+        SupportedConeT::ZeroConeT(n_eq),
+        SupportedConeT::NonnegativeConeT(n_ineq),
+    ];
+    let settings = DefaultSettingsBuilder::default()
+        .verbose(std::env::var_os("TENSILE_LP_VERBOSE").is_some())
+        .max_iter(500)
+        .build()
+        .ok()?;
+    let mut solver = DefaultSolver::new(&p, &q, &a, &b, &cones, settings).ok()?;
+    solver.solve();
+    let sol = &solver.solution;
+    // The value is lowered by the tolerance the solver stopped at, so that its error cannot
+    // push the bound above the LP optimum.
+    let slack = match sol.status {
+        SolverStatus::Solved => 1e-6,
+        SolverStatus::AlmostSolved => 1e-3,
+        _ => return None,
+    };
+    let value_ms = sol.obj_val.min(sol.obj_val_dual) * (1.0 - slack);
+    if !value_ms.is_finite() || value_ms <= 0.0 {
+        return None;
+    }
+    Some(ScheduleBound {
+        bound_ns: (value_ms * 1e6).floor() as u64,
+        ops_per_phase: ph.k,
+        variables: cols,
+        solve_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bound::lower_bound;
+    use crate::cost::Budget;
+    use crate::cycle::{Identity, Tensor};
+    use crate::plan::plan;
+    use crate::sim::{simulate, Policy, SimOptions};
+    use crate::timeline::needed_bytes;
+
+    const MIB: u64 = 1 << 20;
+
+    fn persistent(i: u32, bytes: u64, accesses: Vec<u32>) -> Tensor {
+        Tensor {
+            identity: Identity::Persistent {
+                trace_id: u64::from(i) + 1,
+            },
+            bytes,
+            accesses,
+            alloc_at: None,
+            free_at: None,
+            source: i,
+        }
+    }
+
+    fn solve(cycle: &Cycle, budget: u64, k: u32) -> ScheduleBound {
+        let live = Liveness::of(cycle);
+        let idle: u64 = live
+            .idle
+            .iter()
+            .map(|&t| cycle.tensors[t as usize].bytes)
+            .sum();
+        let excess: Vec<u64> = needed_bytes(cycle, &live)
+            .iter()
+            .map(|&m| m.saturating_sub(budget).saturating_sub(idle))
+            .collect();
+        schedule_bound(cycle, &live, &excess, &CostModel::default(), k).expect("solved")
+    }
+
+    #[test]
+    fn two_tensors_taking_turns_swap_at_the_shared_rate() {
+        // Op 0 needs A, op 1 needs B, room for one: between the ops A leaves while B arrives,
+        // twice per iteration. Both engines at once share 92 GB/s, so each exchange of 64 MiB
+        // each way takes 128 MiB / 92 GB/s, and the 1 µs ops hide under it.
+        let cycle = Cycle::from_parts(
+            &[1_000, 1_000],
+            vec![
+                persistent(0, 64 * MIB, vec![0]),
+                persistent(1, 64 * MIB, vec![1]),
+            ],
+        )
+        .unwrap();
+        let s = solve(&cycle, 64 * MIB, 1);
+        let exchange_ns = (128 * MIB) as f64 / 92.0;
+        let want = 2.0 * exchange_ns;
+        assert!(
+            (s.bound_ns as f64 - want).abs() < want * 1e-5,
+            "{} against {want}",
+            s.bound_ns
+        );
+        assert_eq!((s.ops_per_phase, s.variables), (1, 2 + 2 * (3 * 2 - 1)));
+    }
+
+    #[test]
+    fn the_rotation_costs_at_least_its_bytes_and_no_plan_beats_it() {
+        // Four 64 MiB tensors, one per op, room for two: the tensors off the device rotate.
+        let tensors = (0..4).map(|i| persistent(i, 64 * MIB, vec![i])).collect();
+        let cycle = Cycle::from_parts(&[1_000; 4], tensors).unwrap();
+        let cost = CostModel::default();
+        let budget = Budget::new(128 * MIB);
+        let b = lower_bound(&cycle, &budget, &cost).unwrap();
+        let s = b.schedule.expect("small enough to solve");
+        // Every byte the covering LP must move is in this LP too, so it is never below the
+        // time to move them.
+        assert!(s.bound_ns as f64 >= b.packing_ns as f64 * (1.0 - 1e-5));
+        assert_eq!(b.bound_ns, b.bound_ns.max(s.bound_ns));
+        let p = plan(&cycle, &budget, &cost).unwrap();
+        let r = simulate(
+            &cycle,
+            Policy::Plan(&p),
+            budget,
+            &cost,
+            SimOptions::default(),
+        )
+        .unwrap();
+        assert!(r.step_ns >= s.bound_ns, "{} < {}", r.step_ns, s.bound_ns);
+    }
+
+    #[test]
+    fn coarser_phases_never_raise_the_bound() {
+        let tensors = (0..6)
+            .map(|i| persistent(i, (16 + 8 * u64::from(i)) * MIB, vec![i, (i + 3) % 6]))
+            .collect();
+        let cycle = Cycle::from_parts(&[2_000, 500, 1_000, 3_000, 250, 1_500], tensors).unwrap();
+        let fine = solve(&cycle, 96 * MIB, 1).bound_ns;
+        for k in 2..=6 {
+            let coarse = solve(&cycle, 96 * MIB, k).bound_ns;
+            // Relative tolerance of the solver.
+            assert!(coarse <= fine + fine / 100_000, "k={k}: {coarse} > {fine}");
+        }
+    }
+
+    #[test]
+    fn phase_size_follows_the_variable_cap() {
+        let tensors = (0..4).map(|i| persistent(i, 64 * MIB, vec![i])).collect();
+        let cycle = Cycle::from_parts(&[1_000; 4], tensors).unwrap();
+        let live = Liveness::of(&cycle);
+        assert_eq!(ops_per_phase(&live, usize::MAX), 1);
+        assert!(ops_per_phase(&live, 10) > 1);
+    }
+}
