@@ -188,31 +188,6 @@ fn apply(change: &EnvChange) {
     }
 }
 
-/// What to do about `PYTORCH_CUDA_ALLOC_CONF` alone: the single-variable decision the
-/// constructor made before PyTorch 2.9's `PYTORCH_ALLOC_CONF`. Superseded by [`plan`] /
-/// [`configure_allocator`]; kept while `runtime.rs` still calls it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AllocConf {
-    /// Unset (or empty): set it to [`ASYNC_BACKEND_CONF`].
-    Set,
-    /// Already selects `cudaMallocAsync`: nothing to do.
-    Keep,
-    /// Another allocator is in use (the named backend; `native` when none is named).
-    Other(String),
-}
-
-/// The single-variable decision (see [`AllocConf`]).
-pub fn decide(current: Option<&str>) -> AllocConf {
-    let Some(value) = current.filter(|v| !v.trim().is_empty()) else {
-        return AllocConf::Set;
-    };
-    match named_backend(value) {
-        Some(ASYNC_BACKEND) => AllocConf::Keep,
-        Some(other) => AllocConf::Other(other.to_owned()),
-        None => AllocConf::Other("native".to_owned()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,25 +328,6 @@ mod tests {
                 Generic,
                 "expandable_segments:True,backend:cudaMallocAsync"
             )]
-        );
-    }
-
-    #[test]
-    fn the_single_variable_decision_is_unchanged() {
-        assert_eq!(decide(None), AllocConf::Set);
-        assert_eq!(decide(Some("  ")), AllocConf::Set);
-        assert_eq!(decide(Some("backend:cudaMallocAsync")), AllocConf::Keep);
-        assert_eq!(
-            decide(Some("max_split_size_mb:128, backend: cudaMallocAsync")),
-            AllocConf::Keep
-        );
-        assert_eq!(
-            decide(Some("backend:native")),
-            AllocConf::Other("native".into())
-        );
-        assert_eq!(
-            decide(Some("expandable_segments:True")),
-            AllocConf::Other("native".into())
         );
     }
 }

@@ -64,39 +64,8 @@ pub fn on_load() {
     let config = config();
     tracing::debug!(pid = std::process::id(), ?config, "libtensile loaded");
     if config.policy != Policy::Off {
-        choose_pytorch_allocator();
-    }
-}
-
-/// Sets `PYTORCH_CUDA_ALLOC_CONF` to the `cudaMallocAsync` backend when unset; warns when
-/// another allocator is chosen. Runs in the constructor, while the process is still
-/// single-threaded (so `setenv` races with no reader).
-fn choose_pytorch_allocator() {
-    use crate::pytorch::{decide, AllocConf, ASYNC_BACKEND_CONF};
-    const VAR: &str = "PYTORCH_CUDA_ALLOC_CONF";
-    let current = std::env::var(VAR).ok();
-    match decide(current.as_deref()) {
-        AllocConf::Set => {
-            let (Ok(name), Ok(value)) = (
-                std::ffi::CString::new(VAR),
-                std::ffi::CString::new(ASYNC_BACKEND_CONF),
-            ) else {
-                return;
-            };
-            // SAFETY: two valid C strings; called from the library constructor, before any
-            // other thread of the process exists that could read the environment.
-            let r = unsafe { libc::setenv(name.as_ptr(), value.as_ptr(), 1) };
-            if r == 0 {
-                tracing::info!(
-                    "tensile: set {VAR}={ASYNC_BACKEND_CONF} (one allocation per tensor)"
-                );
-            }
-        }
-        AllocConf::Keep => {}
-        AllocConf::Other(backend) => tracing::warn!(
-            "tensile: {VAR} selects the {backend} allocator; tensor-level memory management is \
-             limited to its segments (unset it, or use backend:cudaMallocAsync)"
-        ),
+        // Runs in the constructor, while the process is still single-threaded.
+        crate::pytorch::configure_allocator();
     }
 }
 
