@@ -254,16 +254,27 @@ fn human(
             ms(cycle.compute_ns())
         ),
     };
-    if let Some(s) = bound.and_then(|b| b.schedule) {
-        let _ = writeln!(
-            out,
-            "bound      schedule LP {} ({} variables, phases of {} op{}, solved in {:.1} s)",
-            ms(s.bound_ns),
-            s.variables,
-            s.ops_per_phase,
-            if s.ops_per_phase == 1 { "" } else { "s" },
-            s.solve_ms as f64 / 1e3
-        );
+    match bound.map(|b| (b.schedule, b.max_excess_bytes)) {
+        Some((Some(s), _)) => {
+            let _ = writeln!(
+                out,
+                "bound      schedule LP {} ({} variables, phases of {} op{}, solved in {:.1} s)",
+                ms(s.bound_ns),
+                s.variables,
+                s.ops_per_phase,
+                if s.ops_per_phase == 1 { "" } else { "s" },
+                s.solve_ms as f64 / 1e3
+            );
+        }
+        Some((None, excess)) if excess > 0 && args.lp_variables > 0 => {
+            let _ = writeln!(
+                out,
+                "bound      schedule LP left out: larger than --lp-variables {} allows at phases \
+                 of at most 8 ops, or not solved (a larger value may tighten the bound, slowly)",
+                args.lp_variables
+            );
+        }
+        _ => {}
     }
     if cycle.estimated_launches > 0 {
         let _ = writeln!(
