@@ -553,7 +553,7 @@ fn best_pair(f: &[(u64, f64)], g: &[(u64, f64)], limit: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cycle::{Identity, Tensor};
+    use crate::cycle::persistent_tensor;
     use crate::plan::plan;
     use crate::sim::{simulate, Policy, SimOptions};
 
@@ -565,16 +565,7 @@ mod tests {
     /// worth of round trips per iteration (each gap spans three ops, each op needs two).
     fn rotating() -> Cycle {
         let tensors = (0..4u32)
-            .map(|i| Tensor {
-                identity: Identity::Persistent {
-                    trace_id: u64::from(i) + 1,
-                },
-                bytes: 64 * MIB,
-                accesses: vec![i],
-                alloc_at: None,
-                free_at: None,
-                source: i,
-            })
+            .map(|i| persistent_tensor(i, 64 * MIB, vec![i]))
             .collect();
         Cycle::from_parts(&[1_000; 4], tensors).unwrap()
     }
@@ -586,16 +577,7 @@ mod tests {
         // (after window: ops 10..=17). Together the windows cover one period's compute exactly,
         // and both contain a stall before op 5 (in consecutive iterations); pricing the pair
         // counted it twice, and a plan ran faster than the "bound".
-        let t = |i: u32, bytes: u64, accesses: Vec<u32>| Tensor {
-            identity: Identity::Persistent {
-                trace_id: u64::from(i) + 1,
-            },
-            bytes,
-            accesses,
-            alloc_at: None,
-            free_at: None,
-            source: i,
-        };
+        let t = persistent_tensor;
         let cycle = Cycle::from_parts(
             &[1_000; 12],
             vec![
@@ -670,16 +652,7 @@ mod tests {
     fn packing_picks_ops_no_gap_spans_twice() {
         // Tensor 0 (1 MiB) touched at ops 0 and 2, tensor 1 (2 MiB) at ops 1 and 3: gap (0, 2)
         // spans op 1 only, gap (2, 4) op 3 only, gap (1, 3) op 2, gap (3, 5) op 0 (= 4).
-        let t = |i: u32, bytes: u64, acc: Vec<u32>| Tensor {
-            identity: Identity::Persistent {
-                trace_id: u64::from(i) + 1,
-            },
-            bytes,
-            accesses: acc,
-            alloc_at: None,
-            free_at: None,
-            source: i,
-        };
+        let t = persistent_tensor;
         let cycle = Cycle::from_parts(
             &[10; 4],
             vec![t(0, MIB, vec![0, 2]), t(1, 2 * MIB, vec![1, 3])],

@@ -96,6 +96,21 @@ impl Tensor {
     }
 }
 
+/// A persistent tensor for unit tests: trace id and source from `i`.
+#[cfg(test)]
+pub(crate) fn persistent_tensor(i: u32, bytes: u64, accesses: Vec<u32>) -> Tensor {
+    Tensor {
+        identity: Identity::Persistent {
+            trace_id: u64::from(i) + 1,
+        },
+        bytes,
+        accesses,
+        alloc_at: None,
+        free_at: None,
+        source: i,
+    }
+}
+
 /// A steady-state iteration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Cycle {

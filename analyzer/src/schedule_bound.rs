@@ -338,25 +338,13 @@ mod tests {
     use super::*;
     use crate::bound::lower_bound;
     use crate::cost::Budget;
-    use crate::cycle::{Identity, Tensor};
     use crate::plan::plan;
     use crate::sim::{simulate, Policy, SimOptions};
     use crate::timeline::needed_bytes;
 
     const MIB: u64 = 1 << 20;
 
-    fn persistent(i: u32, bytes: u64, accesses: Vec<u32>) -> Tensor {
-        Tensor {
-            identity: Identity::Persistent {
-                trace_id: u64::from(i) + 1,
-            },
-            bytes,
-            accesses,
-            alloc_at: None,
-            free_at: None,
-            source: i,
-        }
-    }
+    use crate::cycle::persistent_tensor as persistent;
 
     fn solve(cycle: &Cycle, budget: u64, k: u32) -> ScheduleBound {
         let live = Liveness::of(cycle);
