@@ -97,6 +97,12 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
             BoundOptions::default().lp_max_ops_per_phase
         },
     };
+    if args.progress || std::io::stderr().is_terminal() {
+        // The schedule LP of the bound can take seconds; say what the wait is for.
+        eprintln!(
+            "tensile: planning, simulating and bounding (the bound's LP may take a few seconds)"
+        );
+    }
     let results = evaluate_many(&analysis.cycle, &policies, budget, &cost, &bound_options)
         .map_err(|(policy, e)| format!("policy {}: {e}", policy_name(policy)))?;
     if let Some(path) = &args.plot {
