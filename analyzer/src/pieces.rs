@@ -33,7 +33,8 @@ pub struct Piece {
 /// Smallest piece: the shim's page.
 pub const MIN_PIECE_BYTES: u64 = 2 << 20;
 /// Largest piece. Smaller pieces gain little more on the shared traces (16 MiB: 79.2 ms on the
-/// MLP at 50%, 4 MiB: 78.6 ms) and cost planning time (ResNet-50: 69 against 152 ms).
+/// MLP at 50%, 4 MiB: 78.6 ms) and cost planning time (about twice as much at 4 MiB, and the
+/// planner's time grows with the number of pieces).
 pub const MAX_PIECE_BYTES: u64 = 16 << 20;
 
 /// Piece size for a budget: a 128th of it, a multiple of the page, within
