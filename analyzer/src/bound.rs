@@ -229,10 +229,12 @@ pub fn lower_bound_with(
     let schedule = if options.lp_max_variables == 0 {
         None
     } else {
-        let k = schedule_bound::ops_per_phase(&live, options.lp_max_variables);
-        (k <= options.lp_max_ops_per_phase)
-            .then(|| schedule_bound::schedule_bound(cycle, &live, &excess_moving, cost, k))
-            .flatten()
+        schedule_bound::ops_per_phase(
+            &live,
+            options.lp_max_variables,
+            options.lp_max_ops_per_phase,
+        )
+        .and_then(|k| schedule_bound::schedule_bound(cycle, &live, &excess_moving, cost, k))
     };
     let bound = (compute as f64 + best_stall)
         .max(trivial)

@@ -104,16 +104,15 @@ impl Phases {
     }
 }
 
-/// The fewest ops per phase whose LP has at most `max_variables` variables.
-pub fn ops_per_phase(live: &Liveness, max_variables: usize) -> u32 {
+/// The fewest ops per phase, up to `max_ops_per_phase`, whose LP has at most `max_variables`
+/// variables; `None` if even that many ops per phase are too many variables.
+pub fn ops_per_phase(live: &Liveness, max_variables: usize, max_ops_per_phase: u32) -> Option<u32> {
     let spans = gap_spans_unsized(live);
     let period = live.period.max(1);
-    (1..=period)
-        .find(|&k| {
-            let ph = Phases::new(period, k);
-            variable_count(&ph, &spans) <= max_variables
-        })
-        .unwrap_or(period)
+    (1..=period.min(max_ops_per_phase)).find(|&k| {
+        let ph = Phases::new(period, k);
+        variable_count(&ph, &spans) <= max_variables
+    })
 }
 
 fn gap_spans_unsized(live: &Liveness) -> Vec<GapSpan> {
@@ -428,7 +427,8 @@ mod tests {
         let tensors = (0..4).map(|i| persistent(i, 64 * MIB, vec![i])).collect();
         let cycle = Cycle::from_parts(&[1_000; 4], tensors).unwrap();
         let live = Liveness::of(&cycle);
-        assert_eq!(ops_per_phase(&live, usize::MAX), 1);
-        assert!(ops_per_phase(&live, 10) > 1);
+        assert_eq!(ops_per_phase(&live, usize::MAX, 8), Some(1));
+        assert_eq!(ops_per_phase(&live, 47, 8), Some(2));
+        assert_eq!(ops_per_phase(&live, 1, 8), None);
     }
 }
