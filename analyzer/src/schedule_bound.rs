@@ -31,7 +31,8 @@
 //!
 //! The LP is solved with Clarabel (an interior-point solver, pure Rust). The value reported is
 //! the smaller of the primal and dual objectives, lowered by the solver's relative tolerance,
-//! so solver error cannot raise the bound above the LP optimum.
+//! so solver error cannot raise the bound above the LP optimum. `TENSILE_LP_VERBOSE=1` in the
+//! environment prints the solver's iterations to stdout (for looking into a slow or failed solve).
 
 use std::time::Instant;
 
