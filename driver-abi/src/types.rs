@@ -17,6 +17,8 @@ pub type CUstream = *mut c_void;
 pub type CUevent = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUgraphExec = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphNode = *mut c_void;
 pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -45,6 +47,24 @@ pub const CUDA_ERROR_LAUNCH_FAILED: CUresult = 719;
 pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
 pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+pub const CUDA_ERROR_STREAM_CAPTURE_ISOLATION: CUresult = 905;
+pub const CUDA_ERROR_CAPTURED_EVENT: CUresult = 907;
+pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: CUresult = 908;
+
+/// `CUstreamCaptureMode`.
+pub type CUstreamCaptureMode = u32;
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode = 0;
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode = 1;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode = 2;
+/// `CUstreamCaptureStatus`.
+pub type CUstreamCaptureStatus = u32;
+pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus = 0;
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus = 1;
+pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus = 2;
+/// `CU_EVENT_WAIT_EXTERNAL`: a wait captured as an external event wait node.
+pub const CU_EVENT_WAIT_EXTERNAL: u32 = 0x1;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` are handle values, not real streams.

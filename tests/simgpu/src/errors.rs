@@ -122,6 +122,31 @@ static TABLE: &[(CUresult, &CStr, &CStr)] = &[
         c"CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
         c"operation not permitted when stream is capturing",
     ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        c"CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+        c"operation failed due to a previous error during capture",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+        c"CUDA_ERROR_STREAM_CAPTURE_UNMATCHED",
+        c"capture was not ended in the same stream as it began",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+        c"CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+        c"dependency created on uncaptured work in another stream",
+    ),
+    (
+        CUDA_ERROR_CAPTURED_EVENT,
+        c"CUDA_ERROR_CAPTURED_EVENT",
+        c"operation not permitted on an event last recorded in a capturing stream",
+    ),
+    (
+        CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+        c"CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+        c"attempt to terminate a thread-local capture sequence from another thread",
+    ),
     (CUDA_ERROR_UNKNOWN, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
 ];
 

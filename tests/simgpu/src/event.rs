@@ -13,6 +13,8 @@ struct EventState {
     completed: u64,
     /// When the latest completed generation completed.
     at: Option<Instant>,
+    /// The capture sequence the latest record was captured into (instead of issued).
+    captured_in: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -39,7 +41,18 @@ impl Event {
     pub fn begin_record(&self) -> u64 {
         let mut s = self.lock();
         s.recorded += 1;
+        s.captured_in = None;
         s.recorded
+    }
+
+    /// The latest record was captured into capture `id` rather than issued.
+    pub fn mark_captured(&self, id: u64) {
+        self.lock().captured_in = Some(id);
+    }
+
+    /// The capture the latest record went into, if it was captured.
+    pub fn captured_in(&self) -> Option<u64> {
+        self.lock().captured_in
     }
 
     /// The stream reached record `generation`.

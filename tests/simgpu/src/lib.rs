@@ -14,6 +14,7 @@
 //! See `README.md` for the environment variables and what is NOT simulated.
 
 pub mod api;
+pub mod capture;
 pub mod config;
 pub mod context;
 pub mod errors;

@@ -40,6 +40,7 @@ impl Side {
     }
 }
 
+#[derive(Clone)]
 pub enum Op {
     Kernel {
         name: Arc<str>,
@@ -85,6 +86,8 @@ pub enum Op {
     },
     /// Nothing: carries the dependencies of a `cuStreamWaitEvent`.
     Nop,
+    /// Nothing, but holds a graph's memory until a launch of it has run this far.
+    Keep(Arc<crate::capture::GraphMemory>),
 }
 
 /// Why an operation broke the context: the sticky error and a line for the log.
@@ -137,7 +140,7 @@ impl Op {
                     }
                 }
             }
-            Op::Nop => {}
+            Op::Nop | Op::Keep(_) => {}
             _ if broken => {}
             Op::Kernel {
                 name,

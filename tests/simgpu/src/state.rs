@@ -4,6 +4,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tensile_driver_abi::*;
 
+use crate::capture::Graph;
 use crate::context::Context;
 use crate::event::Event;
 use crate::handles::Registry;
@@ -30,6 +31,9 @@ pub struct State {
     pub libraries: Registry<Library>,
     pub kernels: Registry<Kernel>,
     pub pools: Registry<Pool>,
+    /// `CUgraph`s and `CUgraphExec`s.
+    pub graphs: Registry<Graph>,
+    pub graph_execs: Registry<Graph>,
     pub default_pool: usize,
     pub current_pool: Mutex<usize>,
     pub primary: Mutex<Primary>,
@@ -57,6 +61,8 @@ pub fn init() -> &'static State {
             libraries: Registry::default(),
             kernels: Registry::default(),
             pools,
+            graphs: Registry::default(),
+            graph_execs: Registry::default(),
             default_pool,
             current_pool: Mutex::new(default_pool),
             primary: Mutex::new(Primary::default()),

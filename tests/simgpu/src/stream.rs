@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
+use crate::capture::Capture;
 use crate::context::Context;
 use crate::event::Event;
 use crate::memory::AddressSpace;
@@ -56,6 +57,8 @@ pub struct Stream {
     fault: Arc<AtomicU32>,
     queue: Mutex<Queue>,
     cv: Condvar,
+    /// The capture sequence this stream is in, if any (see [`crate::capture`]).
+    capture: Mutex<Option<Arc<Capture>>>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -85,6 +88,7 @@ impl Stream {
             fault,
             queue: Mutex::new(Queue::default()),
             cv: Condvar::new(),
+            capture: Mutex::new(None),
         })
     }
 
@@ -113,6 +117,22 @@ impl Stream {
 
     pub fn is_blocking(&self) -> bool {
         self.flags & tensile_driver_abi::CU_STREAM_NON_BLOCKING == 0
+    }
+
+    /// The stream's active capture sequence, if it is capturing.
+    pub fn capture(&self) -> Option<Arc<Capture>> {
+        self.capture
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Starts (`Some`) or ends (`None`) capturing; returns the previous capture.
+    pub fn set_capture(&self, c: Option<Arc<Capture>>) -> Option<Arc<Capture>> {
+        std::mem::replace(
+            &mut *self.capture.lock().unwrap_or_else(|e| e.into_inner()),
+            c,
+        )
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {

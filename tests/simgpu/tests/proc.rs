@@ -121,7 +121,7 @@ fn unknown_unimplemented_and_invalid_questions() {
     );
     // Known to the driver, not simulated.
     assert_eq!(
-        ask("cuGraphLaunch", 13000, 0),
+        ask("cuGraphCreate", 13000, 0),
         (
             CUDA_ERROR_NOT_FOUND,
             0,

@@ -216,6 +216,7 @@ unsafe fn ctx_get_device_v2(dev: *mut CUdevice, ctx: CUcontext) -> Result<(), CU
 export!(cuCtxGetDevice_v2, ctx_get_device_v2, (dev: *mut CUdevice, ctx: CUcontext));
 
 unsafe fn ctx_synchronize() -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     let ctx = current_ctx()?;
     ctx.synchronize();
     ctx.check()
@@ -223,6 +224,7 @@ unsafe fn ctx_synchronize() -> Result<(), CUresult> {
 export!(cuCtxSynchronize, ctx_synchronize, ());
 
 unsafe fn ctx_synchronize_v2(ctx: CUcontext) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     let ctx = if ctx.is_null() {
         current_ctx()?
     } else {

@@ -91,8 +91,8 @@ unsafe fn submit(
         },
     };
     let to_pageable = matches!(dst, Side::Host(_));
-    let ticket = ctx.submit(&stream, Vec::new(), op);
-    if to_pageable {
+    let ticket = super::submit(&ctx, &stream, Vec::new(), op)?;
+    if to_pageable && ticket > 0 {
         stream.wait_for(ticket);
         ctx.check()?;
     }

@@ -44,6 +44,11 @@ unsafe fn event_record(pt: bool, ev: CUevent, h: CUstream) -> Result<(), CUresul
     let event = lookup(ev)?;
     let (ctx, stream) = super::resolve_stream(h, pt)?;
     ctx.check()?;
+    if let Some(capture) = stream.capture() {
+        capture.append(crate::capture::Node::Record(event.clone()))?;
+        event.mark_captured(capture.id);
+        return Ok(());
+    }
     let generation = event.begin_record();
     ctx.submit(&stream, Vec::new(), Op::Record(event, generation));
     Ok(())
@@ -64,8 +69,21 @@ unsafe fn event_record_with_flags(
 }
 per_thread_pair!(cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz, event_record_with_flags, (ev: CUevent, h: CUstream, flags: c_uint));
 
+/// An event whose latest record went into a capture has nothing to query or wait for:
+/// `CUDA_ERROR_CAPTURED_EVENT`, and the capture (if still active) is invalidated.
+fn refuse_captured(event: &Event) -> Result<(), CUresult> {
+    match event.captured_in() {
+        Some(id) => {
+            crate::capture::invalidate_by_id(id);
+            Err(CUDA_ERROR_CAPTURED_EVENT)
+        }
+        None => Ok(()),
+    }
+}
+
 unsafe fn event_query(ev: CUevent) -> Result<(), CUresult> {
     let event = lookup(ev)?;
+    refuse_captured(&event)?;
     current_fault()?;
     if event.is_done() {
         Ok(())
@@ -77,6 +95,7 @@ export!(cuEventQuery, event_query, (ev: CUevent));
 
 unsafe fn event_synchronize(ev: CUevent) -> Result<(), CUresult> {
     let event = lookup(ev)?;
+    refuse_captured(&event)?;
     event.wait();
     current_fault()
 }

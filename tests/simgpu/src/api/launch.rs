@@ -10,7 +10,7 @@ use tensile_driver_abi::*;
 use tensile_kernels::Dim3;
 
 use super::module::launch_entry;
-use super::{per_thread_pair, resolve_stream};
+use super::{per_thread_pair, resolve_stream, submit};
 use crate::module::Entry;
 use crate::ops::Op;
 
@@ -136,7 +136,7 @@ unsafe fn launch(
         block,
         params: buf,
     };
-    ctx.submit(&stream, Vec::new(), op);
+    submit(&ctx, &stream, Vec::new(), op)?;
     Ok(())
 }
 per_thread_pair!(cuLaunchKernel, cuLaunchKernel_ptsz, launch, (f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shared: c_uint, h: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void));

@@ -16,6 +16,7 @@ fn pool_of(index: Option<usize>) -> Option<Arc<Pool>> {
 }
 
 unsafe fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     // SAFETY: API contract.
     let out = unsafe { Out::new(dptr) }?;
     let ctx = current_ctx()?;
@@ -36,6 +37,7 @@ unsafe fn mem_alloc_pitch(
     height: usize,
     elem: c_uint,
 ) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     // SAFETY: API contract.
     let (out, pitch_out) = unsafe { (Out::new(dptr)?, Out::new(pitch)?) };
     if !matches!(elem, 4 | 8 | 16) || width == 0 || height == 0 {
@@ -58,6 +60,7 @@ export!(cuMemAllocPitch_v2, mem_alloc_pitch, (dptr: *mut CUdeviceptr, pitch: *mu
 
 /// Synchronizes the context first, as the driver's `cuMemFree` does.
 unsafe fn mem_free(dptr: CUdeviceptr) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     let ctx = current_ctx()?;
     ctx.synchronize();
     let (bytes, pool) = st()?.space.free_linear(dptr, false)?;
@@ -68,14 +71,20 @@ unsafe fn mem_free(dptr: CUdeviceptr) -> Result<(), CUresult> {
 }
 export!(cuMemFree_v2, mem_free, (dptr: CUdeviceptr));
 
+/// During capture the allocation becomes a graph memory node: made now, owned by the graph
+/// (see `crate::capture`).
 fn alloc_from_pool(
     pool_handle: usize,
     size: usize,
     h: CUstream,
     pt: bool,
 ) -> Result<CUdeviceptr, CUresult> {
-    let (ctx, _) = resolve_stream(h, pt)?;
+    let (ctx, stream) = resolve_stream(h, pt)?;
     ctx.check()?;
+    let capture = stream.capture();
+    if capture.as_ref().is_some_and(|c| c.is_invalidated()) {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
     let s = st()?;
     let pool = s.pools.get(pool_handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let on_device = pool.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE;
@@ -86,10 +95,14 @@ fn alloc_from_pool(
         on_device,
     )?;
     pool.allocated(if on_device { charged } else { size as u64 });
+    if let Some(c) = capture {
+        c.memory.add(addr, Some(pool));
+    }
     Ok(addr)
 }
 
 /// The memory is usable at once (allocation is not modelled as stream-ordered; frees are).
+/// On a capturing stream it is a graph allocation (see `alloc_from_pool`).
 unsafe fn mem_alloc_async(
     pt: bool,
     dptr: *mut CUdeviceptr,
@@ -124,6 +137,18 @@ per_thread_pair!(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz, mem_allo
 unsafe fn mem_free_async(pt: bool, dptr: CUdeviceptr, h: CUstream) -> Result<(), CUresult> {
     let (ctx, stream) = resolve_stream(h, pt)?;
     ctx.check()?;
+    if let Some(c) = stream.capture() {
+        // A graph free node: the graph keeps its memory for its whole lifetime, so nothing
+        // is freed at launch. Freeing memory the graph does not own is not simulated.
+        if c.is_invalidated() {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        return if c.memory.contains(dptr) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        };
+    }
     let pool = st()?.space.queue_free(dptr)?;
     ctx.submit(
         &stream,
@@ -150,6 +175,7 @@ unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> Result<(), CUresu
 export!(cuMemGetInfo_v2, mem_get_info, (free: *mut usize, total: *mut usize));
 
 unsafe fn mem_host_alloc(pp: *mut *mut c_void, size: usize, flags: c_uint) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     // SAFETY: API contract.
     let out = unsafe { Out::new(pp) }?;
     if flags & !0xf != 0 {
@@ -171,6 +197,7 @@ unsafe fn mem_alloc_host(pp: *mut *mut c_void, size: usize) -> Result<(), CUresu
 export!(cuMemAllocHost_v2, mem_alloc_host, (pp: *mut *mut c_void, size: usize));
 
 unsafe fn mem_free_host(p: *mut c_void) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     current_ctx()?;
     st()?.space.free_host(p as u64)
 }
@@ -180,6 +207,7 @@ const HOST_REGISTER_FLAGS: c_uint = 0xf; // PORTABLE | DEVICEMAP | IOMEMORY | RE
 const HOST_REGISTER_READ_ONLY: c_uint = 0x8;
 
 unsafe fn mem_host_register(p: *mut c_void, size: usize, flags: c_uint) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     if flags & !HOST_REGISTER_FLAGS != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -196,6 +224,7 @@ unsafe fn mem_host_register(p: *mut c_void, size: usize, flags: c_uint) -> Resul
 export!(cuMemHostRegister_v2, mem_host_register, (p: *mut c_void, size: usize, flags: c_uint));
 
 unsafe fn mem_host_unregister(p: *mut c_void) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     current_ctx()?;
     st()?.space.unregister_host(p as u64)
 }

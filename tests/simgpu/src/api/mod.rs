@@ -16,6 +16,7 @@ pub mod context;
 pub mod copy;
 pub mod device;
 pub mod event;
+pub mod graph;
 pub mod launch;
 pub mod memory;
 pub mod module;
@@ -116,8 +117,27 @@ pub fn enqueue(
 ) -> Result<(), CUresult> {
     let (ctx, stream) = resolve_stream(h, per_thread)?;
     ctx.check()?;
-    ctx.submit(&stream, waits, op);
+    submit(&ctx, &stream, waits, op)?;
     Ok(())
+}
+
+/// Queues `op` on `stream`, or appends it to the stream's capture: returns its ticket (0 for a
+/// captured op, which nothing needs to wait for). `waits` must be empty for a capturing
+/// stream (`cuStreamWaitEvent` handles capture itself).
+pub fn submit(
+    ctx: &Context,
+    stream: &Arc<Stream>,
+    waits: Vec<Dependency>,
+    op: Op,
+) -> Result<u64, CUresult> {
+    match stream.capture() {
+        Some(capture) => {
+            debug_assert!(waits.is_empty());
+            capture.append(crate::capture::Node::Op(op))?;
+            Ok(0)
+        }
+        None => Ok(ctx.submit(stream, waits, op)),
+    }
 }
 
 /// Runs `op` on the default stream (legacy, or per-thread) and waits for it, like the
@@ -129,9 +149,18 @@ pub fn run_sync(per_thread: bool, op: Op) -> Result<(), CUresult> {
 /// Queues `op` on the default stream (legacy, or per-thread); waits for it if `wait`. The
 /// driver's "synchronous" copies between device memory and memsets of device memory do not
 /// wait (see the CUDA documentation's "API synchronization behavior").
+///
+/// These synchronous calls are "potentially unsafe" during stream capture: refused (and the
+/// capture invalidated) as the calling thread's capture mode says, and always refused on a
+/// capturing per-thread default stream.
 pub fn run_default(per_thread: bool, op: Op, wait: bool) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
     let (ctx, stream) = resolve_stream(std::ptr::null_mut(), per_thread)?;
     ctx.check()?;
+    if let Some(c) = stream.capture() {
+        c.invalidate();
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
     let ticket = ctx.submit(&stream, Vec::new(), op);
     if wait {
         stream.wait_for(ticket);

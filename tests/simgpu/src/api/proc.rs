@@ -16,6 +16,7 @@ use super::context::*;
 use super::copy::*;
 use super::device::*;
 use super::event::*;
+use super::graph::*;
 use super::guard;
 use super::launch::*;
 use super::memory::*;
@@ -221,7 +222,30 @@ implemented!(
     cuStreamSynchronize,
     cuStreamSynchronize_ptsz,
     cuStreamWaitEvent,
-    cuStreamWaitEvent_ptsz
+    cuStreamWaitEvent_ptsz,
+    cuStreamBeginCapture,
+    cuStreamBeginCapture_ptsz,
+    cuStreamBeginCapture_v2,
+    cuStreamBeginCapture_v2_ptsz,
+    cuStreamEndCapture,
+    cuStreamEndCapture_ptsz,
+    cuStreamGetCaptureInfo,
+    cuStreamGetCaptureInfo_ptsz,
+    cuStreamGetCaptureInfo_v2,
+    cuStreamGetCaptureInfo_v2_ptsz,
+    cuStreamGetCaptureInfo_v3,
+    cuStreamGetCaptureInfo_v3_ptsz,
+    cuThreadExchangeStreamCaptureMode,
+    cuGraphInstantiate,
+    cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams,
+    cuGraphInstantiateWithParams_ptsz,
+    cuGraphLaunch,
+    cuGraphLaunch_ptsz,
+    cuGraphUpload,
+    cuGraphUpload_ptsz,
+    cuGraphExecDestroy,
+    cuGraphDestroy,
 );
 
 /// The exports of this library, symbol name -> address.
@@ -331,6 +355,7 @@ mod tests {
             include_str!("copy.rs"),
             include_str!("device.rs"),
             include_str!("event.rs"),
+            include_str!("graph.rs"),
             include_str!("launch.rs"),
             include_str!("memory.rs"),
             include_str!("module.rs"),

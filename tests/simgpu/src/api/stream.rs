@@ -7,7 +7,7 @@ use tensile_driver_abi::*;
 use super::{current_ctx, enqueue, export, per_thread_pair, resolve_stream, st, Out};
 use crate::handles::Registry;
 use crate::ops::Op;
-use crate::stream::Dependency;
+use crate::stream::{Dependency, Stream};
 
 fn create(flags: c_uint, priority: c_int) -> Result<CUstream, CUresult> {
     if flags & !CU_STREAM_NON_BLOCKING != 0 {
@@ -44,13 +44,31 @@ unsafe fn stream_destroy(h: CUstream) -> Result<(), CUresult> {
         .streams
         .remove(h as usize)
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if let Some(c) = stream.set_capture(None) {
+        // The capture dies with its stream; ending it unregisters it.
+        c.invalidate();
+        let _ = c.end();
+    }
     stream.shutdown();
     Ok(())
 }
 export!(cuStreamDestroy_v2, stream_destroy, (h: CUstream));
 
+/// Synchronizing or querying a capturing stream is always refused and invalidates the
+/// capture (there is no work to wait for: it is being recorded).
+fn refuse_capturing(stream: &Stream) -> Result<(), CUresult> {
+    match stream.capture() {
+        Some(c) => {
+            c.invalidate();
+            Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+        }
+        None => Ok(()),
+    }
+}
+
 unsafe fn stream_synchronize(pt: bool, h: CUstream) -> Result<(), CUresult> {
     let (ctx, stream) = resolve_stream(h, pt)?;
+    refuse_capturing(&stream)?;
     stream.synchronize();
     ctx.check()
 }
@@ -58,6 +76,7 @@ per_thread_pair!(cuStreamSynchronize, cuStreamSynchronize_ptsz, stream_synchroni
 
 unsafe fn stream_query(pt: bool, h: CUstream) -> Result<(), CUresult> {
     let (ctx, stream) = resolve_stream(h, pt)?;
+    refuse_capturing(&stream)?;
     ctx.check()?;
     if stream.is_idle() {
         Ok(())
@@ -80,13 +99,19 @@ unsafe fn stream_wait_event(
         .events
         .get(ev as usize)
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let (ctx, stream) = resolve_stream(h, pt)?;
+    if let Some(capture) = stream.capture() {
+        return super::graph::capture_wait(&capture, event, flags);
+    }
+    ctx.check()?;
     let generation = event.current_generation();
     let waits = if generation > 0 {
         vec![Dependency::Event(event, generation)]
     } else {
         Vec::new()
     };
-    enqueue(h, pt, waits, Op::Nop)
+    ctx.submit(&stream, waits, Op::Nop);
+    Ok(())
 }
 per_thread_pair!(cuStreamWaitEvent, cuStreamWaitEvent_ptsz, stream_wait_event, (h: CUstream, ev: CUevent, flags: c_uint));
 
@@ -144,13 +169,3 @@ unsafe fn stream_get_id(pt: bool, h: CUstream, id: *mut u64) -> Result<(), CUres
     Ok(())
 }
 per_thread_pair!(cuStreamGetId, cuStreamGetId_ptsz, stream_get_id, (h: CUstream, id: *mut u64));
-
-/// Stream capture is not simulated: no stream is ever capturing.
-unsafe fn stream_is_capturing(pt: bool, h: CUstream, status: *mut c_int) -> Result<(), CUresult> {
-    // SAFETY: API contract.
-    let out = unsafe { Out::new(status) }?;
-    resolve_stream(h, pt)?;
-    out.set(0);
-    Ok(())
-}
-per_thread_pair!(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, stream_is_capturing, (h: CUstream, status: *mut c_int));
