@@ -11,6 +11,10 @@
 //! swaps whose copies finished are completed (their unmaps and remaps) and pages are evicted
 //! ahead of need there, off the launch path. It is stopped at exit ([`stop_maintenance`])
 //! before the driver is torn down.
+//!
+//! Every driver call of the manager, from any thread, runs in relaxed stream-capture mode
+//! (see [`crate::real_memory`]), and the maintenance thread is relaxed for good, so that
+//! none of them can invalidate an application's graph capture.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -220,6 +224,8 @@ fn start_maintenance(m: &'static Managed) {
 }
 
 fn maintain_loop(m: &'static Managed) {
+    // This thread's calls (evictions, syncs) must never break an application's capture.
+    m.driver.relax_thread_for_good();
     if let Err(code) = m.driver.bind_current_thread() {
         tracing::warn!("tensile: the maintenance thread cannot use the context (error {code})");
         return;

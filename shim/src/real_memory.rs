@@ -10,11 +10,22 @@
 //! context is current) and from the host pool's grower thread (where no context is). Each
 //! call therefore makes the manager's context current if another one (or none) is, and puts
 //! the previous one back afterwards. This module decides nothing about memory.
+//!
+//! Stream capture: while any thread captures in `CU_STREAM_CAPTURE_MODE_GLOBAL` (the default
+//! of `cudaStreamBeginCapture` and of PyTorch), a "potentially unsafe" call (host memory
+//! allocation, a synchronization, ...) from a thread not in relaxed mode fails with
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the application's capture (see
+//! `cuThreadExchangeStreamCaptureMode`). Every call of the manager therefore runs with the
+//! calling thread switched to `CU_STREAM_CAPTURE_MODE_RELAXED`, and the caller's mode is put
+//! back afterwards ([`RelaxedCapture`]).
 
 use std::ffi::CStr;
 use std::ptr::null_mut;
 
-use tensile_driver_abi::{CUcontext, CUdevice, CUresult, CUDA_SUCCESS};
+use tensile_driver_abi::{
+    CUcontext, CUdevice, CUresult, CUstreamCaptureMode, CUDA_SUCCESS,
+    CU_STREAM_CAPTURE_MODE_RELAXED,
+};
 
 use crate::memory::table::{check, resolve, InContext, MemFns, TableDriver};
 use crate::real::RealDriver;
@@ -24,6 +35,7 @@ type PfnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> R;
 type PfnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> R;
 type PfnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> R;
 type PfnCtxSynchronize = unsafe extern "C" fn() -> R;
+type PfnExchangeCaptureMode = unsafe extern "C" fn(*mut CUstreamCaptureMode) -> R;
 
 /// The manager's context, and the driver functions that switch to it (the memory
 /// operations are in [`MemFns`]).
@@ -31,8 +43,40 @@ pub struct ManagerContext {
     ctx_get_current: PfnCtxGetCurrent,
     ctx_set_current: PfnCtxSetCurrent,
     ctx_synchronize: PfnCtxSynchronize,
+    /// `cuThreadExchangeStreamCaptureMode` (absent before CUDA 10.1: no modes to switch).
+    exchange_capture_mode: Option<PfnExchangeCaptureMode>,
     ctx: usize,
     device: CUdevice,
+}
+
+/// The calling thread in relaxed capture mode until dropped; then its previous mode again.
+pub struct RelaxedCapture {
+    exchange: Option<PfnExchangeCaptureMode>,
+    previous: CUstreamCaptureMode,
+}
+
+impl RelaxedCapture {
+    fn enter(exchange: Option<PfnExchangeCaptureMode>) -> RelaxedCapture {
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        let exchange = exchange.filter(|f| {
+            // SAFETY: a valid pointer to a local mode.
+            unsafe { f(&mut mode) == CUDA_SUCCESS }
+        });
+        RelaxedCapture {
+            exchange,
+            previous: mode,
+        }
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        if let Some(f) = self.exchange {
+            let mut mode = self.previous;
+            // SAFETY: a valid pointer to a local mode.
+            let _ = unsafe { f(&mut mode) };
+        }
+    }
 }
 
 /// [`Driver`](crate::memory::Driver) over the real driver, bound to one context.
@@ -78,6 +122,7 @@ impl InContext for ManagerContext {
     /// Runs `call` with the manager's context current, restoring the caller's afterwards.
     #[inline]
     fn in_context<T>(&self, call: impl FnOnce() -> Result<T, R>) -> Result<T, R> {
+        let _relaxed = RelaxedCapture::enter(self.exchange_capture_mode);
         let previous = self.current();
         if previous == self.ctx {
             return call();
@@ -106,6 +151,8 @@ impl RealMemoryDriver {
             resolve!(lookup, "cuCtxGetDevice").map_err(missing)?;
         let ctx_synchronize: PfnCtxSynchronize =
             resolve!(lookup, "cuCtxSynchronize").map_err(missing)?;
+        let exchange_capture_mode: Option<PfnExchangeCaptureMode> =
+            resolve!(lookup, "cuThreadExchangeStreamCaptureMode").ok();
         // SAFETY: the real driver's function of each name, or null; the driver library is
         // never unloaded.
         let f = unsafe { MemFns::resolve(lookup) }.map_err(missing)?;
@@ -126,6 +173,7 @@ impl RealMemoryDriver {
                 ctx_get_current,
                 ctx_set_current,
                 ctx_synchronize,
+                exchange_capture_mode,
                 ctx: ctx as usize,
                 device,
             },
@@ -153,6 +201,16 @@ impl RealMemoryDriver {
         let c = &self.context;
         // SAFETY: no arguments; the context is made current by `in_context`.
         c.in_context(|| check(unsafe { (c.ctx_synchronize)() }))
+    }
+
+    /// Switches the calling thread to relaxed capture mode until the guard is dropped.
+    pub fn relaxed_capture(&self) -> RelaxedCapture {
+        RelaxedCapture::enter(self.context.exchange_capture_mode)
+    }
+
+    /// Switches the calling thread (one of the shim's own) to relaxed capture mode for good.
+    pub fn relax_thread_for_good(&self) {
+        std::mem::forget(self.relaxed_capture());
     }
 
     /// Makes the manager's context current on the calling thread (for a thread of the

@@ -6,9 +6,18 @@
 //! index before it is carried out. Frees of pointers outside the arena go to the driver
 //! untouched, so their errors (unknown pointer, double free) are the driver's; the manager
 //! answers those of arena pointers with the same codes.
+//!
+//! Stream-ordered allocations on a capturing stream go to the driver untouched: there they
+//! become graph memory nodes, allocated and freed as the graph runs, which the arena cannot
+//! imitate (its free would record a fence into the capture, and could hand the block to
+//! another allocation while the graph still uses it). Their frees then reach the driver too,
+//! as the arena does not own the pointers. Freeing an *arena* allocation on a capturing
+//! stream is refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: the free would happen at
+//! every launch of the graph, which the arena cannot express.
 
 use tensile_driver_abi::{
-    CUdeviceptr, CUmemoryPool, CUresult, CUstream, CUDA_ERROR_INVALID_VALUE, CUDA_SUCCESS,
+    CUdeviceptr, CUmemoryPool, CUresult, CUstream, CUDA_ERROR_INVALID_VALUE,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_SUCCESS,
 };
 use tensile_trace::AllocKind;
 
@@ -20,6 +29,12 @@ use crate::syms::pfn;
 /// The manager that serves an allocation made now on this thread, if any.
 fn serving<F>(call: &Call<F>) -> Option<&'static Managed> {
     call.rt.memory_or_start().filter(|m| m.in_our_context())
+}
+
+/// The manager that serves a stream-ordered allocation on `stream` (a handle value), if
+/// any: none for a capturing stream (see the module docs).
+fn serving_on<F>(call: &Call<F>, stream: u64) -> Option<&'static Managed> {
+    serving(call).filter(|_| !super::capture::is_capturing(call.rt, stream))
 }
 
 /// Serves an allocation from the manager: validates what the driver would, writes the
@@ -141,7 +156,7 @@ pub unsafe fn mem_alloc_async(
 ) -> CUresult {
     let t = call.rt.now_ns();
     let on = Stream(call.stream(stream) as usize);
-    let r = match serving(&call) {
+    let r = match serving_on(&call, call.stream(stream)) {
         // SAFETY: `dptr` is the caller's out-pointer.
         Some(m) => unsafe { serve(dptr, bytesize, || m.mm.alloc(bytesize, Some(on))) },
         // SAFETY: forwarded unchanged.
@@ -177,7 +192,7 @@ pub unsafe fn mem_alloc_from_pool_async(
     let on = Stream(call.stream(stream) as usize);
     // The manager serves allocations from every pool alike: the pool's attributes (release
     // threshold, reuse policies) are about caching, which the arena does itself.
-    let r = match serving(&call) {
+    let r = match serving_on(&call, call.stream(stream)) {
         // SAFETY: `dptr` is the caller's out-pointer.
         Some(m) if !pool.is_null() => unsafe {
             serve(dptr, bytesize, || m.mm.alloc(bytesize, Some(on)))
@@ -255,6 +270,13 @@ pub unsafe fn mem_free_async(
 ) -> CUresult {
     let on = call.stream(stream);
     free_with(&call, dptr, on, || match call.rt.memory() {
+        Some(m) if m.mm.owns(dptr) && super::capture::is_capturing(call.rt, on) => {
+            tracing::warn!(
+                "tensile: cuMemFreeAsync of managed memory {dptr:#x} on a capturing stream \
+                 is not supported; refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+            );
+            CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+        }
         Some(m) if m.mm.owns(dptr) => {
             m.mm.free(dptr, Some(Stream(on as usize)))
                 .err()

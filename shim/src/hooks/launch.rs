@@ -95,8 +95,12 @@ unsafe fn launch_with<F>(
         };
         let accesses = &resolved.accesses;
         let per_thread = call.sym.per_thread();
+        // Timing records events on the launch's stream: not on a capturing one, where they
+        // would become part of the graph and could never be queried.
         let timed = match (rec, rt.timing.as_ref()) {
-            (Some(_), Some(timing)) => timing.start(stream, per_thread).map(|s| (timing, s)),
+            (Some(_), Some(timing)) if !super::capture::is_capturing(rt, shape.stream) => {
+                timing.start(stream, per_thread).map(|s| (timing, s))
+            }
             _ => None,
         };
         let r = forward();

@@ -20,6 +20,7 @@ use crate::runtime::{self, Runtime};
 use crate::syms::Sym;
 
 pub mod alloc;
+pub mod capture;
 pub mod copy;
 pub mod launch;
 pub mod memset;

@@ -5,6 +5,14 @@
 //! the work queued, so the pages stay until it completes. Without a manager, or when nothing
 //! touched lies in the arena, both are free. [`forward_pinned`] wraps a call in the two.
 //! This module does not decide what is touched: the hooks resolve that.
+//!
+//! Work queued on a capturing stream ([`super::capture`]) runs whenever the graph is
+//! launched, where the manager can neither order a swap-in before it nor see it complete.
+//! Its arena allocations are therefore made resident at once (the host waits for the copies,
+//! made on the manager's own streams) and pinned until they are freed
+//! ([`MemoryManager::pin_for_capture`](crate::memory::MemoryManager::pin_for_capture)); nothing
+//! is queued on, recorded on, or waited for by the capturing stream. `cuGraphLaunch` needs
+//! nothing more: what its graph touches cannot move.
 
 use tensile_driver_abi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
@@ -46,6 +54,9 @@ pub fn pin(
     if !ranges.iter().any(|&(p, n)| n > 0 && managed.mm.owns(p)) {
         return Ok(None);
     }
+    if super::capture::is_capturing(rt, stream) {
+        return pin_for_capture(managed, ranges, what).map(|()| None);
+    }
     match managed.mm.prepare_access(Stream(stream as usize), ranges) {
         Ok(ticket) => Ok(Some(Pinned { managed, ticket })),
         Err(code) => {
@@ -64,6 +75,21 @@ pub fn pin(
             Err(code)
         }
     }
+}
+
+/// The captured-work path of [`pin`].
+fn pin_for_capture(
+    managed: &Managed,
+    ranges: &[(u64, usize)],
+    what: impl FnOnce() -> String,
+) -> Result<(), CUresult> {
+    managed.mm.pin_for_capture(ranges).inspect_err(|&code| {
+        tracing::error!(
+            "tensile: {} is captured into a graph; pinning the {} bytes of managed memory it              touches failed with error {code}",
+            what(),
+            arena_bytes(managed, ranges)
+        );
+    })
 }
 
 /// [`pin`], then `forward` (the call itself), then [`Pinned::done`]: the call's result, or

@@ -145,6 +145,10 @@ struct Inner {
     /// one `cuMemUnmap`); single-page mappings are not listed. Device frames are always
     /// mapped page by page, so an eviction never has to touch a neighbour that may be in use.
     host_runs: BTreeMap<usize, usize>,
+    /// Allocations touched by work captured into a CUDA graph, with their page runs: each
+    /// holds one pin on every page of its run until it is freed, so a graph launched at any
+    /// later time finds them resident and at the same physical memory.
+    capture_pinned: HashMap<CUdeviceptr, (usize, usize)>,
     stats: MemoryStats,
 }
 
@@ -220,6 +224,7 @@ impl MemoryManager {
             dead_device: BTreeSet::new(),
             unmapped_host: BTreeSet::new(),
             host_runs: BTreeMap::new(),
+            capture_pinned: HashMap::new(),
             stats: MemoryStats::default(),
         };
         Ok(Self {
@@ -295,6 +300,20 @@ impl MemoryManager {
         ranges: &[(CUdeviceptr, usize)],
     ) -> Result<AccessTicket, CUresult> {
         self.lock().prepare_access(stream, ranges)
+    }
+
+    /// Makes every arena allocation `ranges` touch device-resident *now* (the calling thread
+    /// waits for the swap-in copies, made on the manager's own streams) and pins it until it
+    /// is freed: for work captured into a CUDA graph, which runs whenever the graph is
+    /// launched and on which no stream wait or fence can be placed. Nothing is queued on the
+    /// capturing stream. Addresses outside the arena are ignored.
+    pub fn pin_for_capture(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<(), CUresult> {
+        self.lock().pin_for_capture(ranges)
+    }
+
+    /// Whether the allocation starting at `ptr` is pinned for a captured graph.
+    pub fn is_capture_pinned(&self, ptr: CUdeviceptr) -> bool {
+        self.lock().capture_pinned.contains_key(&ptr)
     }
 
     /// Reports that the work a ticket was for has been queued on its stream: its pages stay
@@ -391,9 +410,20 @@ impl MemoryManager {
         for &(h, _) in &s.deferred_host {
             host_own(h, "deferred")?;
         }
+        // Pins held for captured graphs are expected; any other pin is a lost ticket.
+        let mut capture_pins: HashMap<usize, u32> = HashMap::new();
+        for &(a, b) in s.capture_pinned.values() {
+            for p in a..=b {
+                *capture_pins.entry(p).or_default() += 1;
+            }
+        }
         for (p, e) in s.pages.iter() {
-            if e.pins != 0 {
-                return Err(format!("page {p} still pinned ({})", e.pins));
+            let expected = capture_pins.get(&p).copied().unwrap_or(0);
+            if e.pins != expected {
+                return Err(format!(
+                    "page {p} pinned {} times, {expected} of them for captured graphs",
+                    e.pins
+                ));
             }
             match e.state {
                 ResidencyState::Unbacked => {}
@@ -852,6 +882,11 @@ impl Inner {
 
     fn free(&mut self, ptr: CUdeviceptr, stream: Option<Stream>) -> Result<(), CUresult> {
         let a = self.sub.remove(ptr).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        if let Some(run) = self.capture_pinned.remove(&a.ptr) {
+            // The pages stay until the fence below (or, for a synchronous free, the caller's
+            // synchronization) covers the graph's last use.
+            self.unpin_or_pin(run, false);
+        }
         match stream {
             None => {
                 self.drop_live(a.ptr, a.span);
@@ -929,7 +964,7 @@ impl Inner {
             return Ok(ticket);
         }
         let t0 = Instant::now();
-        match self.make_resident(&ticket) {
+        match self.make_resident(&ticket, false) {
             Ok(stalled) => {
                 if stalled {
                     self.stats.stalled_launches += 1;
@@ -940,6 +975,79 @@ impl Inner {
             Err(e) => {
                 self.unpin(&ticket);
                 Err(e)
+            }
+        }
+    }
+
+    fn pin_for_capture(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<(), CUresult> {
+        // Whole allocations, not just the bytes touched: the pin lasts as long as the
+        // allocation, and is undone by its free.
+        let mut allocs: Vec<(CUdeviceptr, u64)> = Vec::new();
+        for &(a, len) in ranges {
+            if len == 0 {
+                continue;
+            }
+            if let Some(al) = self.sub.find(a) {
+                if !self.capture_pinned.contains_key(&al.ptr)
+                    && !allocs.iter().any(|x| x.0 == al.ptr)
+                {
+                    allocs.push((al.ptr, al.span));
+                }
+            }
+        }
+        if allocs.is_empty() {
+            return Ok(());
+        }
+        self.clock += 1;
+        let mut runs_v: Vec<(usize, usize)> = allocs
+            .iter()
+            .filter_map(|&(p, span)| self.pages_of(p, span))
+            .collect();
+        runs_v.sort_unstable();
+        let ticket = AccessTicket {
+            stream: self.swap_in_stream,
+            runs: runs(&runs_v.iter().flat_map(|&(a, b)| a..=b).collect::<Vec<_>>()),
+        };
+        let mut resident = true;
+        for &(a, b) in &ticket.runs {
+            for p in a..=b {
+                if let Some(e) = self.pages.entry_mut(p) {
+                    resident &= matches!(
+                        e.state,
+                        ResidencyState::Device(_) | ResidencyState::Unbacked
+                    );
+                    e.pins += 1;
+                    e.last_access = self.clock;
+                }
+            }
+        }
+        if !resident {
+            if let Err(e) = self.make_resident(&ticket, true) {
+                self.unpin(&ticket);
+                return Err(e);
+            }
+        }
+        // The ticket's pins become the allocations' pins: a page shared by two pinned
+        // allocations holds one pin for each.
+        self.unpin(&ticket);
+        for (p, span) in allocs {
+            if let Some(run) = self.pages_of(p, span) {
+                self.unpin_or_pin(run, true);
+                self.capture_pinned.insert(p, run);
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds (`pin`) or removes one pin on each page of the inclusive run.
+    fn unpin_or_pin(&mut self, (a, b): (usize, usize), pin: bool) {
+        for p in a..=b {
+            if let Some(e) = self.pages.entry_mut(p) {
+                e.pins = if pin {
+                    e.pins + 1
+                } else {
+                    e.pins.saturating_sub(1)
+                };
             }
         }
     }
@@ -956,7 +1064,9 @@ impl Inner {
 
     /// The slow path of `prepare_access`. Returns whether the access had to wait for a copy
     /// in (a stall); cancelling swap-outs alone is not one.
-    fn make_resident(&mut self, t: &AccessTicket) -> Result<bool, CUresult> {
+    /// `host_waits`: wait for the copies in on the host instead of making `t.stream` wait
+    /// for them (a capturing stream must not wait on anything recorded outside its capture).
+    fn make_resident(&mut self, t: &AccessTicket, host_waits: bool) -> Result<bool, CUresult> {
         let touched: usize = t
             .runs
             .iter()
@@ -1011,7 +1121,11 @@ impl Inner {
         waits.dedup();
         let stalled = !waits.is_empty();
         for ev in waits {
-            self.driver.stream_wait_event(t.stream, ev)?;
+            if host_waits {
+                self.driver.event_synchronize(ev)?;
+            } else {
+                self.driver.stream_wait_event(t.stream, ev)?;
+            }
         }
         // Under pressure: start the next evictions now, off the next access's critical path.
         // A failure here only means less is free ahead of time; the access itself is ready.
@@ -1629,4 +1743,88 @@ fn runs(sorted: &[usize]) -> Vec<(usize, usize)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod capture_pin_tests {
+    //! Pins for captured graphs: resident at once without touching the capturing stream,
+    //! never evicted while allocated, released by the free.
+
+    use std::sync::Arc;
+
+    use super::super::fake::{FakeConfig, FakeDriver, Progress};
+    use super::*;
+
+    const PAGE: usize = 64 << 10;
+
+    fn setup(budget_pages: usize) -> (Arc<FakeDriver>, MemoryManager) {
+        let fake = Arc::new(FakeDriver::new(FakeConfig {
+            device_capacity: 1 << 40,
+            host_capacity: 1 << 40,
+            progress: Progress::Immediate,
+        }));
+        let cfg = ManagerConfig {
+            device: 0,
+            page_size: PAGE,
+            arena_bytes: 1024 * PAGE,
+            device_budget: budget_pages * PAGE,
+            device_chunk_bytes: 4 * PAGE,
+            grow_bytes: 4 * PAGE,
+            host_cap: 64 * PAGE,
+            host_chunk_bytes: 8 * PAGE,
+            numa_node: 0,
+            host_background: false,
+            evict_batch: 2,
+            free_reserve_pages: 1,
+            fence_every: 1,
+        };
+        let mm = MemoryManager::new(fake.clone(), cfg).unwrap();
+        (fake, mm)
+    }
+
+    fn touch(fake: &FakeDriver, mm: &MemoryManager, s: Stream, p: CUdeviceptr, len: usize) {
+        let t = mm.prepare_access(s, &[(p, len)]).unwrap();
+        fake.app_write(s, p, vec![p as u8; len]).unwrap();
+        mm.note_access_done(t).unwrap();
+    }
+
+    fn on_device(mm: &MemoryManager, p: CUdeviceptr) -> bool {
+        matches!(mm.residency(p), Some(ResidencyState::Device(_)))
+    }
+
+    #[test]
+    fn a_capture_pinned_allocation_stays_resident_until_freed() {
+        let (fake, mm) = setup(4);
+        let s = fake.stream_create().unwrap();
+        let a = mm.alloc(2 * PAGE, None).unwrap();
+        touch(&fake, &mm, s, a, 2 * PAGE);
+        // Push `a` out first, so the pin has to bring it back.
+        let b = mm.alloc(4 * PAGE, None).unwrap();
+        touch(&fake, &mm, s, b, 4 * PAGE);
+        assert!(!on_device(&mm, a), "the budget forced `a` out");
+        mm.pin_for_capture(&[(a + 100, 8)]).unwrap();
+        assert!(mm.is_capture_pinned(a));
+        assert!(on_device(&mm, a) && on_device(&mm, a + PAGE as u64));
+        mm.audit().unwrap();
+        // Pressure on the other pages never moves `a`.
+        for _ in 0..3 {
+            let c = mm.alloc(2 * PAGE, None).unwrap();
+            touch(&fake, &mm, s, c, 2 * PAGE);
+            touch(&fake, &mm, s, b, PAGE);
+            assert!(on_device(&mm, a) && on_device(&mm, a + PAGE as u64));
+            mm.free(c, None).unwrap();
+        }
+        // More than the unpinned rest of the budget at once is out of memory.
+        assert_eq!(
+            mm.prepare_access(s, &[(b, 4 * PAGE)]).err(),
+            Some(CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        mm.audit().unwrap();
+        // Freed: unpinned, and its pages may go.
+        mm.free(a, None).unwrap();
+        assert!(!mm.is_capture_pinned(a));
+        touch(&fake, &mm, s, b, 4 * PAGE);
+        mm.audit().unwrap();
+        assert!(fake.faults().is_empty() && fake.violations().is_empty());
+    }
 }
