@@ -1,0 +1,108 @@
+//! Stream capture under `LD_PRELOAD`, on the simulated GPU: a graph captured in GLOBAL mode
+//! (with a graph allocation inside) and launched repeatedly while uncaptured work forces
+//! eviction must give the same bytes as without the shim, and nothing the shim does may
+//! break or invalidate the capture.
+//!
+//! The workload (`wl_graph`) runs once natively, then under the shim with a device budget
+//! well under its footprint, with and without randomized stream timing. The trace must show
+//! that the manager really swapped.
+
+use std::collections::BTreeMap;
+
+use tensile_tests::check::read_trace;
+use tensile_tests::harness::{temp_trace, Output, Run};
+use tensile_trace::{Record, Stats};
+
+const MIB: usize = 1 << 20;
+const TENSOR_KIB: usize = 1536;
+const LAUNCHES: usize = 6;
+const PRESSURE: usize = 8;
+/// Parameters and accumulator (5 tensors) plus one round of pressure tensors.
+const FOOTPRINT: usize = (5 + PRESSURE) * TENSOR_KIB * 1024;
+/// Room for what the graph touches (5 tensors, 4 pages) and a little more.
+const BUDGET: usize = 12 * MIB;
+
+fn graph_run(lookup: &str) -> Run {
+    Run::new(env!("CARGO_BIN_EXE_wl_graph"))
+        .arg(lookup)
+        .arg(TENSOR_KIB.to_string())
+        .arg(LAUNCHES.to_string())
+        .arg(PRESSURE.to_string())
+}
+
+/// The `D` lines of a run, by name.
+fn digests(out: &Output) -> BTreeMap<String, String> {
+    out.stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("D "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+fn stats_of(path: &std::path::Path) -> Stats {
+    let t = read_trace(path);
+    let _ = std::fs::remove_file(path);
+    t.records
+        .iter()
+        .find_map(|r| match r {
+            Record::Stats(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("the trace has a Stats record")
+}
+
+#[test]
+fn a_captured_graph_gives_the_same_bytes_under_eviction() {
+    const { assert!(BUDGET < FOOTPRINT) };
+    let native = graph_run("proc:13000:0").output();
+    native.assert_ok("the native run");
+    let want = digests(&native);
+    assert_eq!(want.len(), LAUNCHES + 5, "{}", native.stdout);
+
+    // (what, lookup, jitter)
+    let cases = [
+        ("budget", "proc:13000:0", 0),
+        ("budget, jitter", "proc:13000:0", 40),
+        ("budget, jitter, dlsym", "dlsym:13000:0", 40),
+    ];
+    let results: Vec<(&str, Output, Stats)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|&(what, lookup, jitter)| {
+                scope.spawn(move || {
+                    let trace = temp_trace(&format!("graphs-{jitter}-{}", lookup.len()));
+                    let out = graph_run(lookup)
+                        .trace(&trace)
+                        .env("TENSILE_POLICY", "lru")
+                        .env("TENSILE_DEVICE_MEMORY", BUDGET.to_string())
+                        .env("TENSILE_SIM_JITTER_US", jitter.to_string())
+                        .output();
+                    out.assert_ok(what);
+                    (what, out.clone(), stats_of(&trace))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a run thread panicked"))
+            .collect()
+    });
+    for (what, out, stats) in results {
+        assert_eq!(
+            digests(&out),
+            want,
+            "{what}: results differ from the native run\n{}",
+            out.stderr
+        );
+        assert!(
+            stats.bytes_to_host > 0,
+            "{what}: nothing was evicted: {stats:?}"
+        );
+        assert!(
+            stats.peak_resident_bytes as usize <= BUDGET,
+            "{what}: peak {} over the budget {BUDGET}",
+            stats.peak_resident_bytes
+        );
+    }
+}
