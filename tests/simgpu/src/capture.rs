@@ -140,8 +140,12 @@ impl Capture {
         })
     }
 
-    pub fn invalidate(&self) {
-        self.invalidated.store(true, Ordering::Release);
+    /// Invalidates the capture; the first time, says why on stderr (as a sticky fault does),
+    /// so that a test failing with `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` shows the cause.
+    pub fn invalidate(&self, why: &str) {
+        if !self.invalidated.swap(true, Ordering::AcqRel) {
+            eprintln!("tensile-simgpu: capture {} invalidated: {why}", self.id);
+        }
         lock(&self.state).invalidated = true;
     }
 
@@ -195,7 +199,7 @@ pub fn check_unsafe_call() -> Result<(), CUresult> {
             && c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL
             && mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
         if own || foreign_global {
-            c.invalidate();
+            c.invalidate("a potentially unsafe call (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)");
             refused = true;
         }
     }
@@ -207,8 +211,8 @@ pub fn check_unsafe_call() -> Result<(), CUresult> {
 }
 
 /// Invalidates the active capture with this id, if it is still active.
-pub fn invalidate_by_id(id: u64) {
+pub fn invalidate_by_id(id: u64, why: &str) {
     if let Some(c) = lock(&ACTIVE).iter().find(|c| c.id == id) {
-        c.invalidate();
+        c.invalidate(why);
     }
 }

@@ -74,7 +74,7 @@ per_thread_pair!(cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz, event_reco
 fn refuse_captured(event: &Event) -> Result<(), CUresult> {
     match event.captured_in() {
         Some(id) => {
-            crate::capture::invalidate_by_id(id);
+            crate::capture::invalidate_by_id(id, "a query or wait of an event recorded in it");
             Err(CUDA_ERROR_CAPTURED_EVENT)
         }
         None => Ok(()),

@@ -203,7 +203,7 @@ pub fn capture_wait(capture: &Capture, event: Arc<Event>, flags: c_uint) -> Resu
         // Never recorded: an empty set of work, nothing to depend on.
         None if event.current_generation() == 0 => Ok(()),
         None => {
-            capture.invalidate();
+            capture.invalidate("a wait on an event recorded outside the capture (isolation)");
             Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
         }
     }

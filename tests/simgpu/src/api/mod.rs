@@ -158,7 +158,7 @@ pub fn run_default(per_thread: bool, op: Op, wait: bool) -> Result<(), CUresult>
     let (ctx, stream) = resolve_stream(std::ptr::null_mut(), per_thread)?;
     ctx.check()?;
     if let Some(c) = stream.capture() {
-        c.invalidate();
+        c.invalidate("a synchronous copy or memset on the capturing stream");
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     let ticket = ctx.submit(&stream, Vec::new(), op);

@@ -46,7 +46,7 @@ unsafe fn stream_destroy(h: CUstream) -> Result<(), CUresult> {
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     if let Some(c) = stream.set_capture(None) {
         // The capture dies with its stream; ending it unregisters it.
-        c.invalidate();
+        c.invalidate("its stream was destroyed");
         let _ = c.end();
     }
     stream.shutdown();
@@ -59,7 +59,7 @@ export!(cuStreamDestroy_v2, stream_destroy, (h: CUstream));
 fn refuse_capturing(stream: &Stream) -> Result<(), CUresult> {
     match stream.capture() {
         Some(c) => {
-            c.invalidate();
+            c.invalidate("cuStreamSynchronize or cuStreamQuery of the capturing stream");
             Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
         }
         None => Ok(()),
