@@ -60,24 +60,37 @@ fn a_captured_graph_gives_the_same_bytes_under_eviction() {
     let want = digests(&native);
     assert_eq!(want.len(), LAUNCHES + 5, "{}", native.stdout);
 
-    // (what, lookup, jitter)
+    // (what, lookup, jitter µs, kernel µs, copy GB/s). Slow kernels and copies widen the
+    // window in which an eviction the manager thinks is safe would race a running graph.
     let cases = [
-        ("budget", "proc:13000:0", 0),
-        ("budget, jitter", "proc:13000:0", 40),
-        ("budget, jitter, dlsym", "dlsym:13000:0", 40),
+        ("budget", "proc:13000:0", 0, 0, 0),
+        ("budget, jitter", "proc:13000:0", 40, 0, 0),
+        ("budget, jitter, dlsym", "dlsym:13000:0", 40, 0, 0),
+        (
+            "budget, slow kernels and copies",
+            "proc:13000:0",
+            0,
+            1000,
+            4,
+        ),
     ];
     let results: Vec<(&str, Output, Stats)> = std::thread::scope(|scope| {
         let handles: Vec<_> = cases
             .iter()
-            .map(|&(what, lookup, jitter)| {
+            .map(|&(what, lookup, jitter, kernel_us, copy_gbps)| {
                 scope.spawn(move || {
-                    let trace = temp_trace(&format!("graphs-{jitter}-{}", lookup.len()));
-                    let out = graph_run(lookup)
+                    let trace =
+                        temp_trace(&format!("graphs-{jitter}-{kernel_us}-{}", lookup.len()));
+                    let mut run = graph_run(lookup)
                         .trace(&trace)
                         .env("TENSILE_POLICY", "lru")
                         .env("TENSILE_DEVICE_MEMORY", BUDGET.to_string())
                         .env("TENSILE_SIM_JITTER_US", jitter.to_string())
-                        .output();
+                        .env("TENSILE_SIM_KERNEL_US", kernel_us.to_string());
+                    if copy_gbps > 0 {
+                        run = run.env("TENSILE_SIM_COPY_GBPS", copy_gbps.to_string());
+                    }
+                    let out = run.output();
                     out.assert_ok(what);
                     (what, out.clone(), stats_of(&trace))
                 })
