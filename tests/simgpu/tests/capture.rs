@@ -321,3 +321,44 @@ fn synchronizing_a_capturing_stream_and_capturing_the_legacy_stream_are_refused(
     assert_eq!(r, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
     ck(end(s).0);
 }
+
+#[test]
+fn querying_an_outside_event_from_another_thread_breaks_a_global_capture_unless_relaxed() {
+    let _g = serial();
+    let ctx = fresh_context();
+    let (s, other) = (
+        new_stream(CU_STREAM_NON_BLOCKING),
+        new_stream(CU_STREAM_NON_BLOCKING),
+    );
+    let e = event();
+    // SAFETY: valid handles.
+    ck(unsafe { cuEventRecord(e, other) });
+    ck(sync(other));
+    let query_from_thread = |relaxed: bool| {
+        let (ctx, e) = (ctx as usize, e as usize);
+        std::thread::spawn(move || {
+            // SAFETY: plain driver calls with valid handles and pointers.
+            unsafe {
+                ck(cuCtxSetCurrent(ctx as CUcontext));
+                if relaxed {
+                    let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+                    ck(cuThreadExchangeStreamCaptureMode(&mut mode));
+                }
+                cuEventQuery(e as CUevent)
+            }
+        })
+        .join()
+        .unwrap()
+    };
+    ck(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    assert_eq!(query_from_thread(true), CUDA_SUCCESS);
+    assert_eq!(status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_eq!(
+        query_from_thread(false),
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(status(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    assert_eq!(end(s).0, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // No capture: the same query is fine.
+    assert_eq!(query_from_thread(false), CUDA_SUCCESS);
+}

@@ -70,7 +70,10 @@ unsafe fn event_record_with_flags(
 per_thread_pair!(cuEventRecordWithFlags, cuEventRecordWithFlags_ptsz, event_record_with_flags, (ev: CUevent, h: CUstream, flags: c_uint));
 
 /// An event whose latest record went into a capture has nothing to query or wait for:
-/// `CUDA_ERROR_CAPTURED_EVENT`, and the capture (if still active) is invalidated.
+/// `CUDA_ERROR_CAPTURED_EVENT`, and the capture (if still active) is invalidated. Querying
+/// or waiting for any other event is a potentially unsafe call during a capture (PyTorch's
+/// NCCL watchdog invalidated global captures with `cudaEventQuery` until it switched its
+/// thread's capture mode: pytorch/pytorch#104555, #105182).
 fn refuse_captured(event: &Event) -> Result<(), CUresult> {
     match event.captured_in() {
         Some(id) => {
@@ -84,6 +87,7 @@ fn refuse_captured(event: &Event) -> Result<(), CUresult> {
 unsafe fn event_query(ev: CUevent) -> Result<(), CUresult> {
     let event = lookup(ev)?;
     refuse_captured(&event)?;
+    crate::capture::check_unsafe_call()?;
     current_fault()?;
     if event.is_done() {
         Ok(())
@@ -96,6 +100,7 @@ export!(cuEventQuery, event_query, (ev: CUevent));
 unsafe fn event_synchronize(ev: CUevent) -> Result<(), CUresult> {
     let event = lookup(ev)?;
     refuse_captured(&event)?;
+    crate::capture::check_unsafe_call()?;
     event.wait();
     current_fault()
 }

@@ -69,6 +69,7 @@ fn refuse_capturing(stream: &Stream) -> Result<(), CUresult> {
 unsafe fn stream_synchronize(pt: bool, h: CUstream) -> Result<(), CUresult> {
     let (ctx, stream) = resolve_stream(h, pt)?;
     refuse_capturing(&stream)?;
+    crate::capture::check_unsafe_call()?;
     stream.synchronize();
     ctx.check()
 }
@@ -77,6 +78,7 @@ per_thread_pair!(cuStreamSynchronize, cuStreamSynchronize_ptsz, stream_synchroni
 unsafe fn stream_query(pt: bool, h: CUstream) -> Result<(), CUresult> {
     let (ctx, stream) = resolve_stream(h, pt)?;
     refuse_capturing(&stream)?;
+    crate::capture::check_unsafe_call()?;
     ctx.check()?;
     if stream.is_idle() {
         Ok(())
