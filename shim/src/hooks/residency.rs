@@ -85,7 +85,8 @@ fn pin_for_capture(
 ) -> Result<(), CUresult> {
     managed.mm.pin_for_capture(ranges).inspect_err(|&code| {
         tracing::error!(
-            "tensile: {} is captured into a graph; pinning the {} bytes of managed memory it              touches failed with error {code}",
+            "tensile: {} is captured into a graph; pinning the {} bytes of managed memory it \
+             touches failed with error {code}",
             what(),
             arena_bytes(managed, ranges)
         );
