@@ -58,7 +58,7 @@ fn a_captured_graph_gives_the_same_bytes_under_eviction() {
     let native = graph_run("proc:13000:0").output();
     native.assert_ok("the native run");
     let want = digests(&native);
-    assert_eq!(want.len(), LAUNCHES + 5, "{}", native.stdout);
+    assert_eq!(want.len(), LAUNCHES + 6, "{}", native.stdout);
 
     // (what, lookup, jitter µs, kernel µs, copy GB/s). Slow kernels and copies widen the
     // window in which an eviction the manager thinks is safe would race a running graph.

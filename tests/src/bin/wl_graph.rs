@@ -2,7 +2,9 @@
 //! squeezes the device.
 //!
 //! `wl_graph <lookup> [tensor_kib] [launches] [pressure_tensors]` (defaults 1536, 6, 8).
-//! Four parameter tensors and an accumulator are allocated and filled outside the capture.
+//! Four parameter tensors and an accumulator are allocated and filled outside the capture;
+//! one round of pressure (below) runs before the capture, so that under a small budget the
+//! capture starts with the parameters evicted and the manager's background work busy.
 //! One step is captured on a stream in GLOBAL mode (the default of `cudaStreamBeginCapture`
 //! and of PyTorch): a temporary allocated and freed stream-ordered inside the capture (a
 //! graph memory node), kernels that read parameters and write the temporary, the
@@ -13,8 +15,8 @@
 //! parameter, ordered with the graph by events.
 //!
 //! Prints `D` lines (compared bit for bit between runs): the accumulator, the parameters and
-//! each pressure round's checksum. Everything is deterministic: no two streams race on a
-//! buffer.
+//! each pressure round's checksum (the warm-up round's too). Everything is deterministic: no
+//! two streams race on a buffer.
 
 use std::ffi::{c_uint, c_void, CStr};
 
@@ -117,6 +119,7 @@ fn main() {
     let bytes = tensor_kib * 1024;
     let n = (bytes / 4) as u64;
     let (cs, ws) = (s.stream(), s.stream());
+    let grid = 4;
 
     // Parameters and the accumulator, outside the capture.
     let params: Vec<u64> = (0..4)
@@ -132,6 +135,53 @@ fn main() {
     let acc = s.alloc(bytes);
     s.memset(acc, 4, 0, n as usize, None);
 
+    // Uncaptured pressure on the other stream, independent of the graph's buffers: a round's
+    // tensors are all live at once, so they cannot all stay on the device. Returns the
+    // buffer their checksums are summed into.
+    let press = |round: u64| -> u64 {
+        let sum = s.alloc(8);
+        s.memset(sum, 4, 0, 2, Some(ws));
+        let tensors: Vec<u64> = (0..pressure)
+            .map(|t| {
+                let p = s.alloc_async(bytes, ws);
+                s.launch(
+                    fill,
+                    grid,
+                    256,
+                    ws,
+                    &[
+                        Arg::ptr(p),
+                        Arg::U64(n),
+                        Arg::U32((round * 100 + t as u64) as u32),
+                    ],
+                    Form::Params,
+                );
+                p
+            })
+            .collect();
+        for &p in &tensors {
+            s.launch(
+                checksum,
+                grid,
+                256,
+                ws,
+                &[Arg::ptr(p), Arg::U64(n), Arg::ptr(sum)],
+                Form::Params,
+            );
+        }
+        for p in tensors {
+            s.free_async(p, ws);
+        }
+        sum
+    };
+    // One round before the capture, so that the capture finds the parameters evicted (the
+    // manager must bring them back without touching the capturing stream) and the manager's
+    // background work still busy.
+    let warmup = press(99);
+    s.sync_stream(ws);
+    s.digest("pressure_warmup", warmup, 8);
+    s.free(warmup);
+
     // The captured step.
     let mut status = 99;
     // SAFETY: live stream, valid out-pointer.
@@ -146,7 +196,6 @@ fn main() {
     );
     assert_eq!(status, CU_STREAM_CAPTURE_STATUS_ACTIVE);
     let tmp = s.alloc_async(bytes, cs);
-    let grid = 4;
     s.launch(
         copy,
         grid,
@@ -211,41 +260,7 @@ fn main() {
     for round in 0..launches {
         // SAFETY: a live executable graph and stream.
         check(unsafe { (g.launch)(exec, cs) }, "cuGraphLaunch");
-        // Uncaptured pressure on the other stream, independent of the graph's buffers.
-        let sum = s.alloc(8);
-        s.memset(sum, 4, 0, 2, Some(ws));
-        // All of them live at once, so they cannot all stay on the device.
-        let tensors: Vec<u64> = (0..pressure)
-            .map(|t| {
-                let p = s.alloc_async(bytes, ws);
-                s.launch(
-                    fill,
-                    grid,
-                    256,
-                    ws,
-                    &[
-                        Arg::ptr(p),
-                        Arg::U64(n),
-                        Arg::U32((round * 100 + t as u64) as u32),
-                    ],
-                    Form::Params,
-                );
-                p
-            })
-            .collect();
-        for &p in &tensors {
-            s.launch(
-                checksum,
-                grid,
-                256,
-                ws,
-                &[Arg::ptr(p), Arg::U64(n), Arg::ptr(sum)],
-                Form::Params,
-            );
-        }
-        for p in tensors {
-            s.free_async(p, ws);
-        }
+        let sum = press(round);
         // Then, after this launch of the graph, a parameter the graph reads is changed
         // outside it; the next launch waits for that.
         let launched = s.record_event(cs);
