@@ -35,7 +35,7 @@ type PfnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> R;
 type PfnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> R;
 type PfnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> R;
 type PfnCtxSynchronize = unsafe extern "C" fn() -> R;
-type PfnExchangeCaptureMode = unsafe extern "C" fn(*mut CUstreamCaptureMode) -> R;
+pub(crate) type PfnExchangeCaptureMode = unsafe extern "C" fn(*mut CUstreamCaptureMode) -> R;
 
 /// The manager's context, and the driver functions that switch to it (the memory
 /// operations are in [`MemFns`]).
@@ -56,7 +56,8 @@ pub struct RelaxedCapture {
 }
 
 impl RelaxedCapture {
-    fn enter(exchange: Option<PfnExchangeCaptureMode>) -> RelaxedCapture {
+    /// Switches the calling thread to relaxed mode (nothing if `exchange` is `None`).
+    pub(crate) fn enter(exchange: Option<PfnExchangeCaptureMode>) -> RelaxedCapture {
         let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         let exchange = exchange.filter(|f| {
             // SAFETY: a valid pointer to a local mode.

@@ -17,6 +17,7 @@ use tensile_driver_abi::{CUcontext, CUevent, CUresult, CUstream, CUDA_SUCCESS, C
 use tensile_trace::{LaunchTime, Record};
 
 use crate::real::{fn_ptr, RealDriver};
+use crate::real_memory::{PfnExchangeCaptureMode, RelaxedCapture};
 use crate::recorder::Recorder;
 
 type EventCreate = unsafe extern "C" fn(*mut CUevent, u32) -> CUresult;
@@ -40,6 +41,9 @@ struct Api {
     elapsed: EventElapsed,
     destroy: EventDestroy,
     current: CtxGetCurrent,
+    /// `cuThreadExchangeStreamCaptureMode`, if the driver has it: [`Timing::collect`] queries
+    /// events, which in global capture mode would invalidate another thread's capture.
+    exchange: Option<PfnExchangeCaptureMode>,
 }
 
 /// Two events of one context.
@@ -95,6 +99,7 @@ impl Timing {
                 elapsed,
                 destroy: fn_ptr(driver.symbol(c"cuEventDestroy_v2"))?,
                 current: fn_ptr(driver.symbol(c"cuCtxGetCurrent"))?,
+                exchange: fn_ptr(driver.symbol(c"cuThreadExchangeStreamCaptureMode")),
             }
         };
         Some(Timing {
@@ -193,6 +198,8 @@ impl Timing {
     /// Records the times of every launch whose events have completed, oldest first,
     /// stopping at the first one still running. Never waits.
     pub fn collect(&self, rec: &Recorder) {
+        // An event query is an "unsafe" call during another thread's global-mode capture.
+        let _relaxed = RelaxedCapture::enter(self.api.exchange);
         loop {
             let next = {
                 let mut st = self.lock();
