@@ -8,7 +8,7 @@
 //! in-memory [`fake::FakeDriver`] and on the simulated GPU ([`cuda::DlDriver`]).
 //!
 //! Not here (yet): the hooks themselves, PyTorch specifics, the planned (non-LRU) policy,
-//! pinning of IPC-exported or graph-captured memory. See `docs/memory.md`.
+//! pinning of IPC-exported or peer-mapped memory. See `docs/memory.md`.
 //!
 //! | module | concept |
 //! | --- | --- |
