@@ -206,3 +206,17 @@ pub fn compare_unordered(got: &[Expect], want: &[Expect]) -> Result<(), String> 
         w.len()
     ))
 }
+
+/// The swap statistics a run wrote into its trace at `path` (which is removed afterwards).
+/// Panics if the trace has no `Stats` record: every run of the shim writes one at exit.
+pub fn trace_stats(path: &Path) -> tensile_trace::Stats {
+    let t = read_trace(path);
+    let _ = std::fs::remove_file(path);
+    t.records
+        .iter()
+        .find_map(|r| match r {
+            Record::Stats(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("the trace has a Stats record")
+}

@@ -208,6 +208,16 @@ pub fn digests(stdout: &str) -> Vec<String> {
         .collect()
 }
 
+/// The digest lines of a workload's stdout by name (`D name hex` gives `name -> hex`).
+pub fn named_digests(stdout: &str) -> std::collections::BTreeMap<String, String> {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("D "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 /// FNV-1a over `bytes`: a digest that changes with any bit.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {

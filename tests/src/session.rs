@@ -724,3 +724,21 @@ pub fn u32_bytes(v: &[u32]) -> Vec<u8> {
 pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
+
+/// The kernel called `name` among `kernels` (a workload's own module: a missing one is a bug
+/// in the workload, so it panics).
+pub fn kernel<'a>(kernels: &'a [Kernel], name: &str) -> &'a Kernel {
+    kernels
+        .iter()
+        .find(|k| k.name == name)
+        .unwrap_or_else(|| panic!("no kernel {name}"))
+}
+
+/// The workload's numeric argument `i` (`std::env::args` numbering), or `default` when it is
+/// absent; a malformed one panics with its position.
+pub fn numeric_arg(i: usize, default: u64) -> u64 {
+    std::env::args()
+        .nth(i)
+        .map(|a| a.parse().unwrap_or_else(|_| panic!("argument {i}: {a:?}")))
+        .unwrap_or(default)
+}

@@ -7,11 +7,10 @@
 //! well under its footprint, with and without randomized stream timing. The trace must show
 //! that the manager really swapped.
 
-use std::collections::BTreeMap;
-
-use tensile_tests::check::read_trace;
+use tensile_tests::check::trace_stats;
+use tensile_tests::expect::named_digests;
 use tensile_tests::harness::{temp_trace, Output, Run};
-use tensile_trace::{Record, Stats};
+use tensile_trace::Stats;
 
 const MIB: usize = 1 << 20;
 const TENSOR_KIB: usize = 1536;
@@ -30,34 +29,12 @@ fn graph_run(lookup: &str) -> Run {
         .arg(PRESSURE.to_string())
 }
 
-/// The `D` lines of a run, by name.
-fn digests(out: &Output) -> BTreeMap<String, String> {
-    out.stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("D "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
-fn stats_of(path: &std::path::Path) -> Stats {
-    let t = read_trace(path);
-    let _ = std::fs::remove_file(path);
-    t.records
-        .iter()
-        .find_map(|r| match r {
-            Record::Stats(s) => Some(s.clone()),
-            _ => None,
-        })
-        .expect("the trace has a Stats record")
-}
-
 #[test]
 fn a_captured_graph_gives_the_same_bytes_under_eviction() {
     const { assert!(BUDGET < FOOTPRINT) };
     let native = graph_run("proc:13000:0").output();
     native.assert_ok("the native run");
-    let want = digests(&native);
+    let want = named_digests(&native.stdout);
     assert_eq!(want.len(), LAUNCHES + 6, "{}", native.stdout);
 
     // (what, lookup, jitter µs, kernel µs, copy GB/s). Slow kernels and copies widen the
@@ -92,7 +69,7 @@ fn a_captured_graph_gives_the_same_bytes_under_eviction() {
                     }
                     let out = run.output();
                     out.assert_ok(what);
-                    (what, out.clone(), stats_of(&trace))
+                    (what, out.clone(), trace_stats(&trace))
                 })
             })
             .collect();
@@ -103,7 +80,7 @@ fn a_captured_graph_gives_the_same_bytes_under_eviction() {
     });
     for (what, out, stats) in results {
         assert_eq!(
-            digests(&out),
+            named_digests(&out.stdout),
             want,
             "{what}: results differ from the native run\n{}",
             out.stderr

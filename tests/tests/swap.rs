@@ -7,10 +7,8 @@
 //! with randomized stream timing and the per-thread default stream, and the trace must show
 //! that it really swapped both ways within the budget.
 
-use std::collections::BTreeMap;
-
-use tensile_tests::check::read_trace;
-use tensile_tests::expect::fnv1a;
+use tensile_tests::check::{read_trace, trace_stats};
+use tensile_tests::expect::{fnv1a, named_digests};
 use tensile_tests::harness::{temp_trace, Output, Run};
 use tensile_trace::{Record, Stats};
 
@@ -30,33 +28,11 @@ fn train(lookup: &str) -> Run {
         .arg(ITERATIONS.to_string())
 }
 
-/// The `D` lines of a run, by name.
-fn digests(out: &Output) -> BTreeMap<String, String> {
-    out.stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("D "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect()
-}
-
-fn stats_of(path: &std::path::Path) -> Stats {
-    let t = read_trace(path);
-    let _ = std::fs::remove_file(path);
-    t.records
-        .iter()
-        .find_map(|r| match r {
-            Record::Stats(s) => Some(s.clone()),
-            _ => None,
-        })
-        .expect("the trace has a Stats record")
-}
-
 #[test]
 fn no_byte_is_lost_at_a_half_a_quarter_and_an_eighth_of_the_footprint() {
     let native = train("proc:13000:0").output();
     native.assert_ok("the native run");
-    let want = digests(&native);
+    let want = named_digests(&native.stdout);
     assert_eq!(
         want.len(),
         2 * ITERATIONS + 2 * LAYERS + 1,
@@ -90,7 +66,7 @@ fn no_byte_is_lost_at_a_half_a_quarter_and_an_eighth_of_the_footprint() {
                         .env("TENSILE_SIM_JITTER_US", jitter.to_string())
                         .output();
                     out.assert_ok(what);
-                    (what, capacity, out.clone(), stats_of(&trace))
+                    (what, capacity, out.clone(), trace_stats(&trace))
                 })
             })
             .collect();
@@ -101,7 +77,7 @@ fn no_byte_is_lost_at_a_half_a_quarter_and_an_eighth_of_the_footprint() {
     });
     for (what, capacity, out, stats) in results {
         assert_eq!(
-            digests(&out),
+            named_digests(&out.stdout),
             want,
             "{what}: results differ from the unlimited run\n{}",
             out.stderr
@@ -143,8 +119,12 @@ fn a_budget_above_the_footprint_swaps_nothing_and_policy_off_forwards() {
             .env("TENSILE_DEVICE_MEMORY", "1GiB")
             .output();
         out.assert_ok(policy);
-        assert_eq!(digests(&out), digests(&native), "{policy}");
-        let stats = stats_of(&trace);
+        assert_eq!(
+            named_digests(&out.stdout),
+            named_digests(&native.stdout),
+            "{policy}"
+        );
+        let stats = trace_stats(&trace);
         assert_eq!(
             (stats.bytes_to_host, stats.bytes_to_device),
             (0, 0),

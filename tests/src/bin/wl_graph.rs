@@ -22,20 +22,7 @@ use std::ffi::{c_uint, c_void, CStr};
 
 use tensile_driver_abi::*;
 use tensile_tests::driver::{check, Lookup};
-use tensile_tests::session::{f32_bytes, Arg, Form, Kernel, Session};
-
-fn kernel<'a>(ks: &'a [Kernel], name: &str) -> &'a Kernel {
-    ks.iter()
-        .find(|k| k.name == name)
-        .unwrap_or_else(|| panic!("no kernel {name}"))
-}
-
-fn arg(i: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(i)
-        .map(|a| a.parse().unwrap_or_else(|_| panic!("argument {i}: {a:?}")))
-        .unwrap_or(default)
-}
+use tensile_tests::session::{f32_bytes, kernel, numeric_arg, Arg, Form, Session};
 
 type BeginCapture = unsafe extern "C" fn(CUstream, c_uint) -> CUresult;
 type EndCapture = unsafe extern "C" fn(CUstream, *mut CUgraph) -> CUresult;
@@ -103,9 +90,9 @@ fn main() {
         .nth(1)
         .and_then(|a| Lookup::parse(&a))
         .expect("usage: wl_graph <lookup> [tensor_kib] [launches] [pressure_tensors]");
-    let tensor_kib = arg(2, 1536) as usize;
-    let launches = arg(3, 6);
-    let pressure = arg(4, 8) as usize;
+    let tensor_kib = numeric_arg(2, 1536) as usize;
+    let launches = numeric_arg(3, 6);
+    let pressure = numeric_arg(4, 8) as usize;
     let s = Session::start(lookup);
     let g = Graphs::load(&s);
     let ks = s.kernels(false);

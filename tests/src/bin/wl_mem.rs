@@ -16,15 +16,9 @@
 use tensile_driver_abi::{CUdeviceptr, CUDA_SUCCESS};
 use tensile_tests::driver::Lookup;
 use tensile_tests::expect::fnv1a;
-use tensile_tests::session::{Arg, Form, Kernel, Session};
+use tensile_tests::session::{kernel, Arg, Form, Session};
 
 const MIB: usize = 1 << 20;
-
-fn kernel<'a>(ks: &'a [Kernel], name: &str) -> &'a Kernel {
-    ks.iter()
-        .find(|k| k.name == name)
-        .unwrap_or_else(|| panic!("no kernel {name}"))
-}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -9,13 +9,7 @@
 //! `WL_RAW_FORK=1` it forks there, and the child exits at once.
 
 use tensile_tests::driver::Lookup;
-use tensile_tests::session::{f32_bytes, u32_bytes, Arg, Form, Kernel, Session};
-
-fn kernel<'a>(ks: &'a [Kernel], name: &str) -> &'a Kernel {
-    ks.iter()
-        .find(|k| k.name == name)
-        .unwrap_or_else(|| panic!("no kernel {name}"))
-}
+use tensile_tests::session::{f32_bytes, kernel, u32_bytes, Arg, Form, Session};
 
 fn main() {
     let mut args = std::env::args().skip(1);

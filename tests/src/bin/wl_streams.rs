@@ -5,13 +5,7 @@
 //! `wl_streams <lookup>` (see `tensile_tests::driver::Lookup::parse`).
 
 use tensile_tests::driver::Lookup;
-use tensile_tests::session::{Arg, Form, Kernel, Session};
-
-fn kernel<'a>(ks: &'a [Kernel], name: &str) -> &'a Kernel {
-    ks.iter()
-        .find(|k| k.name == name)
-        .unwrap_or_else(|| panic!("no kernel {name}"))
-}
+use tensile_tests::session::{kernel, Arg, Form, Session};
 
 fn main() {
     let lookup = std::env::args()

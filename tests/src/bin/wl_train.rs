@@ -22,20 +22,7 @@
 
 use tensile_tests::driver::Lookup;
 use tensile_tests::expect::fnv1a;
-use tensile_tests::session::{f32_bytes, Arg, Form, Kernel, Session};
-
-fn kernel<'a>(ks: &'a [Kernel], name: &str) -> &'a Kernel {
-    ks.iter()
-        .find(|k| k.name == name)
-        .unwrap_or_else(|| panic!("no kernel {name}"))
-}
-
-fn arg(i: usize, default: u64) -> u64 {
-    std::env::args()
-        .nth(i)
-        .map(|a| a.parse().unwrap_or_else(|_| panic!("argument {i}: {a:?}")))
-        .unwrap_or(default)
-}
+use tensile_tests::session::{f32_bytes, kernel, numeric_arg, Arg, Form, Kernel, Session};
 
 /// Loads `libcuda.so.1` as the loader finds it and counts its devices.
 fn probe() -> Result<i32, String> {
@@ -96,9 +83,9 @@ fn main() {
         .nth(1)
         .and_then(|a| Lookup::parse(&a))
         .expect("usage: wl_train <lookup> [layers] [tensor_kib] [iterations]");
-    let layers = arg(2, 16) as usize;
-    let n = arg(3, 1536) * 1024 / 4; // f32 elements per tensor
-    let iterations = arg(4, 3);
+    let layers = numeric_arg(2, 16) as usize;
+    let n = numeric_arg(3, 1536) * 1024 / 4; // f32 elements per tensor
+    let iterations = numeric_arg(4, 3);
     let bytes = (n * 4) as usize;
     let footprint = (3 * layers + layers + 2) * bytes;
     eprintln!(
