@@ -947,19 +947,7 @@ impl Inner {
             stream,
             runs: runs_v,
         };
-        let mut resident = true;
-        for &(a, b) in &ticket.runs {
-            for p in a..=b {
-                if let Some(e) = self.pages.entry_mut(p) {
-                    resident &= matches!(
-                        e.state,
-                        ResidencyState::Device(_) | ResidencyState::Unbacked
-                    );
-                    e.pins += 1;
-                    e.last_access = self.clock;
-                }
-            }
-        }
+        let resident = self.pin_pages(&ticket);
         if resident {
             return Ok(ticket);
         }
@@ -977,6 +965,25 @@ impl Inner {
                 Err(e)
             }
         }
+    }
+
+    /// Pins every page of `ticket` (and marks it used now); whether all of them are already
+    /// on the device (or hold nothing yet).
+    fn pin_pages(&mut self, ticket: &AccessTicket) -> bool {
+        let mut resident = true;
+        for &(a, b) in &ticket.runs {
+            for p in a..=b {
+                if let Some(e) = self.pages.entry_mut(p) {
+                    resident &= matches!(
+                        e.state,
+                        ResidencyState::Device(_) | ResidencyState::Unbacked
+                    );
+                    e.pins += 1;
+                    e.last_access = self.clock;
+                }
+            }
+        }
+        resident
     }
 
     fn pin_for_capture(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<(), CUresult> {
@@ -1008,19 +1015,7 @@ impl Inner {
             stream: self.swap_in_stream,
             runs: runs(&runs_v.iter().flat_map(|&(a, b)| a..=b).collect::<Vec<_>>()),
         };
-        let mut resident = true;
-        for &(a, b) in &ticket.runs {
-            for p in a..=b {
-                if let Some(e) = self.pages.entry_mut(p) {
-                    resident &= matches!(
-                        e.state,
-                        ResidencyState::Device(_) | ResidencyState::Unbacked
-                    );
-                    e.pins += 1;
-                    e.last_access = self.clock;
-                }
-            }
-        }
+        let resident = self.pin_pages(&ticket);
         if !resident {
             if let Err(e) = self.make_resident(&ticket, true) {
                 self.unpin(&ticket);
