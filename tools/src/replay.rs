@@ -50,6 +50,12 @@ pub struct ReplayArgs {
     /// Write an SVG plot of the footprint, the budget and the plan's residency to this file.
     #[arg(long)]
     pub plot: Option<PathBuf>,
+    /// Write the plan itself to this file as JSON: the pieces it moves (tensor, offset,
+    /// bytes), every round trip (after which op a piece leaves, at which op its read-back is
+    /// issued, which op needs it), and the cycle's tensors (identity and size). Needs the
+    /// `plan` policy.
+    #[arg(long)]
+    pub plan_out: Option<PathBuf>,
     /// Show a progress indicator while reading even when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
@@ -76,6 +82,9 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
 /// Does the work of `tensile replay` and returns what it prints.
 fn render(args: &ReplayArgs) -> Result<String, String> {
     let policies = parse_policies(&args.policy)?;
+    if args.plan_out.is_some() && !policies.contains(&PolicyKind::Plan) {
+        return Err("--plan-out needs the plan policy (--policy plan)".into());
+    }
     let cost = CostModel {
         h2d_gbps: args.h2d_gbps,
         d2h_gbps: args.d2h_gbps,
@@ -105,6 +114,26 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     }
     let results = evaluate_many(&analysis.cycle, &policies, budget, &cost, &bound_options)
         .map_err(|(policy, e)| format!("policy {}: {e}", policy_name(policy)))?;
+    if let Some(path) = &args.plan_out {
+        let plan = results
+            .iter()
+            .find_map(|r| r.plan.as_ref())
+            .ok_or("no plan was made")?;
+        let tensors: Vec<Value> = analysis
+            .cycle
+            .tensors
+            .iter()
+            .map(|t| json!({ "identity": t.identity, "bytes": t.bytes }))
+            .collect();
+        let doc = json!({
+            "trace": args.trace.display().to_string(),
+            "plan": plan,
+            "tensors": tensors,
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     if let Some(path) = &args.plot {
         let svg = plot::footprint_svg(&analysis, budget, &results, &args.trace);
         std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -473,6 +502,54 @@ mod tests {
             assert!(svg.contains(label), "no {label:?} in the plot");
         }
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn plan_out_writes_the_plan_the_simulator_ran() {
+        let path = std::env::temp_dir().join(format!("replay-plan-{}.json", std::process::id()));
+        let p = path.to_string_lossy().into_owned();
+        let out = render(&args(&["--budget", "50%", "--json", "--plan-out", &p])).unwrap();
+        let summary: Value = serde_json::from_str(&out).unwrap();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let plan = &doc["plan"];
+        let pieces = plan["pieces"].as_array().unwrap();
+        let tensors = doc["tensors"].as_array().unwrap();
+        let evictions = plan["evictions"].as_array().unwrap();
+        assert_eq!(
+            summary["evictions"].as_u64().unwrap() as usize,
+            evictions.len()
+        );
+        assert!(!evictions.is_empty());
+        // Every piece lies inside its tensor, and the pieces of a tensor tile it.
+        let mut covered = vec![0u64; tensors.len()];
+        for piece in pieces {
+            let t = piece["tensor"].as_u64().unwrap() as usize;
+            let (off, bytes) = (
+                piece["offset"].as_u64().unwrap(),
+                piece["bytes"].as_u64().unwrap(),
+            );
+            assert_eq!(off, covered[t], "pieces of tensor {t} out of order");
+            covered[t] += bytes;
+        }
+        for (t, tensor) in tensors.iter().enumerate() {
+            assert_eq!(covered[t], tensor["bytes"].as_u64().unwrap(), "tensor {t}");
+        }
+        let period = plan["period"].as_u64().unwrap();
+        for e in evictions {
+            assert!((e["piece"].as_u64().unwrap() as usize) < pieces.len());
+            assert!(e["out_after"].as_u64().unwrap() < period);
+            assert!(e["fetch_at"].as_u64().unwrap() < period);
+        }
+        let lru_only = render(&args(&[
+            "--budget",
+            "50%",
+            "--policy",
+            "lru",
+            "--plan-out",
+            &p,
+        ]));
+        assert!(lru_only.unwrap_err().contains("needs the plan policy"));
     }
 
     #[test]
