@@ -43,7 +43,7 @@ use clarabel::solver::{
 use serde::Serialize;
 
 use crate::cost::CostModel;
-use crate::cycle::Cycle;
+use crate::cycle::{Cycle, TensorId};
 use crate::timeline::Liveness;
 
 /// Largest LP (in variables) the bound builds by default: about a second to solve on one core.
@@ -108,7 +108,7 @@ impl Phases {
 /// The fewest ops per phase, up to `max_ops_per_phase`, whose LP has at most `max_variables`
 /// variables; `None` if even that many ops per phase are too many variables.
 pub fn ops_per_phase(live: &Liveness, max_variables: usize, max_ops_per_phase: u32) -> Option<u32> {
-    let spans = gap_spans_unsized(live);
+    let spans = gap_spans(live, |_| 0.0);
     let period = live.period.max(1);
     (1..=period.min(max_ops_per_phase)).find(|&k| {
         let ph = Phases::new(period, k);
@@ -116,12 +116,14 @@ pub fn ops_per_phase(live: &Liveness, max_variables: usize, max_ops_per_phase: u
     })
 }
 
-fn gap_spans_unsized(live: &Liveness) -> Vec<GapSpan> {
+/// The gaps that span at least one op (the others can never be off the device while an op
+/// runs), with their sizes as `bytes` gives them.
+fn gap_spans(live: &Liveness, bytes: impl Fn(TensorId) -> f64) -> Vec<GapSpan> {
     live.gaps
         .iter()
         .filter(|g| g.to - g.from >= 2)
         .map(|g| GapSpan {
-            bytes: 0.0,
+            bytes: bytes(g.tensor),
             from: g.from,
             to: g.to,
         })
@@ -183,16 +185,7 @@ pub fn schedule_bound(
     );
     let ph = Phases::new(period, ops_per_phase.clamp(1, period));
     let nph = ph.count as usize;
-    let spans: Vec<GapSpan> = live
-        .gaps
-        .iter()
-        .filter(|g| g.to - g.from >= 2)
-        .map(|g| GapSpan {
-            bytes: cycle.tensors[g.tensor as usize].bytes as f64 / MIB,
-            from: g.from,
-            to: g.to,
-        })
-        .collect();
+    let spans = gap_spans(live, |t| cycle.tensors[t as usize].bytes as f64 / MIB);
 
     // Column layout: tau[0..nph], then per gap o[0..L], n[0..L], z[0..L-1].
     let mut cols = nph;
@@ -251,7 +244,7 @@ pub fn schedule_bound(
     let ms = |ns: u64| ns as f64 / 1e6;
     let mut phase_compute = vec![0.0; nph];
     for (i, op) in cycle.ops.iter().enumerate() {
-        phase_compute[i / ops_per_phase.clamp(1, period) as usize] += ms(op.duration_ns);
+        phase_compute[i / ph.k as usize] += ms(op.duration_ns);
     }
     for k in 0..nph {
         let outs = outs_in_phase[k].iter().map(|&c| (c, 1.0));
@@ -267,7 +260,7 @@ pub fn schedule_bound(
             continue;
         }
         // Gaps opened by op a write out after it ends: within tau - d_a of their first phase.
-        let k = a / ops_per_phase.clamp(1, period) as usize;
+        let k = a / ph.k as usize;
         let terms = firsts.iter().map(|&c| (c, 1.0)).chain([(k, -b_out)]);
         ineq.push(terms, -b_out * ms(cycle.ops[a].duration_ns));
     }
