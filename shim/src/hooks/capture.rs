@@ -8,6 +8,7 @@
 //! be neither queried nor waited for). This module only answers the question; what the hooks
 //! do about it is in [`super::residency`] and [`super::alloc`].
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 
 use tensile_driver_abi::{
@@ -45,4 +46,40 @@ pub fn is_capturing(rt: &Runtime, stream: u64) -> bool {
     // handle is a valid argument too), and a valid out-pointer to a local.
     let r = unsafe { f(stream as usize as CUstream, &mut status) };
     r == CUDA_SUCCESS && status != CU_STREAM_CAPTURE_STATUS_NONE
+}
+
+/// A hooked call's stream and, asked of the driver at most once, whether it is capturing:
+/// a launch needs the answer both to pin its memory and to decide whether to time it.
+pub struct CallStream {
+    rt: &'static Runtime,
+    handle: u64,
+    capturing: Cell<Option<bool>>,
+}
+
+impl CallStream {
+    /// `handle` as the hooks record it (see [`is_capturing`]).
+    pub fn new(rt: &'static Runtime, handle: u64) -> CallStream {
+        CallStream {
+            rt,
+            handle,
+            capturing: Cell::new(None),
+        }
+    }
+
+    /// The stream handle value.
+    pub fn handle(&self) -> u64 {
+        self.handle
+    }
+
+    /// [`is_capturing`] for this stream, queried on first use.
+    pub fn is_capturing(&self) -> bool {
+        match self.capturing.get() {
+            Some(c) => c,
+            None => {
+                let c = is_capturing(self.rt, self.handle);
+                self.capturing.set(Some(c));
+                c
+            }
+        }
+    }
 }

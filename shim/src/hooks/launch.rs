@@ -12,6 +12,7 @@ use std::ffi::c_void;
 use tensile_driver_abi::{CUfunction, CUlaunchConfig, CUresult, CUstream, CUDA_SUCCESS};
 use tensile_trace::Access;
 
+use super::capture::CallStream;
 use super::{residency, Call};
 use crate::alloc_index::Range;
 use crate::params::AccessSink;
@@ -86,7 +87,8 @@ unsafe fn launch_with<F>(
                 resolved,
             )
         };
-        let pinned = residency::pin(rt, shape.stream, &resolved.ranges, || {
+        let on = CallStream::new(rt, shape.stream);
+        let pinned = residency::pin(rt, &on, &resolved.ranges, || {
             format!("the launch of kernel `{}`", kernel.name)
         });
         let pinned = match pinned {
@@ -98,7 +100,7 @@ unsafe fn launch_with<F>(
         // Timing records events on the launch's stream: not on a capturing one, where they
         // would become part of the graph and could never be queried.
         let timed = match (rec, rt.timing.as_ref()) {
-            (Some(_), Some(timing)) if !super::capture::is_capturing(rt, shape.stream) => {
+            (Some(_), Some(timing)) if !on.is_capturing() => {
                 timing.start(stream, per_thread).map(|s| (timing, s))
             }
             _ => None,

@@ -16,6 +16,7 @@
 
 use tensile_driver_abi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
+use super::capture::CallStream;
 use crate::managed::Managed;
 use crate::memory::{AccessTicket, Stream};
 use crate::runtime::Runtime;
@@ -37,14 +38,14 @@ impl Pinned {
 }
 
 /// Brings `ranges` (`(start, bytes)`, arena or not) onto the device for work about to be
-/// queued on `stream` (the handle value, `CU_STREAM_PER_THREAD` for a per-thread default
+/// queued on `stream` (whose handle is `CU_STREAM_PER_THREAD` for a per-thread default
 /// stream). `Ok(None)`: nothing to do. On error the call must not be forwarded: the code is
 /// what the application gets. `what` names the call for the one log line an access larger
 /// than the whole budget gets.
 #[inline]
 pub fn pin(
     rt: &'static Runtime,
-    stream: u64,
+    stream: &CallStream,
     ranges: &[(u64, usize)],
     what: impl FnOnce() -> String,
 ) -> Result<Option<Pinned>, CUresult> {
@@ -54,10 +55,13 @@ pub fn pin(
     if !ranges.iter().any(|&(p, n)| n > 0 && managed.mm.owns(p)) {
         return Ok(None);
     }
-    if super::capture::is_capturing(rt, stream) {
+    if stream.is_capturing() {
         return pin_for_capture(managed, ranges, what).map(|()| None);
     }
-    match managed.mm.prepare_access(Stream(stream as usize), ranges) {
+    match managed
+        .mm
+        .prepare_access(Stream(stream.handle() as usize), ranges)
+    {
         Ok(ticket) => Ok(Some(Pinned { managed, ticket })),
         Err(code) => {
             if code == CUDA_ERROR_OUT_OF_MEMORY {
@@ -103,7 +107,7 @@ pub fn forward_pinned(
     what: impl FnOnce() -> String,
     forward: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let pinned = match pin(rt, stream, ranges, what) {
+    let pinned = match pin(rt, &CallStream::new(rt, stream), ranges, what) {
         Ok(p) => p,
         Err(code) => return code,
     };
