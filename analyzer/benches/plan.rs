@@ -26,6 +26,19 @@ fn bench(c: &mut Criterion) {
         group.bench_function("plan at 50% (variants simulated)", |b| {
             b.iter(|| tensile_analyzer::plan::plan(black_box(&analysis.cycle), &budget, &cost))
         });
+        group.bench_function("plan + default local search at 50%", |b| {
+            b.iter(|| {
+                let p = tensile_analyzer::plan::plan(black_box(&analysis.cycle), &budget, &cost)
+                    .expect("plan");
+                tensile_analyzer::search::improve(
+                    &analysis.cycle,
+                    &p,
+                    budget,
+                    &cost,
+                    &tensile_analyzer::search::SearchOptions::default(),
+                )
+            })
+        });
         group.bench_function("lower bound at 50%", |b| {
             b.iter(|| {
                 tensile_analyzer::bound::lower_bound(black_box(&analysis.cycle), &budget, &cost)

@@ -14,6 +14,7 @@ use crate::cycle::Cycle;
 use crate::iteration::{detect, IterationError, Iterations};
 use crate::model::Trace;
 use crate::plan::{plan, PlanError, SwapPlan};
+use crate::search::{improve, SearchOptions, SearchReport};
 use crate::sim::{simulate, Policy, SimError, SimOptions, SimReport};
 use crate::timeline::Footprint;
 
@@ -75,6 +76,9 @@ pub struct Evaluation {
     pub report: SimReport,
     /// The plan, for `plan`.
     pub plan: Option<SwapPlan>,
+    /// What the local search after the planner did, for `plan`.
+    #[serde(skip)]
+    pub search: Option<SearchReport>,
     /// The lower bound for this budget (`None`: no plan can run within it; only `none`, which
     /// ignores the budget, is evaluated then).
     pub bound: Option<LowerBound>,
@@ -107,7 +111,8 @@ pub fn evaluate(
 }
 
 /// Evaluates each of `policies` for `budget`, computing the lower bound once (its schedule term
-/// can take seconds). The error names the policy that failed.
+/// can take seconds), with the default local search after the planner. The error names the
+/// policy that failed.
 pub fn evaluate_many(
     cycle: &Cycle,
     policies: &[PolicyKind],
@@ -115,10 +120,29 @@ pub fn evaluate_many(
     cost: &CostModel,
     bound_options: &BoundOptions,
 ) -> Result<Vec<Evaluation>, (PolicyKind, EvalError)> {
+    evaluate_many_with(
+        cycle,
+        policies,
+        budget,
+        cost,
+        bound_options,
+        &SearchOptions::default(),
+    )
+}
+
+/// [`evaluate_many`] with the local search's limits given (a zero time limit leaves it out).
+pub fn evaluate_many_with(
+    cycle: &Cycle,
+    policies: &[PolicyKind],
+    budget: Budget,
+    cost: &CostModel,
+    bound_options: &BoundOptions,
+    search: &SearchOptions,
+) -> Result<Vec<Evaluation>, (PolicyKind, EvalError)> {
     let bound = lower_bound_with(cycle, &budget, cost, bound_options);
     let options = SimOptions {
-        cycles: 3,
         record_curve: true,
+        ..SimOptions::default()
     };
     let mut out = Vec::with_capacity(policies.len());
     for &policy in policies {
@@ -128,19 +152,27 @@ pub fn evaluate_many(
             (Err(_), PolicyKind::None) => None,
             (Err(e), _) => return Err(fail(e.clone().into())),
         };
-        let (report, plan) = match policy {
+        let (report, plan, searched) = match policy {
             PolicyKind::Plan => {
-                let plan = plan(cycle, &budget, cost).map_err(|e| fail(e.into()))?;
+                let mut plan = plan(cycle, &budget, cost).map_err(|e| fail(e.into()))?;
+                let mut searched = None;
+                if !search.time_limit.is_zero() && search.max_evaluations > 0 {
+                    let (better, r) = improve(cycle, &plan, budget, cost, search);
+                    plan = better;
+                    searched = Some(r);
+                }
                 let report = simulate(cycle, Policy::Plan(&plan), budget, cost, options)
                     .map_err(|e| fail(e.into()))?;
-                (report, Some(plan))
+                (report, Some(plan), searched)
             }
             PolicyKind::Lru => (
                 simulate(cycle, Policy::Lru, budget, cost, options).map_err(|e| fail(e.into()))?,
                 None,
+                None,
             ),
             PolicyKind::None => (
                 simulate(cycle, Policy::None, budget, cost, options).map_err(|e| fail(e.into()))?,
+                None,
                 None,
             ),
         };
@@ -148,6 +180,7 @@ pub fn evaluate_many(
             policy,
             report,
             plan,
+            search: searched,
             bound,
         });
     }

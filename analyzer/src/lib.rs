@@ -8,7 +8,8 @@
 //!    with stable identities and access lists.
 //! 4. [`timeline`]: per-tensor timelines and the memory footprint curve.
 //! 5. [`plan`]: a periodic swap plan for a budget ([`plan::plan`]), and [`bound`]: the lower
-//!    bound on step time for that budget.
+//!    bound on step time for that budget; [`search`]: a local search that improves a plan
+//!    with the simulator as judge.
 //! 6. [`sim`]: replays a cycle under a policy and checks the budget and residency invariants.
 //!
 //! Not here: anything that touches a GPU or the driver (that is the shim's job).
@@ -23,11 +24,14 @@ pub mod model;
 pub mod pieces;
 pub mod plan;
 pub mod schedule_bound;
+pub mod search;
 pub mod sim;
 pub mod timeline;
 
 pub use bound::BoundOptions;
 pub use cost::{Budget, CostModel};
 pub use cycle::Cycle;
-pub use evaluate::{analyze, evaluate, evaluate_many, Analysis, Evaluation, PolicyKind};
+pub use evaluate::{
+    analyze, evaluate, evaluate_many, evaluate_many_with, Analysis, Evaluation, PolicyKind,
+};
 pub use model::Trace;

@@ -89,21 +89,92 @@ pub fn is_whole(cycle: &Cycle, pieces: &[Piece]) -> bool {
         })
 }
 
+/// How a plan's pieces fail to tile one of its tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CoverError {
+    /// A piece names a tensor the cycle does not have.
+    NoSuchTensor {
+        /// Index of the piece.
+        piece: usize,
+    },
+    /// A piece reaches past the end of its tensor.
+    PastEnd {
+        /// Index of the piece.
+        piece: usize,
+    },
+    /// No piece covers the bytes from `offset` (up to the next piece or the tensor's end).
+    Gap {
+        /// First uncovered byte.
+        offset: u64,
+    },
+    /// Two pieces both cover the byte at `offset`.
+    Overlap {
+        /// First byte covered twice.
+        offset: u64,
+    },
+}
+
+impl std::fmt::Display for CoverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CoverError::NoSuchTensor { piece } => write!(f, "piece {piece} names no tensor"),
+            CoverError::PastEnd { piece } => write!(f, "piece {piece} reaches past its end"),
+            CoverError::Gap { offset } => write!(f, "no piece covers offset {offset}"),
+            CoverError::Overlap { offset } => write!(f, "pieces overlap at offset {offset}"),
+        }
+    }
+}
+
+/// Checks that `pieces` tile every tensor of `cycle` exactly: each tensor's pieces lie inside
+/// it, are disjoint and leave no byte uncovered. Otherwise names the first tensor that fails
+/// and how. A plan whose pieces do not tile its tensors would let the simulator (and anything
+/// that trusts it) keep only part of a tensor's data, so every entry that takes a plan checks.
+pub fn check_cover(cycle: &Cycle, pieces: &[Piece]) -> Result<(), (TensorId, CoverError)> {
+    let mut ranges: Vec<Vec<(u64, u64, usize)>> = vec![Vec::new(); cycle.tensors.len()];
+    for (i, p) in pieces.iter().enumerate() {
+        let Some(t) = cycle.tensors.get(p.tensor as usize) else {
+            return Err((p.tensor, CoverError::NoSuchTensor { piece: i }));
+        };
+        if p.offset
+            .checked_add(p.bytes)
+            .is_none_or(|end| end > t.bytes)
+        {
+            return Err((p.tensor, CoverError::PastEnd { piece: i }));
+        }
+        if p.bytes > 0 {
+            ranges[p.tensor as usize].push((p.offset, p.offset + p.bytes, i));
+        }
+    }
+    for (t, (tensor, mut r)) in cycle.tensors.iter().zip(ranges).enumerate() {
+        let t = t as TensorId;
+        r.sort_unstable();
+        let mut covered_to = 0;
+        for (start, end, _) in r {
+            if start > covered_to {
+                return Err((t, CoverError::Gap { offset: covered_to }));
+            }
+            if start < covered_to {
+                return Err((t, CoverError::Overlap { offset: start }));
+            }
+            covered_to = end;
+        }
+        if covered_to < tensor.bytes {
+            return Err((t, CoverError::Gap { offset: covered_to }));
+        }
+    }
+    Ok(())
+}
+
 /// The cycle whose tensors are `pieces`: piece `i` becomes tensor `i`, accessed by the ops that
-/// access its tensor. Errors name a piece that does not lie inside its tensor.
+/// access its tensor. Errors name the tensor the pieces do not tile exactly ([`check_cover`]).
 pub fn split(cycle: &Cycle, pieces: &[Piece]) -> Result<Cycle, String> {
+    check_cover(cycle, pieces).map_err(|(t, e)| format!("tensor {t}: {e}"))?;
     let mut tensors = Vec::with_capacity(pieces.len());
     for (i, p) in pieces.iter().enumerate() {
         let t = cycle
             .tensors
             .get(p.tensor as usize)
             .ok_or_else(|| format!("piece {i} names tensor {}, beyond the cycle", p.tensor))?;
-        if p.bytes == 0 && t.bytes != 0 || p.offset.saturating_add(p.bytes) > t.bytes {
-            return Err(format!(
-                "piece {i} ({} bytes at {}) does not lie inside tensor {} ({} bytes)",
-                p.bytes, p.offset, p.tensor, t.bytes
-            ));
-        }
         tensors.push(Tensor {
             bytes: p.bytes,
             ..t.clone()
@@ -172,6 +243,53 @@ mod tests {
     }
 
     #[test]
+    fn pieces_that_do_not_tile_their_tensor_are_refused_with_the_tensor_named() {
+        let c = Cycle::from_parts(
+            &[10, 10],
+            vec![tensor(4 << 20, vec![0]), tensor(6 << 20, vec![1])],
+        )
+        .unwrap();
+        let piece = |tensor, offset, bytes| Piece {
+            tensor,
+            offset,
+            bytes,
+        };
+        assert_eq!(check_cover(&c, &cut(&c, 2 << 20)), Ok(()));
+        // The audit's plan: one byte per tensor.
+        let one_byte = [piece(0, 0, 1), piece(1, 0, 1)];
+        assert_eq!(
+            check_cover(&c, &one_byte),
+            Err((0, CoverError::Gap { offset: 1 }))
+        );
+        let hole = [
+            piece(0, 0, 4 << 20),
+            piece(1, 0, 2 << 20),
+            piece(1, 3 << 20, 3 << 20),
+        ];
+        assert_eq!(
+            check_cover(&c, &hole),
+            Err((1, CoverError::Gap { offset: 2 << 20 }))
+        );
+        let overlap = [
+            piece(0, 0, 4 << 20),
+            piece(1, 0, 4 << 20),
+            piece(1, 3 << 20, 3 << 20),
+        ];
+        assert_eq!(
+            check_cover(&c, &overlap),
+            Err((1, CoverError::Overlap { offset: 3 << 20 }))
+        );
+        let missing_tensor = [piece(0, 0, 4 << 20)];
+        assert_eq!(
+            check_cover(&c, &missing_tensor),
+            Err((1, CoverError::Gap { offset: 0 }))
+        );
+        assert!(split(&c, &hole)
+            .unwrap_err()
+            .contains("tensor 1: no piece covers offset 2097152"));
+    }
+
+    #[test]
     fn a_piece_outside_its_tensor_is_refused() {
         let c = Cycle::from_parts(&[10], vec![tensor(4096, vec![0])]).unwrap();
         let bad = [Piece {
@@ -179,15 +297,15 @@ mod tests {
             offset: 4000,
             bytes: 200,
         }];
-        assert!(split(&c, &bad).unwrap_err().contains("does not lie inside"));
+        assert!(split(&c, &bad)
+            .unwrap_err()
+            .contains("reaches past its end"));
         let missing = [Piece {
             tensor: 3,
             offset: 0,
             bytes: 1,
         }];
-        assert!(split(&c, &missing)
-            .unwrap_err()
-            .contains("beyond the cycle"));
+        assert!(split(&c, &missing).unwrap_err().contains("names no tensor"));
     }
 
     #[test]

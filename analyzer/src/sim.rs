@@ -15,8 +15,21 @@
 //!
 //! Invariants checked on every step, not assumed: device bytes never exceed the budget (`plan`,
 //! `lru`), and every tensor an op touches is on the device when the op starts. A violation is an
-//! error ([`SimError`]), as is a deadlock. The cycle is run several times from a steady initial
-//! state and the last run is reported, so the state at the end of an iteration feeds the next.
+//! error ([`SimError`]), as is a deadlock. A plan whose pieces do not tile its tensors exactly
+//! is refused before anything runs ([`SimError::PiecesDoNotCover`]).
+//!
+//! **Steady state.** The cycle is run again and again from an idealised initial state until the
+//! state at an iteration boundary repeats one seen at an earlier boundary (or [`SimOptions::
+//! max_cycles`] is reached). The *state* at a boundary is: where every tensor (piece) is
+//! (absent, on the device, on the host, moving either way), whether its host copy is valid, the
+//! device bytes in use, each copy engine's queue in order and its active copy with the bytes it
+//! has left (compared within [`REMAINING_BYTES_TOLERANCE`], since they are floats), and for LRU
+//! the recency order of the tensors. The simulation is deterministic given that state, so from
+//! a repeat on it runs through the same cycle of states forever; the report gives the average
+//! step over that cycle (which may span several iterations: a plan can alternate between two
+//! step lengths). A run that reaches the cap without a repeat is reported as not settled, with
+//! the average over its last half. The first iteration starts from an idealised state and can be
+//! faster than any steady state; the lower bound holds for the steady state only.
 
 use std::collections::VecDeque;
 
@@ -24,6 +37,7 @@ use serde::Serialize;
 
 use crate::cost::{format_bytes, Budget, CostModel};
 use crate::cycle::{Cycle, TensorId};
+use crate::pieces::CoverError;
 use crate::plan::SwapPlan;
 use crate::timeline::{unrolled_accesses, Liveness};
 
@@ -52,16 +66,26 @@ impl Policy<'_> {
 /// Simulation settings.
 #[derive(Debug, Clone, Copy)]
 pub struct SimOptions {
-    /// How many times the cycle is run; the last run is reported (at least 2).
-    pub cycles: u32,
+    /// Most iterations simulated while waiting for the state at an iteration boundary to repeat
+    /// (at least 2).
+    pub max_cycles: u32,
     /// Record device bytes at each op start of the last cycle (for plots).
     pub record_curve: bool,
 }
 
+/// Default [`SimOptions::max_cycles`]. Every plan and LRU run on the shared traces settles within
+/// a few iterations; the cap only bounds the cost of a plan that does not.
+pub const DEFAULT_MAX_CYCLES: u32 = 64;
+
+/// Two boundary states whose in-flight copies differ by at most this many bytes left count as
+/// the same (a thousandth of a byte: far below anything that changes a decision, far above the
+/// rounding of the fluid copy model's arithmetic).
+pub const REMAINING_BYTES_TOLERANCE: f64 = 1e-3;
+
 impl Default for SimOptions {
     fn default() -> Self {
         SimOptions {
-            cycles: 3,
+            max_cycles: DEFAULT_MAX_CYCLES,
             record_curve: false,
         }
     }
@@ -76,14 +100,22 @@ pub struct SimReport {
     pub budget_bytes: u64,
     /// GPU time of the ops alone.
     pub compute_ns: u64,
-    /// Predicted duration of one iteration (the last simulated one).
+    /// Predicted duration of one iteration in the steady state: the average over the repeating
+    /// cycle of states (see the module doc).
     pub step_ns: u64,
-    /// Time the compute stream waited for copies or memory in that iteration.
+    /// Time the compute stream waited for copies or memory per steady-state iteration.
     pub stall_ns: u64,
-    /// Host-to-device bytes in that iteration.
+    /// Host-to-device bytes per steady-state iteration.
     pub bytes_h2d: u64,
-    /// Device-to-host bytes in that iteration.
+    /// Device-to-host bytes per steady-state iteration.
     pub bytes_d2h: u64,
+    /// Whether the state at an iteration boundary repeated within the cap. When false, the
+    /// figures are the average over the last half of the simulated iterations.
+    pub settled: bool,
+    /// First iteration (0-based) of the repeating cycle of states.
+    pub settled_after: u32,
+    /// Iterations in the repeating cycle of states (1: every steady iteration is the same).
+    pub steady_iterations: u32,
     /// Most device bytes at any instant (all simulated iterations).
     pub peak_resident_bytes: u64,
     /// Whether the policy stayed within the budget (always true for `plan` and `lru`, which
@@ -96,6 +128,25 @@ pub struct SimReport {
     /// (time since the iteration started, device bytes) at each op start of the last iteration,
     /// when requested.
     pub resident_curve: Vec<(u64, u64)>,
+    /// Copies that completed in the last iteration, when requested (with the curve), in order
+    /// of completion; times since that iteration started (a copy begun in the previous one
+    /// starts at a negative time).
+    pub copies: Vec<CopySpan>,
+}
+
+/// One copy as the simulator ran it (for timelines).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CopySpan {
+    /// True for host-to-device (a read-back), false for device-to-host (a write-out).
+    pub to_device: bool,
+    /// The tensor (or piece, for a plan on pieces) it moved.
+    pub tensor: TensorId,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Start, ns since the iteration started.
+    pub start_ns: f64,
+    /// End, ns since the iteration started.
+    pub end_ns: f64,
 }
 
 /// Why a simulation failed.
@@ -146,6 +197,14 @@ pub enum SimError {
     /// A plan refers to something the cycle does not have.
     #[error("the plan does not match the cycle: {0}")]
     BadPlan(String),
+    /// A plan's pieces do not tile one of the cycle's tensors exactly.
+    #[error("the plan's pieces do not cover tensor {tensor} exactly: {problem}")]
+    PiecesDoNotCover {
+        /// The tensor.
+        tensor: TensorId,
+        /// What is wrong with its pieces.
+        problem: CoverError,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +222,8 @@ enum Place {
 struct Transfer {
     tensor: TensorId,
     remaining: f64,
+    /// Simulated time it started.
+    started: f64,
 }
 
 #[derive(Default)]
@@ -202,6 +263,10 @@ struct Sim<'a> {
     bytes_h2d: Vec<u64>,
     bytes_d2h: Vec<u64>,
     demand_fetches: u64,
+    /// Record completed copies (for timelines), relative to `iteration_start`.
+    record_copies: bool,
+    iteration_start: f64,
+    copies: Vec<CopySpan>,
 }
 
 /// Simulates `cycle` under `policy` within `budget`.
@@ -213,6 +278,10 @@ pub fn simulate(
     options: SimOptions,
 ) -> Result<SimReport, SimError> {
     // A plan made on pieces moves pieces: replay it on the cycle whose tensors are its pieces.
+    if let Policy::Plan(plan) = policy {
+        crate::pieces::check_cover(cycle, &plan.pieces)
+            .map_err(|(tensor, problem)| SimError::PiecesDoNotCover { tensor, problem })?;
+    }
     let split;
     let cycle = match policy {
         Policy::Plan(plan) if !crate::pieces::is_whole(cycle, &plan.pieces) => {
@@ -222,7 +291,7 @@ pub fn simulate(
         _ => cycle,
     };
     let p = cycle.len();
-    let cycles = options.cycles.max(2) as usize;
+    let cycles = options.max_cycles.max(2) as usize;
     let n_t = cycle.tensors.len();
     let enforce_budget = !matches!(policy, Policy::None);
     if enforce_budget {
@@ -284,48 +353,129 @@ pub fn simulate(
         bytes_h2d: vec![0; cycles],
         bytes_d2h: vec![0; cycles],
         demand_fetches: 0,
+        record_copies: options.record_curve,
+        iteration_start: 0.0,
+        copies: Vec::new(),
     };
     sim.initial_state(policy)?;
 
     let mut boundaries = Vec::with_capacity(cycles + 1);
+    let mut states: Vec<BoundaryState> = Vec::with_capacity(cycles + 1);
     let mut stall = vec![0f64; cycles];
     let mut curve = Vec::new();
+    // (first iteration of the repeating cycle, one past its last)
+    let mut repeat: Option<(usize, usize)> = None;
     for c in 0..cycles {
         sim.stats_cycle = c;
         boundaries.push(sim.time);
+        states.push(sim.boundary_state());
+        if options.record_curve {
+            curve.clear();
+            sim.copies.clear();
+            sim.iteration_start = sim.time;
+        }
         for pos in 0..p {
-            if options.record_curve && c + 1 == cycles {
+            if options.record_curve {
                 curve.push(((sim.time - boundaries[c]).max(0.0) as u64, sim.used));
             }
             let global = (c * p + pos) as u64;
             let waited = sim.run_op(pos, global)?;
             stall[c] += waited;
         }
+        let now = sim.boundary_state();
+        if let Some(first) = states.iter().position(|s| s.same_as(&now)) {
+            repeat = Some((first, c + 1));
+            break;
+        }
     }
     boundaries.push(sim.time);
-    let steps: Vec<u64> = boundaries
-        .windows(2)
-        .map(|w| (w[1] - w[0]).round() as u64)
-        .collect();
-    let last = cycles - 1;
+    let steps: Vec<f64> = boundaries.windows(2).map(|w| w[1] - w[0]).collect();
+    let (settled, (from, to)) = match repeat {
+        Some(r) => (true, r),
+        None => (false, (cycles / 2, cycles)),
+    };
+    let n = (to - from) as f64;
+    let average = |xs: &[f64]| (xs[from..to].iter().sum::<f64>() / n).round() as u64;
+    let as_f64 = |xs: &[u64]| xs.iter().map(|&x| x as f64).collect::<Vec<_>>();
     let compute_ns = cycle.compute_ns();
     Ok(SimReport {
         policy: policy.name(),
         budget_bytes: budget.bytes,
         compute_ns,
-        step_ns: steps[last],
-        stall_ns: stall[last].round() as u64,
-        bytes_h2d: sim.bytes_h2d[last],
-        bytes_d2h: sim.bytes_d2h[last],
+        step_ns: average(&steps),
+        stall_ns: average(&stall),
+        bytes_h2d: average(&as_f64(&sim.bytes_h2d)),
+        bytes_d2h: average(&as_f64(&sim.bytes_d2h)),
+        settled,
+        settled_after: from as u32,
+        steady_iterations: (to - from) as u32,
         peak_resident_bytes: sim.peak,
         fits: sim.peak <= budget.bytes,
         demand_fetches: sim.demand_fetches,
-        step_ns_per_cycle: steps,
+        step_ns_per_cycle: steps.iter().map(|s| s.round() as u64).collect(),
         resident_curve: curve,
+        copies: std::mem::take(&mut sim.copies),
     })
 }
 
+/// The simulator's state at an iteration boundary (see the module doc): what must repeat for
+/// the simulation to have reached its steady state.
+#[derive(Debug, Clone)]
+struct BoundaryState {
+    place: Vec<Place>,
+    host_valid: Vec<bool>,
+    used: u64,
+    d2h_queue: Vec<TensorId>,
+    h2d_queue: Vec<TensorId>,
+    d2h_active: Option<(TensorId, f64)>,
+    h2d_active: Option<(TensorId, f64)>,
+    /// LRU: tensors in order of last use (ties by id), which is all its decisions look at.
+    recency: Vec<TensorId>,
+}
+
+impl BoundaryState {
+    /// Equal, with bytes left in flight compared within [`REMAINING_BYTES_TOLERANCE`].
+    fn same_as(&self, other: &BoundaryState) -> bool {
+        let close = |a: Option<(TensorId, f64)>, b: Option<(TensorId, f64)>| match (a, b) {
+            (None, None) => true,
+            (Some((ta, ra)), Some((tb, rb))) => {
+                ta == tb && (ra - rb).abs() <= REMAINING_BYTES_TOLERANCE
+            }
+            _ => false,
+        };
+        self.used == other.used
+            && self.place == other.place
+            && self.host_valid == other.host_valid
+            && self.d2h_queue == other.d2h_queue
+            && self.h2d_queue == other.h2d_queue
+            && close(self.d2h_active, other.d2h_active)
+            && close(self.h2d_active, other.h2d_active)
+            && self.recency == other.recency
+    }
+}
+
 impl Sim<'_> {
+    /// The state at an iteration boundary.
+    fn boundary_state(&self) -> BoundaryState {
+        let recency = if self.lru {
+            let mut order: Vec<TensorId> = (0..self.place.len() as TensorId).collect();
+            order.sort_by_key(|&t| (self.last_use[t as usize], t));
+            order
+        } else {
+            Vec::new()
+        };
+        BoundaryState {
+            place: self.place.clone(),
+            host_valid: self.host_valid.clone(),
+            used: self.used,
+            d2h_queue: self.d2h.queue.iter().copied().collect(),
+            h2d_queue: self.h2d.queue.iter().copied().collect(),
+            d2h_active: self.d2h.active.map(|a| (a.tensor, a.remaining)),
+            h2d_active: self.h2d.active.map(|a| (a.tensor, a.remaining)),
+            recency,
+        }
+    }
+
     fn bytes(&self, t: TensorId) -> u64 {
         self.cycle.tensors[t as usize].bytes
     }
@@ -603,6 +753,7 @@ impl Sim<'_> {
                 self.d2h.active = Some(Transfer {
                     tensor: t,
                     remaining: self.bytes(t) as f64,
+                    started: self.time,
                 });
             }
         }
@@ -623,6 +774,7 @@ impl Sim<'_> {
                     self.h2d.active = Some(Transfer {
                         tensor: t,
                         remaining: b as f64,
+                        started: self.time,
                     });
                 }
                 // Still being written out: the read-back waits for it.
@@ -659,6 +811,7 @@ impl Sim<'_> {
         // Completion within a rounding error of zero.
         if let Some(a) = self.h2d.active {
             if a.remaining <= 1e-6 {
+                self.record_copy(a, true);
                 self.h2d.active = None;
                 self.place[a.tensor as usize] = Place::Device;
                 self.host_valid[a.tensor as usize] = true;
@@ -666,11 +819,24 @@ impl Sim<'_> {
         }
         if let Some(a) = self.d2h.active {
             if a.remaining <= 1e-6 {
+                self.record_copy(a, false);
                 self.d2h.active = None;
                 self.place[a.tensor as usize] = Place::Host;
                 self.host_valid[a.tensor as usize] = true;
                 self.used -= self.bytes(a.tensor);
             }
+        }
+    }
+
+    fn record_copy(&mut self, a: Transfer, to_device: bool) {
+        if self.record_copies {
+            self.copies.push(CopySpan {
+                to_device,
+                tensor: a.tensor,
+                bytes: self.bytes(a.tensor),
+                start_ns: a.started - self.iteration_start,
+                end_ns: self.time - self.iteration_start,
+            });
         }
     }
 
@@ -702,5 +868,174 @@ impl Sim<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cycle::persistent_tensor as persistent;
+    use crate::pieces::Piece;
+    use crate::plan::{plan, Eviction};
+
+    const MIB: u64 = 1 << 20;
+
+    /// Four 64 MiB tensors touched in turn by ops of 100 µs, room for three: a plan must rotate.
+    fn rotation() -> Cycle {
+        let tensors = (0..4)
+            .map(|i| persistent(i, 64 * MIB, vec![i, (i + 1) % 4]))
+            .collect();
+        Cycle::from_parts(&[100_000; 4], tensors).unwrap()
+    }
+
+    #[test]
+    fn a_plan_whose_pieces_do_not_cover_their_tensors_is_refused() {
+        let cycle = rotation();
+        let budget = Budget::new(200 * MIB);
+        let cost = CostModel::default();
+        let mut bad = plan(&cycle, &budget, &cost).unwrap();
+        // The audit's plan: a single byte stands for each tensor, so nothing needs to move.
+        bad.evictions.clear();
+        bad.pieces = (0..4)
+            .map(|t| Piece {
+                tensor: t,
+                offset: 0,
+                bytes: 1,
+            })
+            .collect();
+        let err = simulate(
+            &cycle,
+            Policy::Plan(&bad),
+            budget,
+            &cost,
+            SimOptions::default(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            SimError::PiecesDoNotCover {
+                tensor: 0,
+                problem: CoverError::Gap { offset: 1 }
+            }
+        );
+        assert!(err.to_string().contains("tensor 0"));
+    }
+
+    #[test]
+    fn the_report_is_the_average_over_the_repeating_cycle_of_states() {
+        let cycle = rotation();
+        let budget = Budget::new(200 * MIB);
+        let cost = CostModel::default();
+        for policy in [
+            Policy::Lru,
+            Policy::Plan(&plan(&cycle, &budget, &cost).unwrap()),
+        ] {
+            let r = simulate(&cycle, policy, budget, &cost, SimOptions::default()).unwrap();
+            assert!(r.settled, "{} did not settle: {r:?}", policy.name());
+            let from = r.settled_after as usize;
+            let to = from + r.steady_iterations as usize;
+            assert_eq!(r.step_ns_per_cycle.len(), to, "stops at the first repeat");
+            let avg = r.step_ns_per_cycle[from..to].iter().sum::<u64>() as f64
+                / r.steady_iterations as f64;
+            assert!((r.step_ns as f64 - avg).abs() <= 1.0, "{r:?}");
+            assert!(r.step_ns > cycle.compute_ns(), "rotation must stall: {r:?}");
+        }
+    }
+
+    fn eviction(piece: u32, out_after: u32, fetch: u32, gap: (u32, u32), period: u32) -> Eviction {
+        Eviction {
+            piece,
+            out_after,
+            fetch_at: fetch % period,
+            needed_by: gap.1 % period,
+            gap_from: gap.0,
+            fetch_unrolled: fetch,
+            gap_to: gap.1,
+        }
+    }
+
+    fn whole_plan(cycle: &Cycle, evictions: Vec<Eviction>) -> SwapPlan {
+        SwapPlan {
+            period: cycle.len() as u32,
+            budget_bytes: 0,
+            evictions,
+            host_resident: Vec::new(),
+            pieces: crate::pieces::whole(cycle),
+        }
+    }
+
+    #[test]
+    fn a_plan_alternating_between_two_steps_is_reported_at_its_average() {
+        // Found by a random search over plans: two round trips in one gap of tensor 0. Its
+        // iterations run 95.065 (idealised start), 109.789, 109.789, then 108.173 and 109.789
+        // alternately. Iteration 3 alone (what was reported before) says 109.789 µs.
+        let cycle = Cycle::from_parts(
+            &[48_000, 28_000],
+            vec![
+                persistent(0, MIB, vec![0]),
+                persistent(1, 2 * MIB, vec![0, 1]),
+                persistent(2, 2 * MIB, vec![1]),
+            ],
+        )
+        .unwrap();
+        let plan = whole_plan(
+            &cycle,
+            vec![
+                eviction(0, 1, 2, (0, 2), 2),
+                eviction(0, 0, 1, (0, 2), 2),
+                eviction(2, 1, 2, (1, 3), 2),
+            ],
+        );
+        let r = simulate(
+            &cycle,
+            Policy::Plan(&plan),
+            Budget::new(5 * MIB),
+            &CostModel::default(),
+            SimOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(r.step_ns_per_cycle, vec![95_065, 109_789, 109_789, 108_173]);
+        assert!(r.settled);
+        assert_eq!((r.settled_after, r.steady_iterations), (2, 2));
+        assert_eq!(r.step_ns, 108_981);
+    }
+
+    #[test]
+    fn a_plan_whose_state_keeps_changing_is_reported_as_not_settled() {
+        // Also found by random search: two round trips per gap, so read-backs are queued for
+        // pieces already on their way, and the read-back queue grows by an entry every
+        // iteration. The step is steady, the state never repeats.
+        let cycle = Cycle::from_parts(
+            &[48_000, 22_000],
+            vec![
+                persistent(0, 2 * MIB, vec![0]),
+                persistent(1, 2 * MIB, vec![1]),
+            ],
+        )
+        .unwrap();
+        let plan = whole_plan(
+            &cycle,
+            vec![
+                eviction(0, 0, 2, (0, 2), 2),
+                eviction(0, 0, 1, (0, 2), 2),
+                eviction(1, 1, 3, (1, 3), 2),
+                eviction(1, 1, 2, (1, 3), 2),
+            ],
+        );
+        let r = simulate(
+            &cycle,
+            Policy::Plan(&plan),
+            Budget::new(3 * MIB),
+            &CostModel::default(),
+            SimOptions::default(),
+        )
+        .unwrap();
+        assert!(!r.settled, "{r:?}");
+        assert_eq!(r.step_ns_per_cycle.len(), DEFAULT_MAX_CYCLES as usize);
+        assert_eq!(
+            (r.settled_after, r.steady_iterations),
+            (DEFAULT_MAX_CYCLES / 2, DEFAULT_MAX_CYCLES / 2)
+        );
+        assert_eq!(r.step_ns, 222_520);
     }
 }

@@ -399,6 +399,42 @@ mod tensile_format {
     }
 
     #[test]
+    fn own_format_gzip_cut_is_truncated_at_the_records_kept_not_at_zero() {
+        let mut long = records();
+        long.extend((0..3000).map(|t| {
+            Record::Sync(Sync {
+                t_ns: 100 + t,
+                scope: TSync::Context,
+            })
+        }));
+        let bytes = write(&long, true);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+        gz.write_all(&bytes).unwrap();
+        let gz = gz.finish().unwrap();
+        let cut = temp_file("cut.tnsl.gz", &gz[..gz.len() * 7 / 10]);
+        let err = load(&cut, LoadOptions::default()).unwrap_err();
+        match &err {
+            LoadError::Truncated {
+                at: Location::Record(n),
+                ..
+            } => assert!(*n > 1000, "cut reported at record {n}"),
+            other => panic!("expected Truncated at a record, got {other:?}"),
+        }
+        let message = err.to_string();
+        assert!(message.contains("--allow-truncated"), "{message}");
+        let partial = load(
+            &cut,
+            LoadOptions {
+                allow_truncated: true,
+            },
+        )
+        .unwrap();
+        assert!(!partial.complete);
+        assert_eq!(partial.ops.len(), 2);
+        assert!(partial.syncs.len() > 1000 && partial.syncs.len() < 3001);
+    }
+
+    #[test]
     fn own_format_inconsistency_names_the_record() {
         let mut recs = records();
         recs.push(Record::Free(Free {

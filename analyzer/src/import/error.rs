@@ -43,7 +43,10 @@ pub enum LoadError {
         start: String,
     },
     /// The file ends in the middle of something (the recording was cut short).
-    #[error("{path} is truncated at {at}: {what}")]
+    #[error(
+        "{path} is truncated at {at}: {what} (pass --allow-truncated to use what comes before \
+         the cut)"
+    )]
     Truncated {
         /// The file.
         path: String,

@@ -93,6 +93,11 @@ fn dispatch(
         read_tensile(input, name, options.allow_truncated, tick)
     } else if head.starts_with(b"#") {
         read_capture_lenient(input, name, options, tick)
+    } else if head.is_empty() {
+        Err(LoadError::Foreign {
+            path: name.into(),
+            start: "nothing (the file is empty)".into(),
+        })
     } else {
         Err(LoadError::Foreign {
             path: name.into(),

@@ -87,13 +87,6 @@ pub fn read_tensile(
 
 fn format_error(path: &str, e: TraceError) -> LoadError {
     match e {
-        TraceError::Io(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
-            LoadError::Truncated {
-                path: path.into(),
-                at: Location::Record(0),
-                what: "the compressed stream ends early (the file was cut)".into(),
-            }
-        }
         TraceError::Io(source) => LoadError::Io {
             path: path.into(),
             source,
@@ -101,9 +94,10 @@ fn format_error(path: &str, e: TraceError) -> LoadError {
         TraceError::Truncated { records_read } => LoadError::Truncated {
             path: path.into(),
             at: Location::Record(records_read),
+            // The format crate reports a cut gzip stream this way too, with the records it kept.
             what: format!(
-                "the file ends inside a record after {records_read} complete records \
-                 (the recording process probably died)"
+                "the file ends after {records_read} complete records (the recording process \
+                 died, or the file was cut)"
             ),
         },
         other => LoadError::Format {

@@ -1,0 +1,46 @@
+//! What the local search after the planner gains on a trace for a time limit: prints the plan's
+//! steady-state step before and after, the lower bound, and the evaluations spent.
+//!
+//! `cargo run --release -p tensile-analyzer --example search_gain -- TRACE PERCENT SEARCH_MS...`
+
+use std::time::{Duration, Instant};
+
+use tensile_analyzer::bound::lower_bound_with;
+use tensile_analyzer::import::{load, LoadOptions};
+use tensile_analyzer::search::{improve, SearchOptions};
+use tensile_analyzer::{analyze, plan::plan, BoundOptions, Budget, CostModel};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        eprintln!("usage: search_gain TRACE PERCENT SEARCH_MS...");
+        std::process::exit(2);
+    }
+    let trace = load(std::path::Path::new(&args[0]), LoadOptions::default()).unwrap();
+    let cost = CostModel::default();
+    let a = analyze(&trace, &cost).unwrap();
+    let percent: u64 = args[1].parse().expect("PERCENT");
+    let budget = Budget::new(a.footprint.peak_allocated * percent / 100);
+    let bound = lower_bound_with(&a.cycle, &budget, &cost, &BoundOptions::default()).unwrap();
+    let t = Instant::now();
+    let p = plan(&a.cycle, &budget, &cost).unwrap();
+    let plan_ms = t.elapsed().as_millis();
+    println!("| search ms | planning ms | plan ms before | after | bound ms | after/bound | evaluations | kept |");
+    for ms in &args[2..] {
+        let options = SearchOptions {
+            time_limit: Duration::from_millis(ms.parse().expect("SEARCH_MS")),
+            ..SearchOptions::default()
+        };
+        let (_, r) = improve(&a.cycle, &p, budget, &cost, &options);
+        let ms_of = |ns: Option<u64>| ns.map_or(f64::NAN, |n| n as f64 / 1e6);
+        println!(
+            "| {ms} | {plan_ms} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} |",
+            ms_of(r.start_step_ns),
+            ms_of(r.step_ns),
+            bound.bound_ns as f64 / 1e6,
+            ms_of(r.step_ns) / (bound.bound_ns as f64 / 1e6),
+            r.evaluations,
+            r.accepted
+        );
+    }
+}
