@@ -207,17 +207,44 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / MIB as f64)
 }
 
+/// The smallest device budget the demo runs at: four 2 MiB pages, because the optimizer step
+/// touches three tensors at once and each may straddle a page boundary.
+const MIN_BUDGET: u64 = 8 * MIB;
+
+/// The device budget for `footprint` bytes at `ratio` times the budget; a ratio that would
+/// put the budget under [`MIN_BUDGET`] is refused with the largest one that would not
+/// (rather than quietly running at a smaller ratio than asked).
+fn demo_budget(footprint: u64, ratio: u64) -> Result<u64, String> {
+    let budget = footprint / ratio;
+    if budget >= MIN_BUDGET {
+        return Ok(budget);
+    }
+    let largest = footprint / MIN_BUDGET;
+    let advice = if largest >= 1 {
+        format!("at this footprint --ratio is at most {largest}; ")
+    } else {
+        String::new()
+    };
+    Err(format!(
+        "--ratio {ratio}: the device budget would be {} of a {} footprint, under the demo's \
+         floor of {} (four 2 MiB pages: the optimizer step touches three tensors at once); \
+         {advice}raise --layers or --tensor-kib for a higher ratio",
+        mib(budget),
+        mib(footprint),
+        mib(MIN_BUDGET)
+    ))
+}
+
 /// Runs `tensile demo`.
 pub fn run(args: DemoArgs) -> Result<(), String> {
     if args.layers == 0 || args.tensor_kib == 0 || args.iterations == 0 || args.ratio == 0 {
         return Err("--layers, --tensor-kib, --iterations and --ratio must be positive".into());
     }
+    let footprint = (4 * args.layers + 2) * args.tensor_kib * 1024;
+    let budget = demo_budget(footprint, args.ratio)?;
     let pieces = find_pieces()?;
     let gpu = !args.simulated && real_gpu(&pieces.workload);
     let work = WorkDir::new(&pieces.simulator, args.keep)?;
-    let footprint = (4 * args.layers + 2) * args.tensor_kib * 1024;
-    // At least four 2 MiB pages: the optimizer step touches three tensors at once.
-    let budget = (footprint / args.ratio).max(8 * MIB);
     println!(
         "tensile demo: {} layers, tensors of {} KiB, {} iterations: footprint {}, device budget {} \
          ({:.1}x), on {}",
@@ -244,9 +271,9 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     env.push(("TENSILE_POLICY", "lru".into()));
     env.push(("TENSILE_LOG", "info".into()));
     env.push(("TENSILE_TRACE", trace.display().to_string()));
-    if gpu {
-        env.push(("TENSILE_DEVICE_MEMORY", budget.to_string()));
-    } else {
+    // The budget is set on the simulator too: its default leaves headroom below the card.
+    env.push(("TENSILE_DEVICE_MEMORY", budget.to_string()));
+    if !gpu {
         env.push(("TENSILE_SIM_DEVICE_MEMORY", budget.to_string()));
     }
     println!(
@@ -291,4 +318,27 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     }
     println!("demo: success");
     Ok(())
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn a_ratio_the_floor_allows_is_kept_exactly() {
+        let footprint = 66 * 1536 * 1024; // the defaults: 16 layers of 1536 KiB tensors
+        assert_eq!(demo_budget(footprint, 4), Ok(footprint / 4));
+        assert_eq!(demo_budget(footprint, 12), Ok(footprint / 12));
+    }
+
+    #[test]
+    fn a_ratio_under_the_floor_is_refused_with_the_largest_that_fits() {
+        let footprint = 66 * 1536 * 1024;
+        let err = demo_budget(footprint, 100).unwrap_err();
+        assert!(err.contains("--ratio 100"), "{err}");
+        assert!(err.contains("at most 12"), "{err}");
+        assert!(err.contains("8.0 MiB"), "{err}");
+        let tiny = demo_budget(4 * MIB, 2).unwrap_err();
+        assert!(!tiny.contains("at most"), "{tiny}");
+    }
 }

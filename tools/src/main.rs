@@ -2,6 +2,7 @@
 //!
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
+mod chrome_trace;
 mod demo;
 mod replay;
 mod run;
@@ -27,7 +28,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run a program with libtensile.so preloaded.
     Run(run::RunArgs),
-    /// Summarize a trace: counts, allocation and launch statistics, top kernels.
+    /// Summarize a trace (either format): counts, allocations, launches, top kernels, swap
+    /// statistics; --timeline writes it for Perfetto / chrome://tracing.
     TraceInfo(trace_info::TraceInfoArgs),
     /// Simulate a trace under a swap policy and memory budget.
     Replay(replay::ReplayArgs),

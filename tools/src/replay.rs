@@ -7,6 +7,7 @@
 //! `tensile-analyzer`; this module parses arguments and formats results.
 
 mod plot;
+mod timeline;
 
 use std::fmt::Write as _;
 use std::io::IsTerminal;
@@ -14,12 +15,15 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tensile_analyzer::bound::LowerBound;
 use tensile_analyzer::cost::{format_bytes, parse_size, CostModel};
 use tensile_analyzer::import::{load_with_progress, LoadOptions};
 use tensile_analyzer::model::SourceFormat;
-use tensile_analyzer::schedule_bound::DEFAULT_MAX_VARIABLES;
+use tensile_analyzer::schedule_bound::{ops_per_phase, DEFAULT_MAX_VARIABLES};
+use tensile_analyzer::search::{SearchOptions, DEFAULT_SEARCH_MS};
+use tensile_analyzer::timeline::Liveness;
 use tensile_analyzer::{
-    analyze, evaluate_many, Analysis, BoundOptions, Budget, Evaluation, PolicyKind, Trace,
+    analyze, evaluate_many_with, Analysis, BoundOptions, Budget, Evaluation, PolicyKind, Trace,
 };
 
 /// Arguments of `tensile replay`.
@@ -47,7 +51,8 @@ pub struct ReplayArgs {
     /// Print JSON: one object for one policy, an array of objects for several.
     #[arg(long)]
     pub json: bool,
-    /// Write an SVG plot of the footprint, the budget and the plan's residency to this file.
+    /// Plot the footprint, the budget and each policy's residency to this file: a PNG image
+    /// for a name ending in .png, an SVG drawing for .svg.
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Write the plan itself to this file as JSON: the pieces it moves (tensor, offset,
@@ -56,6 +61,11 @@ pub struct ReplayArgs {
     /// `plan` policy.
     #[arg(long)]
     pub plan_out: Option<PathBuf>,
+    /// Write one simulated steady-state iteration per policy to this file as a Chrome
+    /// trace-event timeline (Perfetto, chrome://tracing): compute, each copy engine, stalls, and
+    /// the bytes on the device as a counter.
+    #[arg(long)]
+    pub timeline: Option<PathBuf>,
     /// Show a progress indicator while reading even when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
@@ -67,6 +77,14 @@ pub struct ReplayArgs {
     /// and takes about 15 s; the default solves in a few seconds where it applies.
     #[arg(long, default_value_t = DEFAULT_MAX_VARIABLES)]
     pub lp_variables: usize,
+    /// Milliseconds the local search after the planner may spend improving the plan, each
+    /// change priced by the simulator (0: no search). Longer finds more on copy-bound traces
+    /// (docs/replay-results.md lists what each budget gained).
+    #[arg(long, default_value_t = DEFAULT_SEARCH_MS)]
+    pub search_ms: u64,
+    /// Seed of the local search's choices (same seed, same evaluations: same plan).
+    #[arg(long, default_value_t = 1)]
+    pub search_seed: u64,
 }
 
 /// Files at least this large get a progress indicator on a terminal.
@@ -82,6 +100,9 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
 /// Does the work of `tensile replay` and returns what it prints.
 fn render(args: &ReplayArgs) -> Result<String, String> {
     let policies = parse_policies(&args.policy)?;
+    if let Some(path) = &args.plot {
+        plot::format_for(path)?;
+    }
     if args.plan_out.is_some() && !policies.contains(&PolicyKind::Plan) {
         return Err("--plan-out needs the plan policy (--policy plan)".into());
     }
@@ -100,11 +121,7 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     let bound_options = BoundOptions {
         lp_max_variables: args.lp_variables,
         // An explicit request for a large LP is honoured however coarse its phases.
-        lp_max_ops_per_phase: if args.lp_variables > DEFAULT_MAX_VARIABLES {
-            u32::MAX
-        } else {
-            BoundOptions::default().lp_max_ops_per_phase
-        },
+        lp_max_ops_per_phase: lp_max_ops_per_phase(args),
     };
     if args.progress || std::io::stderr().is_terminal() {
         // The schedule LP of the bound can take seconds; say what the wait is for.
@@ -112,8 +129,20 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
             "tensile: planning, simulating and bounding (the bound's LP may take a few seconds)"
         );
     }
-    let results = evaluate_many(&analysis.cycle, &policies, budget, &cost, &bound_options)
-        .map_err(|(policy, e)| format!("policy {}: {e}", policy_name(policy)))?;
+    let search = SearchOptions {
+        time_limit: std::time::Duration::from_millis(args.search_ms),
+        seed: args.search_seed,
+        ..SearchOptions::default()
+    };
+    let results = evaluate_many_with(
+        &analysis.cycle,
+        &policies,
+        budget,
+        &cost,
+        &bound_options,
+        &search,
+    )
+    .map_err(|(policy, e)| format!("policy {}: {e}", policy_name(policy)))?;
     if let Some(path) = &args.plan_out {
         let plan = results
             .iter()
@@ -134,9 +163,13 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         std::fs::write(path, text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
+    if let Some(path) = &args.timeline {
+        let doc = timeline::timeline_json(&analysis.cycle, &results);
+        std::fs::write(path, doc.to_string() + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     if let Some(path) = &args.plot {
-        let svg = plot::footprint_svg(&analysis, budget, &results, &args.trace);
-        std::fs::write(path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        plot::write(path, &analysis, budget, &results, &args.trace)?;
     }
     if args.json {
         let objects: Vec<Value> = results
@@ -153,6 +186,16 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         Ok(text)
     } else {
         Ok(human(args, &trace, &analysis, budget, &results))
+    }
+}
+
+/// The coarsest phases the bound's LP may use: an explicit request for a large LP is
+/// honoured however coarse its phases.
+fn lp_max_ops_per_phase(args: &ReplayArgs) -> u32 {
+    if args.lp_variables > DEFAULT_MAX_VARIABLES {
+        u32::MAX
+    } else {
+        BoundOptions::default().lp_max_ops_per_phase
     }
 }
 
@@ -259,10 +302,11 @@ fn human(
     );
     let _ = writeln!(
         out,
-        "iterations {} of {} ops (steady state: iteration {}, ops {}..{})",
+        "iterations {} of {} ops (steady state: iteration {} counting from 0, ops {}..{})",
         it.spans.len(),
         it.period,
-        it.representative + 1,
+        // Counted from 0, as `steady_state_iteration` in --json and `iteration_starts` index.
+        it.representative,
         cycle.span.start,
         cycle.span.end
     );
@@ -302,12 +346,10 @@ fn human(
             );
         }
         Some((None, excess)) if excess > 0 && args.lp_variables > 0 => {
-            let _ = writeln!(
-                out,
-                "bound      schedule LP left out: larger than --lp-variables {} allows at phases \
-                 of at most 8 ops, or not solved (a larger value may tighten the bound, slowly)",
-                args.lp_variables
-            );
+            if let Some(b) = &bound {
+                let reason = lp_left_out_reason(args, analysis, b);
+                let _ = writeln!(out, "bound      schedule LP {reason}");
+            }
         }
         _ => {}
     }
@@ -347,7 +389,68 @@ fn human(
             }
         );
     }
+    for r in results {
+        let rep = &r.report;
+        if !rep.settled {
+            let _ = writeln!(
+                out,
+                "{}: did not settle: no iteration-boundary state repeated in {} iterations; \
+                 the step is the average of the last {}",
+                policy_name(r.policy),
+                rep.step_ns_per_cycle.len(),
+                rep.steady_iterations
+            );
+        } else if rep.steady_iterations > 1 {
+            let _ = writeln!(
+                out,
+                "{}: the steady state repeats every {} iterations (from iteration {}); the step \
+                 is their average",
+                policy_name(r.policy),
+                rep.steady_iterations,
+                rep.settled_after
+            );
+        }
+        if let Some(s) = r.search {
+            let _ = writeln!(
+                out,
+                "{}: local search {} ms, {} plans simulated, {} kept: {} -> {}",
+                policy_name(r.policy),
+                s.elapsed_ms,
+                s.evaluations,
+                s.accepted,
+                s.start_step_ns.map_or_else(|| "-".into(), ms),
+                s.step_ns.map_or_else(|| "-".into(), ms),
+            );
+        }
+    }
     out
+}
+
+/// Why the bound has no schedule LP term although data exceeds the budget: the analyzer
+/// leaves it out when nothing has to move, when the LP is too large, or when it is not solved.
+fn lp_left_out_reason(args: &ReplayArgs, analysis: &Analysis, bound: &LowerBound) -> String {
+    if bound.min_moved_bytes == 0 {
+        return "not needed: the bytes over the budget belong to tensors the iteration never \
+                touches, which stay off the device without any copy"
+            .into();
+    }
+    let live = Liveness::of(&analysis.cycle);
+    let max_ops = lp_max_ops_per_phase(args);
+    match ops_per_phase(&live, args.lp_variables, max_ops) {
+        None => format!(
+            "left out: larger than --lp-variables {} allows at phases of at most {} ops \
+             (a larger value may tighten the bound, slowly)",
+            args.lp_variables,
+            if max_ops == u32::MAX {
+                "all".to_string()
+            } else {
+                max_ops.to_string()
+            }
+        ),
+        Some(_) => "left out: the solver did not reach an optimum (set TENSILE_LP_VERBOSE=1 to \
+                    see its log)"
+            .into(),
+    }
 }
 
 fn json_object(
@@ -382,6 +485,10 @@ fn json_object(
         "peak_resident_bytes": rep.peak_resident_bytes,
         "fits_budget": rep.fits,
         "demand_fetches": rep.demand_fetches,
+        "settled": rep.settled,
+        "steady_iterations": rep.steady_iterations,
+        "search_ms": r.search.map(|s| s.elapsed_ms),
+        "search_start_ns": r.search.and_then(|s| s.start_step_ns),
         "evictions": r.plan.as_ref().map(|p| p.evictions.len()),
         "estimated_launches": analysis.cycle.estimated_launches,
         "default_launch_ns": tensile_analyzer::cost::DEFAULT_LAUNCH_NS,
@@ -732,5 +839,58 @@ mod tests {
             vec![PolicyKind::Lru, PolicyKind::Plan]
         );
         assert!(parse_policies(&["nope".into()]).is_err());
+    }
+
+    #[test]
+    fn text_and_json_count_the_steady_state_iteration_alike() {
+        let text = render(&args(&["--budget", "50%"])).unwrap();
+        let json: Value =
+            serde_json::from_str(&render(&args(&["--budget", "50%", "--json"])).unwrap()).unwrap();
+        let n = json["steady_state_iteration"].as_u64().unwrap();
+        assert!(
+            text.contains(&format!("steady state: iteration {n} counting from 0")),
+            "{text}"
+        );
+    }
+
+    /// A 4-op cycle over four 10 MiB tensors, beside a 400 MiB tensor no op touches.
+    fn idle_tensor_trace() -> std::path::PathBuf {
+        let mut lines = vec!["# capture v1".to_string()];
+        lines.extend((1..=4).map(|k| format!("N {k} 2 kern{k}")));
+        for i in 1..=4u64 {
+            lines.push(format!("A {i} (nil) {i} {:#x} {}", i << 32, 10u64 << 20));
+        }
+        lines.push(format!("A 5 (nil) 9 {:#x} {}", 9u64 << 32, 400u64 << 20));
+        let mut t = 10;
+        for seq in 0..32u64 {
+            let k = seq % 4 + 1;
+            lines.push(format!("K {t} (nil) {seq} {k} 1,1,1 1,1,1 0 {k}@0"));
+            lines.push(format!("D {seq} 1000000"));
+            t += 10;
+        }
+        lines.push("# end".into());
+        let path = std::env::temp_dir().join(format!("replay-idle-{}.trace", std::process::id()));
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        path
+    }
+
+    #[test]
+    fn lp_message_says_nothing_must_move_when_the_excess_is_untouched() {
+        let path = idle_tensor_trace();
+        let argv = ["replay", path.to_str().unwrap(), "--budget", "50%"];
+        let out = render(&Cli::try_parse_from(argv).unwrap().args).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(out.contains("iterations 8 of 4 ops"), "{out}");
+        assert!(out.contains("schedule LP not needed"), "{out}");
+        assert!(!out.contains("--lp-variables"), "{out}");
+    }
+
+    #[test]
+    fn lp_message_names_the_variable_limit_only_when_it_is_the_cause() {
+        let out = render(&args(&["--budget", "50%", "--lp-variables", "10"])).unwrap();
+        assert!(
+            out.contains("schedule LP left out: larger than --lp-variables 10 allows"),
+            "{out}"
+        );
     }
 }

@@ -91,7 +91,8 @@ impl<R: Read> Reader<R> {
             done: false,
             buf: Vec::new(),
         };
-        match reader.next_record()? {
+        let first = reader.next_record();
+        match first.map_err(|e| reader.cut_stream_is_truncation(e))? {
             Some(Record::Header(h)) => reader.header = h,
             Some(_) => {
                 return Err(TraceError::Corrupt {
@@ -117,6 +118,20 @@ impl<R: Read> Reader<R> {
     /// Whether the [`Record::End`] marker has been read: the recorder closed the trace cleanly.
     pub fn finished_cleanly(&self) -> bool {
         self.saw_end
+    }
+
+    /// A gzip stream that ends early surfaces as an I/O "unexpected end of file"; that is a
+    /// cut file like any other, so it is reported with the number of complete records read
+    /// (not as an I/O error, and not as a cut "at record 0").
+    fn cut_stream_is_truncation(&self, e: TraceError) -> TraceError {
+        match e {
+            TraceError::Io(io) if io.kind() == io::ErrorKind::UnexpectedEof => {
+                TraceError::Truncated {
+                    records_read: self.records,
+                }
+            }
+            other => other,
+        }
     }
 
     fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
@@ -164,7 +179,10 @@ impl<R: Read> Iterator for Reader<R> {
         if self.done {
             return None;
         }
-        let item = self.next_record().transpose();
+        let item = self
+            .next_record()
+            .map_err(|e| self.cut_stream_is_truncation(e))
+            .transpose();
         if !matches!(item, Some(Ok(_))) {
             self.done = true;
         }

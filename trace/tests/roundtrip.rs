@@ -317,3 +317,29 @@ proptest! {
         prop_assert_eq!(&back[..records.len()], &records[..]);
     }
 }
+
+#[test]
+fn a_cut_gzipped_trace_is_truncated_after_the_records_it_kept() {
+    // Enough records that the compressed stream is cut well after its first block.
+    let records: Vec<Record> = (0..40).flat_map(|_| sample_records()).collect();
+    let bytes = write_trace(&records, true);
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::none());
+    enc.write_all(&bytes).unwrap();
+    let gz = enc.finish().unwrap();
+    let dir = std::env::temp_dir().join(format!("tensile-trace-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cut.trace.gz");
+    std::fs::write(&path, &gz[..gz.len() * 6 / 10]).unwrap();
+    let mut reader = Reader::open(&path).unwrap();
+    let kept = reader.by_ref().take_while(Result::is_ok).count() as u64;
+    assert!(kept > 10, "only {kept} records before the cut");
+    // The error came out of take_while; read it again from a fresh reader to check its kind.
+    let last = Reader::open(&path).unwrap().last().unwrap();
+    match last {
+        Err(TraceError::Truncated { records_read }) => {
+            assert_eq!(records_read, kept + 1, "the header counts as a record")
+        }
+        other => panic!("expected Truncated, got {other:?}"),
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,58 +1,17 @@
-//! `tensile trace-info FILE`: what a trace holds, in one screen.
+//! The summary of a trace in libtensile's own format, streamed record by record.
 //!
 //! Streams the records once, so multi-gigabyte traces need no more memory than their
 //! live allocations. The figures that judge the interposer itself are here too: the
 //! share of launches in which at least one allocation was resolved, and the share of
-//! freed bytes that some launch was seen to touch.
+//! freed bytes that some launch was seen to touch; and the swap statistics the shim
+//! writes at exit. Capture files (which hold none of this) are summarized by `model`.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
-use std::path::PathBuf;
 
-use tensile_trace::{CopyKind, Reader, Record, TraceError};
+use tensile_trace::{CopyKind, Record, Stats};
 
-/// Arguments of `tensile trace-info`.
-#[derive(clap::Args)]
-pub struct TraceInfoArgs {
-    /// A trace written by libtensile (TENSILE_TRACE), gzipped or not.
-    pub trace: PathBuf,
-    /// How many kernels to list.
-    #[arg(long, default_value_t = 10)]
-    pub top: usize,
-}
-
-/// Runs `tensile trace-info`.
-pub fn run(args: TraceInfoArgs) -> Result<(), String> {
-    let reader = Reader::open(&args.trace)
-        .map_err(|e| format!("cannot read {}: {e}", args.trace.display()))?;
-    let header = reader.header().clone();
-    let mut summary = TraceSummary::default();
-    let mut ending = None;
-    for record in reader {
-        match record {
-            Ok(record) => summary.add(&record),
-            Err(e) => {
-                ending = Some(e);
-                break;
-            }
-        }
-    }
-    print!(
-        "trace:    {}\nproducer: {}  pid {}\ncommand:  {}\n",
-        args.trace.display(),
-        header.producer,
-        header.pid,
-        header.command
-    );
-    match &ending {
-        None if summary.ended => {}
-        None => println!("state:    no end marker (the process did not exit cleanly)"),
-        Some(e @ TraceError::Truncated { .. }) => println!("state:    {e}"),
-        Some(e) => return Err(format!("{}: {e}", args.trace.display())),
-    }
-    print!("{}", summary.report(args.top));
-    Ok(())
-}
+use super::{bytes, ms};
 
 #[derive(Default)]
 struct KernelStats {
@@ -87,6 +46,8 @@ pub struct TraceSummary {
     dropped: u64,
     ended: bool,
     span_ns: u64,
+    /// Swap statistics records, in file order (the shim writes one at a clean exit).
+    pub stats: Vec<Stats>,
 }
 
 impl TraceSummary {
@@ -97,7 +58,8 @@ impl TraceSummary {
             self.span_ns = self.span_ns.max(t);
         }
         match record {
-            Record::Header(_) | Record::Stats(_) => {}
+            Record::Header(_) => {}
+            Record::Stats(stats) => self.stats.push(stats.clone()),
             Record::Kernel(k) => {
                 self.kernel_names.insert(k.id, k.name.clone());
             }
@@ -156,6 +118,11 @@ impl TraceSummary {
         }
     }
 
+    /// Whether the end marker was read.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
     /// The human-readable report.
     pub fn report(&self, top: usize) -> String {
         let mut out = String::new();
@@ -208,6 +175,7 @@ impl TraceSummary {
             let _ = writeln!(out, "copies {kind:?}: {count} ({})", bytes(*total));
         }
         let _ = writeln!(out, "memsets: {}; host syncs: {}", self.memsets, self.syncs);
+        out.push_str(&stats_report(&self.stats));
         let mut kernels: Vec<_> = self.kernels.iter().collect();
         let timed = kernels.iter().any(|(_, k)| k.timed > 0);
         kernels.sort_by(|a, b| {
@@ -244,24 +212,33 @@ impl TraceSummary {
     }
 }
 
-fn ms(ns: u64) -> String {
-    format!("{:.3} ms", ns as f64 / 1e6)
-}
-
-/// Bytes with a binary unit.
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
+/// The swap statistics lines of a report.
+pub fn stats_report(stats: &[Stats]) -> String {
+    if stats.is_empty() {
+        return "swap statistics: none in this trace (the shim writes them when the program \
+                exits cleanly)\n"
+            .to_string();
     }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.2} {}", UNITS[unit])
+    let mut out = String::new();
+    for (i, s) in stats.iter().enumerate() {
+        let which = if stats.len() > 1 {
+            format!(" ({} of {})", i + 1, stats.len())
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "swap statistics{which}: to host {}, to device {}; {} launches stalled for {} in \
+             all; peak resident {}, host pool {}",
+            bytes(s.bytes_to_host),
+            bytes(s.bytes_to_device),
+            s.stalled_launches,
+            ms(s.stall_ns),
+            bytes(s.peak_resident_bytes),
+            bytes(s.host_pool_bytes)
+        );
     }
+    out
 }
 
 #[cfg(test)]
@@ -357,8 +334,26 @@ mod tests {
     }
 
     #[test]
-    fn bytes_are_human_readable() {
-        assert_eq!(bytes(512), "512 B");
-        assert_eq!(bytes(3 << 30), "3.00 GiB");
+    fn swap_statistics_are_reported_or_said_absent() {
+        let mut s = TraceSummary::default();
+        assert!(s.report(1).contains("swap statistics: none in this trace"));
+        s.add(&Record::Stats(Stats {
+            bytes_to_host: 3 << 20,
+            bytes_to_device: 5 << 20,
+            stalled_launches: 7,
+            stall_ns: 2_500_000,
+            peak_resident_bytes: 1 << 30,
+            host_pool_bytes: 2 << 30,
+        }));
+        let report = s.report(1);
+        assert!(
+            report.contains("swap statistics: to host 3.00 MiB, to device 5.00 MiB"),
+            "{report}"
+        );
+        assert!(
+            report.contains("7 launches stalled for 2.500 ms in all"),
+            "{report}"
+        );
+        assert!(report.contains("peak resident 1.00 GiB"), "{report}");
     }
 }

@@ -1,0 +1,172 @@
+//! `tensile trace-info FILE`: what a trace holds, in one screen; `--timeline` draws it.
+//!
+//! Reads every format `tensile replay` reads: libtensile's own traces (streamed by `native`,
+//! with the interposer's own figures and the swap statistics) and capture v1 files (loaded
+//! through `tensile_analyzer::import` and summarized by `model`), gzipped or not. A cut trace
+//! is summarized up to the cut and says so; a foreign file is refused with the importer's
+//! message. The timeline (`timeline`) is written from the analyzer's model for both formats.
+
+mod model;
+mod native;
+mod timeline;
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use tensile_analyzer::import::{load, LoadError, LoadOptions};
+use tensile_analyzer::model::SourceFormat;
+use tensile_analyzer::Trace;
+use tensile_trace::{Reader, TraceError, MAGIC};
+
+pub use native::TraceSummary;
+
+/// Arguments of `tensile trace-info`.
+#[derive(clap::Args)]
+pub struct TraceInfoArgs {
+    /// A trace: libtensile's own (TENSILE_TRACE) or a capture v1 file, gzipped or not.
+    pub trace: PathBuf,
+    /// How many kernels to list.
+    #[arg(long, default_value_t = 10)]
+    pub top: usize,
+    /// Also write the recorded run as a timeline for Perfetto (ui.perfetto.dev) or
+    /// chrome://tracing: Chrome trace-event JSON, kernels and copies per stream, host waits,
+    /// allocated bytes, and the swap statistics.
+    #[arg(long, value_name = "OUT.json")]
+    pub timeline: Option<PathBuf>,
+}
+
+/// Runs `tensile trace-info`.
+pub fn run(args: TraceInfoArgs) -> Result<(), String> {
+    print!("{}", render(&args)?);
+    Ok(())
+}
+
+/// Does the work of `tensile trace-info` and returns what it prints.
+fn render(args: &TraceInfoArgs) -> Result<String, String> {
+    let path = &args.trace;
+    let mut out = String::new();
+    let (stats, mut loaded) = if is_native(path)? {
+        let summary = native_report(path, args.top, &mut out)?;
+        (summary.stats, None)
+    } else {
+        let (trace, cut) = load_model(path)?;
+        out.push_str(&format!(
+            "trace:    {}\nformat:   {}\n",
+            path.display(),
+            format_name(trace.format)
+        ));
+        match cut {
+            Some(LoadError::Truncated { at, what, .. }) => out.push_str(&format!(
+                "state:    truncated at {at}: {what}; summarized up to the cut\n"
+            )),
+            Some(e) => out.push_str(&format!("state:    {e}\n")),
+            None if !trace.complete => out.push_str("state:    no end marker\n"),
+            None => {}
+        }
+        out.push_str(&model::report(&trace, args.top));
+        (Vec::new(), Some(trace))
+    };
+    if let Some(target) = &args.timeline {
+        let trace = match loaded.take() {
+            Some(trace) => trace,
+            None => load_model(path)?.0,
+        };
+        let events = timeline::build(&trace, &stats);
+        events.write(target)?;
+        out.push_str(&format!(
+            "timeline: {} events written to {} (open it in ui.perfetto.dev or chrome://tracing)\n",
+            events.len(),
+            target.display()
+        ));
+    }
+    Ok(out)
+}
+
+/// Whether `path` is in libtensile's own format (its magic bytes, after gunzip if gzipped).
+/// Anything else, unreadable gzip included, goes to the importer, which names the problem.
+fn is_native(path: &Path) -> Result<bool, String> {
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut input = BufReader::new(file);
+    let gzipped = input
+        .fill_buf()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .starts_with(&[0x1f, 0x8b]);
+    let mut head = Vec::with_capacity(MAGIC.len());
+    let read = if gzipped {
+        flate2::read::MultiGzDecoder::new(input)
+            .take(MAGIC.len() as u64)
+            .read_to_end(&mut head)
+    } else {
+        input.take(MAGIC.len() as u64).read_to_end(&mut head)
+    };
+    Ok(read.is_ok() && head == MAGIC)
+}
+
+/// The streamed report of a native trace, appended to `out`; returns the summary.
+fn native_report(path: &Path, top: usize, out: &mut String) -> Result<TraceSummary, String> {
+    let reader = Reader::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let header = reader.header().clone();
+    let mut summary = TraceSummary::default();
+    let mut ending = None;
+    for record in reader {
+        match record {
+            Ok(record) => summary.add(&record),
+            Err(e) => {
+                ending = Some(e);
+                break;
+            }
+        }
+    }
+    out.push_str(&format!(
+        "trace:    {}\nformat:   tensile\nproducer: {}  pid {}\ncommand:  {}\n",
+        path.display(),
+        header.producer,
+        header.pid,
+        header.command
+    ));
+    match &ending {
+        None if summary.ended() => {}
+        None => out.push_str("state:    no end marker (the process did not exit cleanly)\n"),
+        Some(e @ TraceError::Truncated { .. }) => out.push_str(&format!("state:    {e}\n")),
+        Some(e) => return Err(format!("{}: {e}", path.display())),
+    }
+    out.push_str(&summary.report(top));
+    Ok(summary)
+}
+
+/// Loads a trace into the analyzer's model; a cut file is loaded up to the cut, and the
+/// second value says where it was cut.
+fn load_model(path: &Path) -> Result<(Trace, Option<LoadError>), String> {
+    match load(path, LoadOptions::default()) {
+        Ok(trace) => Ok((trace, None)),
+        Err(cut @ LoadError::Truncated { .. }) => {
+            let options = LoadOptions {
+                allow_truncated: true,
+            };
+            let trace = load(path, options).map_err(|e| e.to_string())?;
+            Ok((trace, Some(cut)))
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn format_name(format: SourceFormat) -> &'static str {
+    match format {
+        SourceFormat::CaptureV1 => "capture v1",
+        SourceFormat::Tensile => "tensile",
+    }
+}
+
+/// Milliseconds with three decimals.
+pub(crate) fn ms(ns: u64) -> String {
+    format!("{:.3} ms", ns as f64 / 1e6)
+}
+
+/// Bytes with a binary unit.
+pub(crate) fn bytes(n: u64) -> String {
+    tensile_analyzer::cost::format_bytes(n)
+}
+
+#[cfg(test)]
+mod tests;
