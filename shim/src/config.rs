@@ -1,16 +1,70 @@
-//! libtensile's general configuration: `TENSILE_LOG`, `TENSILE_TRACE` and `TENSILE_POLICY`
-//! (environment variables are a contract, see ARCHITECTURE.md), parsed once.
+//! libtensile's configuration: `TENSILE_LOG`, `TENSILE_TRACE`, `TENSILE_POLICY`,
+//! `TENSILE_COORDINATOR` and the memory sizes (environment variables are a contract, see
+//! ARCHITECTURE.md), parsed once.
 //!
 //! A bad value never stops the application: it becomes a clear one-line problem report
 //! (logged at start) and the safe default. This module only parses; it does not act on
 //! the values. The memory settings (`TENSILE_DEVICE_MEMORY`, `TENSILE_HOST_MEMORY`) are
 //! checked here with the memory manager's parser ([`SizeSpec`]) so that a bad value is
-//! reported at start; a percentage is resolved when the manager starts (it needs the card).
+//! reported at start; a byte count below one page is refused here, a percentage is resolved
+//! (and checked the same way) when the manager starts, since it needs the card
+//! ([`crate::managed::sizing`]).
 
 use std::fmt;
 use std::path::PathBuf;
 
 use crate::memory::SizeSpec;
+
+/// The smallest memory setting that means anything: one 2 MiB page, the unit the manager
+/// maps and swaps. Below it the budget could hold nothing and every call would fail.
+pub const MIN_MEMORY_SETTING: u64 = 2 << 20;
+
+/// Longest shared-memory name `TENSILE_COORDINATOR` accepts (`NAME_MAX` is 255; the
+/// coordinator adds its own suffixes).
+pub const MAX_COORDINATOR_NAME: usize = 200;
+
+/// Which coordinator to use (`TENSILE_COORDINATOR`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Coordinator {
+    /// Join the machine's coordinator, starting one if none runs (default).
+    #[default]
+    Auto,
+    /// No coordinator: learn and plan in the process.
+    Off,
+    /// Join the coordinator of this shared-memory segment name (checked: no `/`, at most
+    /// [`MAX_COORDINATOR_NAME`] characters, printable ASCII without spaces).
+    Named(String),
+}
+
+impl Coordinator {
+    /// Parses a `TENSILE_COORDINATOR` value; the error says why it is not a valid name.
+    pub fn parse(text: &str) -> Result<Coordinator, String> {
+        let t = text.trim();
+        match t.to_ascii_lowercase().as_str() {
+            "" | "auto" => return Ok(Coordinator::Auto),
+            "off" => return Ok(Coordinator::Off),
+            _ => {}
+        }
+        if t.len() > MAX_COORDINATOR_NAME {
+            return Err(format!(
+                "a shared-memory name of {} bytes is longer than {MAX_COORDINATOR_NAME}",
+                t.len()
+            ));
+        }
+        if t.contains('/') {
+            return Err("a shared-memory name must not contain '/'".into());
+        }
+        if let Some(c) = t.chars().find(|c| !c.is_ascii_graphic()) {
+            return Err(format!(
+                "a shared-memory name must be printable ASCII without spaces ({c:?} is not)"
+            ));
+        }
+        if t == "." || t == ".." {
+            return Err(format!("`{t}` is not a file name"));
+        }
+        Ok(Coordinator::Named(t.to_owned()))
+    }
+}
 
 /// The swap policy (`TENSILE_POLICY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -37,6 +91,8 @@ pub struct Config {
     pub device_memory: Option<SizeSpec>,
     /// `TENSILE_HOST_MEMORY`: the pinned host pool's cap (`None`: half the host's memory).
     pub host_memory: Option<SizeSpec>,
+    /// `TENSILE_COORDINATOR` (parsed and checked now; the coordinator is a later issue).
+    pub coordinator: Coordinator,
 }
 
 /// A variable whose value could not be used.
@@ -55,6 +111,26 @@ impl fmt::Display for Problem {
             "{}={:?} is not valid ({}); using {}",
             self.variable, self.value, self.why, self.fallback
         )
+    }
+}
+
+/// What an unset or refused `TENSILE_DEVICE_MEMORY` means (see [`crate::memory::budget`]).
+pub const DEFAULT_DEVICE_MEMORY: &str =
+    "the card's free memory less headroom for libraries that allocate around the arena";
+/// What an unset or refused `TENSILE_HOST_MEMORY` means.
+pub const DEFAULT_HOST_MEMORY: &str = "half the host's memory";
+
+/// Parses a memory size setting, refusing a byte count below one page (a percentage is
+/// checked once it is resolved against the card or the host).
+pub fn parse_memory_setting(text: &str) -> Result<SizeSpec, String> {
+    match SizeSpec::parse(text) {
+        Ok(SizeSpec::Bytes(b)) if b < MIN_MEMORY_SETTING => Err(format!(
+            "{} is below one page ({}), the least the manager can use",
+            crate::memory::budget::format_size(b),
+            crate::memory::budget::format_size(MIN_MEMORY_SETTING)
+        )),
+        Ok(spec) => Ok(spec),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -99,26 +175,42 @@ impl Config {
             }
         }
 
-        if let Some(v) = get("TENSILE_DEVICE_MEMORY").filter(|v| !v.trim().is_empty()) {
-            match SizeSpec::parse(&v) {
-                Ok(spec) => c.device_memory = Some(spec),
-                Err(e) => bad(
-                    "TENSILE_DEVICE_MEMORY",
-                    &v,
-                    format!("{e}; expected e.g. 6GiB, 512MiB or 40%"),
-                    "the card's free memory",
-                ),
-            }
+        let memory = |variable: &'static str, example: &str, fallback: &'static str| {
+            let v = get(variable).filter(|v| !v.trim().is_empty())?;
+            Some(match parse_memory_setting(&v) {
+                Ok(spec) => Ok(spec),
+                Err(why) => Err(Problem {
+                    variable,
+                    value: v,
+                    why: format!("{why}; expected e.g. {example}"),
+                    fallback,
+                }),
+            })
+        };
+        match memory(
+            "TENSILE_DEVICE_MEMORY",
+            "6GiB, 512MiB or 40%",
+            DEFAULT_DEVICE_MEMORY,
+        ) {
+            Some(Ok(spec)) => c.device_memory = Some(spec),
+            Some(Err(p)) => problems.push(p),
+            None => {}
         }
-        if let Some(v) = get("TENSILE_HOST_MEMORY").filter(|v| !v.trim().is_empty()) {
-            match SizeSpec::parse(&v) {
-                Ok(spec) => c.host_memory = Some(spec),
-                Err(e) => bad(
-                    "TENSILE_HOST_MEMORY",
-                    &v,
-                    format!("{e}; expected e.g. 32GiB or 50%"),
-                    "half the host's memory",
-                ),
+        match memory("TENSILE_HOST_MEMORY", "32GiB or 50%", DEFAULT_HOST_MEMORY) {
+            Some(Ok(spec)) => c.host_memory = Some(spec),
+            Some(Err(p)) => problems.push(p),
+            None => {}
+        }
+
+        if let Some(v) = get("TENSILE_COORDINATOR") {
+            match Coordinator::parse(&v) {
+                Ok(coordinator) => c.coordinator = coordinator,
+                Err(why) => problems.push(Problem {
+                    variable: "TENSILE_COORDINATOR",
+                    value: v,
+                    why: format!("{why}; expected auto, off or a shared-memory name"),
+                    fallback: "auto",
+                }),
             }
         }
 
@@ -186,10 +278,82 @@ mod tests {
         let line = p[0].to_string();
         assert!(
             line.contains("TENSILE_DEVICE_MEMORY=\"6 parsecs\"")
-                && line.contains("using the card's free memory"),
+                && line.contains("using the card's free memory less headroom"),
             "{line}"
         );
         assert!(p[1].to_string().contains("TENSILE_HOST_MEMORY"), "{}", p[1]);
+    }
+
+    #[test]
+    fn a_size_below_one_page_is_refused_with_the_default() {
+        for v in ["1", "1KiB", "0.5MiB", "2097151"] {
+            for var in ["TENSILE_DEVICE_MEMORY", "TENSILE_HOST_MEMORY"] {
+                let (c, p) = parse(&[(var, v)]);
+                assert_eq!((c.device_memory, c.host_memory), (None, None), "{var}={v}");
+                assert_eq!(p.len(), 1, "{var}={v}: {p:?}");
+                let line = p[0].to_string();
+                assert!(
+                    line.starts_with(&format!("{var}=\"{v}\""))
+                        && line.contains("below one page (2 MiB)")
+                        && line.contains("using "),
+                    "{line}"
+                );
+            }
+        }
+        let (c, p) = parse(&[
+            ("TENSILE_DEVICE_MEMORY", "2MiB"),
+            ("TENSILE_HOST_MEMORY", "2MiB"),
+        ]);
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(c.device_memory, Some(SizeSpec::Bytes(2 << 20)));
+        assert_eq!(c.host_memory, Some(SizeSpec::Bytes(2 << 20)));
+    }
+
+    #[test]
+    fn a_value_that_is_not_a_number_is_quoted() {
+        let (_, p) = parse(&[("TENSILE_DEVICE_MEMORY", "abc")]);
+        let line = p[0].to_string();
+        assert!(
+            line.contains("TENSILE_DEVICE_MEMORY=\"abc\" is not valid (`abc` is not a number"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_coordinator_is_parsed_and_checked() {
+        assert_eq!(parse(&[]).0.coordinator, Coordinator::Auto);
+        for (v, want) in [
+            ("auto", Coordinator::Auto),
+            (" OFF ", Coordinator::Off),
+            ("tensile-lab-7", Coordinator::Named("tensile-lab-7".into())),
+        ] {
+            let (c, p) = parse(&[("TENSILE_COORDINATOR", v)]);
+            assert!(p.is_empty(), "{v}: {p:?}");
+            assert_eq!(c.coordinator, want, "{v}");
+        }
+        let long = "x".repeat(MAX_COORDINATOR_NAME + 1);
+        for (v, why) in [
+            ("/dev/shm/x", "'/'"),
+            ("two words", "printable ASCII"),
+            ("bell\u{7}", "printable ASCII"),
+            ("..", "not a file name"),
+            (long.as_str(), "longer than 200"),
+        ] {
+            let (c, p) = parse(&[("TENSILE_COORDINATOR", v)]);
+            assert_eq!(c.coordinator, Coordinator::Auto, "{v}");
+            assert_eq!(p.len(), 1, "{v}");
+            let line = p[0].to_string();
+            assert!(
+                line.starts_with("TENSILE_COORDINATOR=")
+                    && line.contains(why)
+                    && line.ends_with("using auto"),
+                "{line}"
+            );
+        }
+        assert_eq!(
+            Coordinator::parse(&"y".repeat(MAX_COORDINATOR_NAME)),
+            Ok(Coordinator::Named("y".repeat(MAX_COORDINATOR_NAME)))
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, Policy};
+use crate::memory::budget::{self, format_size};
 use crate::memory::{Driver, ManagerConfig, MemoryManager, SizeSpec};
 use crate::real::RealDriver;
 use crate::real_memory::{RealMemoryDriver, SetupError};
@@ -70,28 +71,159 @@ pub struct Sizing {
     pub host_cap: usize,
 }
 
-/// The budget and host cap from the configuration: `TENSILE_DEVICE_MEMORY` (default: the
-/// card's free memory; a percentage is of the card's total) and `TENSILE_HOST_MEMORY`
-/// (default: half the host's physical memory; a percentage is of the physical memory).
+/// The budget and host cap from the configuration, and one line for each setting that could
+/// not be used as given. `TENSILE_DEVICE_MEMORY` (default: the card's free memory less
+/// headroom, [`budget::default_device_budget`]; a percentage is of the card's total) and
+/// `TENSILE_HOST_MEMORY` (default: half the host's physical memory; a percentage is of the
+/// physical memory). A value below one page is refused for the default; a budget above the
+/// card's memory, or a host cap above the physical memory (when known), is clamped to it.
 pub fn sizing(
     device: Option<SizeSpec>,
     host: Option<SizeSpec>,
     card_free: u64,
     card_total: u64,
     host_total: u64,
-) -> Sizing {
+) -> (Sizing, Vec<String>) {
+    let mut notes = Vec::new();
+    let page = crate::config::MIN_MEMORY_SETTING;
+    let default_budget = budget::default_device_budget(card_free, card_total);
     let device_budget = match device {
-        Some(spec) => spec.resolve(card_total),
-        None => crate::memory::budget::default_device_budget(card_free),
+        Some(spec) => {
+            let b = spec.resolve(card_total);
+            if b < page {
+                notes.push(format!(
+                    "TENSILE_DEVICE_MEMORY={} is {} of the card's {}, below one page ({}); \
+                     using {} ({})",
+                    show(spec),
+                    format_size(b),
+                    format_size(card_total),
+                    format_size(page),
+                    crate::config::DEFAULT_DEVICE_MEMORY,
+                    format_size(default_budget)
+                ));
+                default_budget
+            } else if card_total > 0 && b > card_total {
+                notes.push(format!(
+                    "TENSILE_DEVICE_MEMORY={} is above the card's memory ({}); the budget is \
+                     capped at {}",
+                    show(spec),
+                    format_size(card_total),
+                    format_size(card_total)
+                ));
+                card_total
+            } else {
+                b
+            }
+        }
+        None => default_budget,
     };
+    let default_host = host_total / 2;
     let host_cap = match host {
-        Some(spec) => spec.resolve(host_total),
-        None => host_total / 2,
+        Some(spec) => {
+            let h = spec.resolve(host_total);
+            if h < page {
+                notes.push(format!(
+                    "TENSILE_HOST_MEMORY={} is {} of the host's {}, below one page ({}); \
+                     using {} ({})",
+                    show(spec),
+                    format_size(h),
+                    format_size(host_total),
+                    format_size(page),
+                    crate::config::DEFAULT_HOST_MEMORY,
+                    format_size(default_host)
+                ));
+                default_host
+            } else if host_total > 0 && h > host_total {
+                notes.push(format!(
+                    "TENSILE_HOST_MEMORY={} is above the host's physical memory ({}); the \
+                     pinned host pool is capped at {}",
+                    show(spec),
+                    format_size(host_total),
+                    format_size(host_total)
+                ));
+                host_total
+            } else {
+                h
+            }
+        }
+        None => default_host,
     };
-    Sizing {
+    let sizing = Sizing {
         device_budget: usize::try_from(device_budget).unwrap_or(usize::MAX),
         host_cap: usize::try_from(host_cap).unwrap_or(usize::MAX),
+    };
+    (sizing, notes)
+}
+
+/// A size setting as the user wrote it, near enough (`40%`, `6 GiB`).
+fn show(spec: SizeSpec) -> String {
+    match spec {
+        SizeSpec::Bytes(b) => format_size(b).replace(' ', ""),
+        SizeSpec::Fraction(f) => {
+            let pct = format!("{:.4}", f * 100.0);
+            format!("{}%", pct.trim_end_matches('0').trim_end_matches('.'))
+        }
     }
+}
+
+/// Host frames the swap engine holds beyond the pages that are off the device: the device
+/// frames it keeps free ahead of need (each was emptied by a swap-out, whose host copy
+/// stays), plus one eviction batch in flight. See "The host pool" in `docs/memory.md`.
+pub fn host_frames_in_flight(mc: &ManagerConfig) -> usize {
+    mc.free_reserve_pages + mc.evict_batch
+}
+
+/// What [`fit_to_host_cap`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostCapFit {
+    /// The cap holds the defaults with room to spare.
+    Fits,
+    /// The free reserve and the eviction batch were shrunk to half the cap (the user's cap
+    /// is a limit on pinned memory, and is kept): the line says so.
+    Shrunk(String),
+    /// Not even one page in flight plus one swapped page fit: any run over the budget fails.
+    TooSmall(String),
+}
+
+/// Fits what the swap engine holds in flight to the host cap, known at start: the free
+/// reserve and the eviction batch may take at most half the pool, so that the other half
+/// holds swapped pages. A cap below two pages cannot swap anything; that is said at start.
+pub fn fit_to_host_cap(mc: &mut ManagerConfig) -> HostCapFit {
+    let cap_pages = mc.host_cap / mc.page_size;
+    if cap_pages >= 2 * host_frames_in_flight(mc) {
+        return HostCapFit::Fits;
+    }
+    if cap_pages < 2 {
+        return HostCapFit::TooSmall(format!(
+            "the pinned host pool cap of {} cannot hold one page being swapped out and one \
+             swapped page: any run over the device budget of {} will fail \
+             (TENSILE_HOST_MEMORY; at least {} is needed)",
+            format_size(mc.host_cap as u64),
+            format_size(mc.device_budget as u64),
+            format_size(2 * mc.page_size as u64),
+        ));
+    }
+    let (reserve, batch) = (mc.free_reserve_pages, mc.evict_batch);
+    let room = cap_pages / 2;
+    mc.evict_batch = batch.min((room / 2).max(1));
+    mc.free_reserve_pages = reserve.min(room - mc.evict_batch);
+    HostCapFit::Shrunk(format!(
+        "the pinned host pool cap of {} holds what is off the device plus what the swap engine \
+         holds in flight: it now keeps {} frames free ahead of need and evicts {} pages at \
+         once (instead of {reserve} and {batch}), so footprints up to {} fit",
+        format_size(mc.host_cap as u64),
+        mc.free_reserve_pages,
+        mc.evict_batch,
+        format_size(footprint_reach(mc) as u64),
+    ))
+}
+
+/// The largest footprint the host cap can take at this budget (see "The host pool" in
+/// `docs/memory.md`).
+pub fn footprint_reach(mc: &ManagerConfig) -> usize {
+    let cap = mc.host_cap / mc.page_size * mc.page_size;
+    mc.device_budget
+        .saturating_add(cap.saturating_sub(host_frames_in_flight(mc) * mc.page_size))
 }
 
 /// Physical memory of the host, in bytes (0 if unknown).
@@ -149,14 +281,19 @@ impl MemorySlot {
             // Not an error yet: the application calls before making a context current.
             Err(SetupError::NoContext) => None,
             Err(why) => {
-                tracing::warn!(
-                    "tensile: the memory manager cannot start ({why}); allocations go to the \
-                     driver unmanaged"
-                );
+                tracing::warn!("tensile: {}", cannot_start(&why));
                 self.cell.get_or_init(|| None).as_ref()
             }
         }
     }
+}
+
+/// The line for a manager that cannot start: why, and what that means for the program.
+fn cannot_start(why: &dyn std::fmt::Display) -> String {
+    format!(
+        "the memory manager cannot start ({why}); memory is not managed: allocations go to \
+         the driver, no budget is enforced"
+    )
 }
 
 fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupError> {
@@ -164,13 +301,16 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     let (free, total) = driver
         .mem_get_info()
         .map_err(|e| SetupError::Driver("cuMemGetInfo_v2", e))?;
-    let s = sizing(
+    let (s, notes) = sizing(
         config.device_memory,
         config.host_memory,
         free as u64,
         total as u64,
         host_physical_bytes(),
     );
+    for note in notes {
+        tracing::warn!("tensile: {note}");
+    }
     let mut mc = ManagerConfig::new(s.device_budget, s.host_cap);
     mc.device = driver.device();
     // The defaults suit budgets of gigabytes; a budget of a few pages (tests, the demo) must
@@ -178,6 +318,11 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     let budget_pages = (s.device_budget / mc.page_size).max(1);
     mc.free_reserve_pages = mc.free_reserve_pages.min(budget_pages / 4);
     mc.evict_batch = mc.evict_batch.clamp(1, (budget_pages / 4).max(1));
+    match fit_to_host_cap(&mut mc) {
+        HostCapFit::Fits => {}
+        HostCapFit::Shrunk(line) => tracing::info!("tensile: {line}"),
+        HostCapFit::TooSmall(line) => tracing::warn!("tensile: {line}"),
+    }
     let as_driver: Arc<dyn Driver> = driver.clone();
     let mm = MemoryManager::new(as_driver, mc)
         .map_err(|e| SetupError::Driver("reserving the arena", e))?;
@@ -187,13 +332,14 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
         );
     }
     tracing::info!(
-        "tensile: memory manager on device {}: budget {} MiB (card: {} MiB free of {} MiB), \
-         host pool cap {} MiB, policy lru",
+        "tensile: memory manager on device {}: budget {} (card: {} free of {}), host pool cap {} \
+         (room for a footprint up to {}), policy lru",
         mc.device,
-        s.device_budget >> 20,
-        free >> 20,
-        total >> 20,
-        s.host_cap >> 20
+        format_size(s.device_budget as u64),
+        format_size(free as u64),
+        format_size(total as u64),
+        format_size(mc.host_cap as u64),
+        format_size(footprint_reach(&mc) as u64),
     );
     Ok(Managed {
         mm,
@@ -264,22 +410,138 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    fn spec(text: &str) -> Option<SizeSpec> {
+        Some(SizeSpec::parse(text).unwrap())
+    }
+
     #[test]
     fn sizing_defaults_and_settings() {
-        let s = sizing(None, None, 70 * GIB, 80 * GIB, 32 * GIB);
-        assert_eq!(s.device_budget as u64, 70 * GIB);
+        let (s, notes) = sizing(None, None, 70 * GIB, 80 * GIB, 32 * GIB);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(s.device_budget as u64, 66 * GIB, "free less 5% of the card");
         assert_eq!(s.host_cap as u64, 16 * GIB);
-        let s = sizing(
-            Some(SizeSpec::parse("40%").unwrap()),
-            Some(SizeSpec::parse("6GiB").unwrap()),
-            70 * GIB,
-            80 * GIB,
-            32 * GIB,
-        );
+        let (s, notes) = sizing(spec("40%"), spec("6GiB"), 70 * GIB, 80 * GIB, 32 * GIB);
+        assert!(notes.is_empty(), "{notes:?}");
         assert_eq!(s.device_budget as u64, 32 * GIB);
         assert_eq!(s.host_cap as u64, 6 * GIB);
-        let s = sizing(None, Some(SizeSpec::parse("50%").unwrap()), 1, 2, 10 * GIB);
+        let (s, _) = sizing(None, spec("50%"), 1, 2, 10 * GIB);
         assert_eq!(s.host_cap as u64, 5 * GIB);
+    }
+
+    #[test]
+    fn a_percentage_below_one_page_is_refused_for_the_default() {
+        let (s, notes) = sizing(spec("1%"), spec("0.001%"), 60 << 20, 100 << 20, 100 * GIB);
+        assert_eq!(
+            s.device_budget as u64,
+            (105 << 20) / 2,
+            "60 MiB free less an eighth"
+        );
+        assert_eq!(s.host_cap as u64, 50 * GIB);
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(
+            notes[0].starts_with("TENSILE_DEVICE_MEMORY=1% is 1 MiB of the card's 100 MiB")
+                && notes[0].contains("below one page (2 MiB)")
+                && notes[0].ends_with("(52.5 MiB)"),
+            "{}",
+            notes[0]
+        );
+        assert!(
+            notes[1].starts_with("TENSILE_HOST_MEMORY=0.001%")
+                && notes[1].contains("below one page")
+                && notes[1].ends_with("(50 GiB)"),
+            "{}",
+            notes[1]
+        );
+    }
+
+    #[test]
+    fn a_host_cap_above_physical_memory_is_clamped() {
+        for text in ["1TiB", "100TiB"] {
+            let (s, notes) = sizing(None, spec(text), GIB, GIB, 23 * GIB);
+            assert_eq!(s.host_cap as u64, 23 * GIB, "{text}");
+            assert_eq!(notes.len(), 1);
+            assert_eq!(
+                notes[0],
+                format!(
+                    "TENSILE_HOST_MEMORY={text} is above the host's physical memory (23 GiB); \
+                     the pinned host pool is capped at 23 GiB"
+                )
+            );
+        }
+        // The same for a budget above the card.
+        let (s, notes) = sizing(spec("100TiB"), None, GIB, 2 * GIB, 23 * GIB);
+        assert_eq!(s.device_budget as u64, 2 * GIB);
+        assert_eq!(
+            notes,
+            [
+                "TENSILE_DEVICE_MEMORY=100TiB is above the card's memory (2 GiB); the budget is \
+              capped at 2 GiB"
+            ]
+        );
+        // Unknown physical memory: nothing to clamp against.
+        let (s, notes) = sizing(None, spec("1TiB"), GIB, GIB, 0);
+        assert_eq!((s.host_cap as u64, notes.len()), (1 << 40, 0));
+    }
+
+    #[test]
+    fn a_small_host_cap_shrinks_what_swapping_holds_in_flight() {
+        const MIB: usize = 1 << 20;
+        let defaults = |host_cap| {
+            let mut mc = ManagerConfig::new(64 * MIB, host_cap);
+            mc.free_reserve_pages = 8;
+            mc.evict_batch = 8;
+            mc
+        };
+        let mut mc = defaults(64 * MIB);
+        assert_eq!(host_frames_in_flight(&mc), 16);
+        assert_eq!(fit_to_host_cap(&mut mc), HostCapFit::Fits);
+        assert_eq!((mc.free_reserve_pages, mc.evict_batch), (8, 8));
+        assert_eq!(
+            footprint_reach(&mc),
+            96 * MIB,
+            "64 MiB budget + 64 - 32 MiB"
+        );
+
+        // Issue 9, item 6: 48 MiB (24 pages) held 16 pages in flight and ran dry.
+        let mut mc = defaults(48 * MIB);
+        let HostCapFit::Shrunk(line) = fit_to_host_cap(&mut mc) else {
+            panic!("{mc:?}")
+        };
+        assert_eq!((mc.free_reserve_pages, mc.evict_batch), (6, 6));
+        assert_eq!(footprint_reach(&mc), 88 * MIB);
+        assert!(
+            line.starts_with("the pinned host pool cap of 48 MiB")
+                && line.contains(
+                    "keeps 6 frames free ahead of need and evicts 6 pages at once \
+                                  (instead of 8 and 8), so footprints up to 88 MiB fit"
+                ),
+            "{line}"
+        );
+
+        let mut mc = defaults(4 * MIB);
+        assert!(matches!(fit_to_host_cap(&mut mc), HostCapFit::Shrunk(_)));
+        assert_eq!((mc.free_reserve_pages, mc.evict_batch), (0, 1));
+        assert_eq!(mc.host_cap, 4 * MIB, "the user's cap is kept");
+
+        let mut mc = defaults(2 * MIB);
+        let HostCapFit::TooSmall(line) = fit_to_host_cap(&mut mc) else {
+            panic!("{mc:?}")
+        };
+        assert_eq!(
+            line,
+            "the pinned host pool cap of 2 MiB cannot hold one page being swapped out and one \
+             swapped page: any run over the device budget of 64 MiB will fail \
+             (TENSILE_HOST_MEMORY; at least 4 MiB is needed)"
+        );
+    }
+
+    #[test]
+    fn a_manager_that_cannot_start_says_what_that_means() {
+        assert_eq!(
+            cannot_start(&"reserving the arena failed with error 2"),
+            "the memory manager cannot start (reserving the arena failed with error 2); memory \
+             is not managed: allocations go to the driver, no budget is enforced"
+        );
     }
 
     #[test]

@@ -69,6 +69,33 @@ fn run_preloads_traces_and_trace_info_and_replay_read_the_trace() {
     );
     assert!(report.contains("sgd_momentum"), "{report}");
     assert!(!report.contains("no end marker"), "{report}");
+    assert!(report.contains("swap statistics: to host 0 B"), "{report}");
+
+    // The recorded run as a Perfetto timeline: the workload's kernels, by name, on the tracks of
+    // its streams (the format itself is checked in detail by the tools' own tests).
+    let timeline = temp_trace("cli-timeline");
+    let timeline_arg = timeline.to_string_lossy().into_owned();
+    let info = tensile(&["trace-info", &trace_arg, "--timeline", &timeline_arg]);
+    assert!(info.status.success(), "{}", text(&info.stderr));
+    let json = std::fs::read_to_string(&timeline).expect("the timeline was written");
+    let _ = std::fs::remove_file(&timeline);
+    assert!(
+        json.starts_with("{\"displayTimeUnit\":\"ms\",\"traceEvents\":["),
+        "{json:.200}"
+    );
+    assert!(
+        json.contains("\"name\":\"sgd_momentum\""),
+        "no kernel by name"
+    );
+    let streams = json.matches("\"args\":{\"name\":\"stream ").count();
+    assert!(
+        streams >= 2,
+        "{streams} stream tracks for a two-stream workload"
+    );
+    assert!(
+        json.contains("\"cat\":\"swap\""),
+        "no swap statistics in the timeline"
+    );
 
     // Three training steps: replay finds the iteration and keeps the plan within budget.
     let replay = tensile(&["replay", &trace_arg, "--budget", "50%", "--json"]);
@@ -101,8 +128,9 @@ fn trace_info_reports_a_cut_trace_and_refuses_a_foreign_file() {
 
     let foreign = tensile(&["trace-info", "/etc/hostname"]);
     assert!(!foreign.status.success());
+    // Refused by the importer that reads both formats, which says what it expected.
     assert!(
-        text(&foreign.stderr).contains("not a libtensile trace"),
+        text(&foreign.stderr).contains("is not a trace: expected a tensile trace"),
         "{}",
         text(&foreign.stderr)
     );
@@ -122,4 +150,26 @@ fn run_explains_a_missing_library() {
     ]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("/nonexistent/libtensile.so does not exist"));
+}
+
+#[test]
+fn run_refuses_a_bad_budget_before_the_program_starts() {
+    let marker = temp_trace("cli-bad-budget-ran");
+    let _ = std::fs::remove_file(&marker);
+    let marker_arg = marker.to_string_lossy().into_owned();
+    // No `--`: the program's name ends tensile's own flags.
+    let out = tensile(&["run", "--budget", "abc", "touch", &marker_arg]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("--budget \"abc\": `abc` is not a number"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+    assert!(!marker.exists(), "the program ran despite the bad budget");
+
+    let ok = tensile(&["run", "--policy", "off", "touch", &marker_arg]);
+    assert!(ok.status.success(), "{}", text(&ok.stderr));
+    assert!(marker.exists(), "`tensile run CMD` without -- runs CMD");
+    let _ = std::fs::remove_file(&marker);
 }

@@ -1,12 +1,15 @@
-//! Parsing of the memory-size settings `TENSILE_DEVICE_MEMORY` and `TENSILE_HOST_MEMORY`.
+//! The memory-size settings `TENSILE_DEVICE_MEMORY` and `TENSILE_HOST_MEMORY`: parsing,
+//! the default device budget ([`default_device_budget`], with headroom for what libraries
+//! allocate around the arena), and sizes printed back in human units ([`format_size`]).
 //!
 //! Accepted forms: a byte count (`123456`), a number with a binary unit (`512MiB`, `1.5GiB`,
 //! `64KiB`, `1TiB`, or the shorthands `K`/`M`/`G`/`T`), a number with a decimal SI unit
 //! (`KB`/`MB`/`GB`/`TB`: powers of 1000, as in the simulated GPU's `TENSILE_SIM_DEVICE_MEMORY`),
 //! or a percentage of a total (`40%`). Case and whitespace around the unit are ignored.
 //!
-//! This module only turns text into bytes; deciding what a missing setting means (the card's
-//! free memory, the coordinator's grant) is the caller's business.
+//! Pure functions over numbers: reading the card, the host or the coordinator's grant, and
+//! deciding which rule applies to which setting, is the caller's business
+//! ([`crate::managed::sizing`]).
 
 use std::fmt;
 
@@ -69,6 +72,10 @@ impl SizeSpec {
             && num.chars().all(|c| c.is_ascii_digit() || c == '.')
             && num.matches('.').count() <= 1
             && num != ".";
+        if num.is_empty() {
+            // Nothing numeric at all (`abc`, `GiB`): quote the whole value.
+            return Err(BudgetError::BadNumber(t.to_string()));
+        }
         if !is_plain_number {
             return Err(BudgetError::BadNumber(num.to_string()));
         }
@@ -122,19 +129,53 @@ impl SizeSpec {
 }
 
 /// The device budget from the `TENSILE_DEVICE_MEMORY` setting (`None` when unset), the card's
-/// free and total memory. Unset: the card's free memory. A percentage is of the total.
-/// A bad setting is an error for the caller to report once; it then uses the default,
-/// [`default_device_budget`].
+/// free and total memory. Unset: [`default_device_budget`]. A percentage is of the total.
+/// A bad setting is an error for the caller to report once; it then uses the default.
 pub fn device_budget(setting: Option<&str>, free: u64, total: u64) -> Result<u64, BudgetError> {
     match setting {
-        None => Ok(default_device_budget(free)),
+        None => Ok(default_device_budget(free, total)),
         Some(text) => parse_size(text, total),
     }
 }
 
-/// The budget when none (or a bad one) is set: what the card has free.
-pub fn default_device_budget(free: u64) -> u64 {
-    free
+/// Device memory left outside the arena when no budget is set: [`headroom`].
+pub const MIN_HEADROOM: u64 = 1 << 30;
+
+/// What libraries that allocate around the arena may still need after the manager starts:
+/// the larger of 1 GiB and 5% of the card, but at most an eighth of the free memory. They are
+/// the context's growth (kernels of cuBLAS, cuDNN and the application loaded lazily on first
+/// use; local memory resized to the largest per-thread stack any kernel asks for, about
+/// 270 MiB for 1 KiB per thread on an H100's 132 SMs x 2048 threads), and NCCL's buffers,
+/// which recent versions map themselves with `cuMemCreate` (4 MiB `NCCL_BUFFSIZE` per
+/// channel, peer and direction: 256 MiB for a ring of 32 channels, more with NVLS and several
+/// communicators).
+/// cuBLAS and cuDNN workspaces come through the application's allocator, that is the arena.
+/// The eighth keeps a small card (or the simulated GPU's test cards of a few MiB) mostly
+/// for the arena. `docs/memory.md` has the reasoning.
+pub fn headroom(free: u64, total: u64) -> u64 {
+    MIN_HEADROOM.max(total / 20).min(free / 8)
+}
+
+/// The budget when none (or a bad one) is set: the card's free memory less [`headroom`].
+pub fn default_device_budget(free: u64, total: u64) -> u64 {
+    free - headroom(free, total)
+}
+
+/// `bytes` in the largest binary unit that keeps it at least 1 (`1.5 GiB`, `512 KiB`,
+/// `300 B`), with at most two decimals: the inverse of [`SizeSpec::parse`] for messages.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && bytes >= 1u64 << (10 * (unit + 1)) {
+        unit += 1;
+    }
+    if unit == 0 {
+        return format!("{bytes} B");
+    }
+    let value = bytes as f64 / (1u64 << (10 * unit)) as f64;
+    let text = format!("{value:.2}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    format!("{text} {}", UNITS[unit])
 }
 
 /// Parses `text` and resolves it against `total` in one go.
@@ -193,7 +234,11 @@ mod tests {
         );
         assert_eq!(
             parse_size("GiB", 0),
-            Err(BudgetError::BadNumber(String::new()))
+            Err(BudgetError::BadNumber("GiB".into()))
+        );
+        assert_eq!(
+            parse_size(" abc ", 0),
+            Err(BudgetError::BadNumber("abc".into()))
         );
         assert_eq!(
             parse_size("1.2.3GiB", 0),
@@ -207,14 +252,32 @@ mod tests {
     }
 
     #[test]
-    fn device_budget_defaults_to_free_memory() {
-        assert_eq!(device_budget(None, 70 * GIB, 80 * GIB), Ok(70 * GIB));
+    fn device_budget_defaults_to_free_memory_less_headroom() {
+        // An H100: 5% of 80 GiB is 4 GiB.
+        assert_eq!(device_budget(None, 70 * GIB, 80 * GIB), Ok(66 * GIB));
+        // A 16 GiB card: the 1 GiB floor.
+        assert_eq!(device_budget(None, 15 * GIB, 16 * GIB), Ok(14 * GIB));
+        // A small or busy card: an eighth of its free memory.
+        assert_eq!(device_budget(None, 4 * GIB, 80 * GIB), Ok(7 * GIB / 2));
+        assert_eq!(device_budget(None, 64 << 20, 64 << 20), Ok(56 << 20));
+        assert_eq!(device_budget(None, 0, 0), Ok(0));
         assert_eq!(device_budget(Some("40%"), 70 * GIB, 80 * GIB), Ok(32 * GIB));
         assert_eq!(device_budget(Some("6GiB"), 1, 2), Ok(6 * GIB));
         assert_eq!(
             device_budget(Some("lots"), 1, 2),
-            Err(BudgetError::BadNumber(String::new()))
+            Err(BudgetError::BadNumber("lots".into()))
         );
+    }
+
+    #[test]
+    fn sizes_format_in_human_units() {
+        assert_eq!(format_size(0), "0 B");
+        assert_eq!(format_size(1023), "1023 B");
+        assert_eq!(format_size(1024), "1 KiB");
+        assert_eq!(format_size(3 << 20), "3 MiB");
+        assert_eq!(format_size(GIB + GIB / 2), "1.5 GiB");
+        assert_eq!(format_size(1_769_472), "1.69 MiB");
+        assert_eq!(format_size(100 << 40), "100 TiB");
     }
 
     #[test]

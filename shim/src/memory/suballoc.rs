@@ -1,26 +1,40 @@
-//! Carves application allocations out of the arena's virtual range, with stream-ordered
-//! reuse of freed memory.
+//! Carves application allocations out of the arena's virtual range (the arena allocator),
+//! with stream-ordered reuse of freed memory.
 //!
-//! - Sizes are rounded to 512 bytes (the alignment `cudaMallocAsync` users expect).
-//! - Requests of half a page or more start on a page boundary, so a large tensor never shares
-//!   its first page with another allocation and swaps as a unit; its tail page is shared with
-//!   small allocations rather than wasted. Small requests pack together.
-//! - Free space is one best-fit [`FreeExtents`] set over arena offsets; the arena's used part
-//!   grows (the *frontier*) in batches when nothing fits, and the caller backs the new pages
-//!   with physical memory in one go.
-//! - Stream-ordered frees: memory freed on stream S goes to S's pending list with the fence
-//!   recorded at the free. An allocation on S may reuse it at once (stream order makes that
-//!   safe, as in the caching allocators); other streams get it only once the fence has
-//!   completed and it has moved to the shared free set.
+//! - Sizes are rounded to [`GRANULE`] (256 bytes, the alignment `cudaMalloc` gives).
+//! - Requests of at most half a page are *packed*: they start anywhere, so two 1 MiB tensors
+//!   share a 2 MiB page. Larger requests start on a page boundary, so a large tensor's pages
+//!   are its own (the swap unit is the page), except the tail of its last page, which goes
+//!   back to the free set for packed requests rather than being wasted. Every hole of at
+//!   least a granule can then take some request: no hole is dead by construction.
+//! - Free space is one coalesced [`FreeExtents`] set over arena offsets with exact best fit
+//!   for both placements in O(log n) (no candidate cap). The arena's used part (the
+//!   *frontier*) grows, by at least `grow_bytes`, only when no free extent can hold a
+//!   request; the caller backs the new pages with physical memory in one go.
+//! - Stream-ordered frees: memory freed on stream S is kept on S's pending set with the
+//!   fence recorded at the free. An allocation on S may reuse it at once (stream order makes
+//!   that safe, as in the caching allocators); other streams get it only once the fence has
+//!   completed and it has moved to the shared free set ([`Suballocator::mature`]).
+//!
+//! Guarantee (tested in `tests::no_false_out_of_memory`): an allocation fails only if no
+//! free extent, the requesting stream's pending frees included, can hold it and the arena's
+//! unused part is too small too. Hence the fragmentation bound of `docs/memory.md`: when the
+//! frontier grows for a request of span `s`, every hole is shorter than `s + page`, and
+//! coalescing leaves at most `k + 1` holes around `k` occupied extents, so the frontier never
+//! exceeds `occupied + (k + 1) * (s + page) + max(grow_bytes, s + page)`.
 //!
 //! It does not know about pages' physical state; the manager handles that.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
-use super::extent::FreeExtents;
+use super::budget::format_size;
+use super::extent::{FreeExtents, Placement, SizeIndex};
 
-/// Allocation granularity and alignment of small requests.
-pub const MIN_ALIGN: u64 = 512;
+pub use super::extent::GRANULE;
+
+/// Allocation granularity and alignment of packed requests (the name the manager knew).
+pub const MIN_ALIGN: u64 = GRANULE;
 
 /// A live allocation: where it is and how much of the arena it covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,15 +42,8 @@ pub struct Allocation {
     pub ptr: u64,
     /// Bytes the application asked for.
     pub size: u64,
-    /// Bytes reserved for it (rounded).
+    /// Bytes reserved for it (rounded to the granule).
     pub span: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Pending {
-    seq: u64,
-    start: u64,
-    len: u64,
 }
 
 /// The result of a successful [`Suballocator::alloc`].
@@ -58,6 +65,110 @@ pub enum SubAllocError {
     NotAllocated,
 }
 
+/// How the arena is used, for logs and out-of-memory messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fragmentation {
+    /// Bytes reserved by live allocations (their spans).
+    pub live_bytes: u64,
+    pub live_count: usize,
+    /// Bytes in free holes below the frontier (reusable by any stream).
+    pub free_bytes: u64,
+    pub hole_count: usize,
+    /// The longest hole, and the longest page-aligned run in any hole (what a large
+    /// request can get without growing the frontier; 0 when none exceeds half a page).
+    pub largest_hole: u64,
+    pub largest_aligned_run: u64,
+    /// Freed bytes still waiting for a stream's fence.
+    pub pending_bytes: u64,
+    /// The arena's used part.
+    pub frontier: u64,
+}
+
+impl fmt::Display for Fragmentation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} live in {} allocations, {} free in {} holes (largest hole {}, largest \
+             page-aligned run {}), {} freed awaiting stream order, frontier {}",
+            format_size(self.live_bytes),
+            self.live_count,
+            format_size(self.free_bytes),
+            self.hole_count,
+            format_size(self.largest_hole),
+            format_size(self.largest_aligned_run),
+            format_size(self.pending_bytes),
+            format_size(self.frontier)
+        )
+    }
+}
+
+/// One stream's frees waiting for their fences: reusable by that stream now, by the others
+/// after the fence. Extents are not coalesced (each keeps its own fence).
+#[derive(Debug, Clone)]
+struct PendingFrees {
+    /// start -> (len, fence)
+    by_start: BTreeMap<u64, (u64, u64)>,
+    /// (fence, start), in fence order for [`Suballocator::mature`].
+    by_fence: BTreeSet<(u64, u64)>,
+    index: SizeIndex,
+    bytes: u64,
+}
+
+impl PendingFrees {
+    fn new(page: u64) -> Self {
+        Self {
+            by_start: BTreeMap::new(),
+            by_fence: BTreeSet::new(),
+            index: SizeIndex::new(page),
+            bytes: 0,
+        }
+    }
+
+    fn add(&mut self, start: u64, len: u64, fence: u64) {
+        if len == 0 {
+            return;
+        }
+        self.by_start.insert(start, (len, fence));
+        self.by_fence.insert((fence, start));
+        self.index.add(start, len);
+        self.bytes += len;
+    }
+
+    fn remove(&mut self, start: u64) -> Option<(u64, u64)> {
+        let (len, fence) = self.by_start.remove(&start)?;
+        self.by_fence.remove(&(fence, start));
+        self.index.remove(start, len);
+        self.bytes -= len;
+        Some((len, fence))
+    }
+
+    /// Best fit among this stream's pending frees; leftovers keep their fence (they are
+    /// still ordered behind the same free).
+    fn take(&mut self, len: u64, placement: Placement) -> Option<u64> {
+        let fit = self.index.best_fit(len, placement)?;
+        let (_, fence) = self.remove(fit.start)?;
+        self.add(fit.start, fit.at - fit.start, fence);
+        self.add(fit.at + len, fit.start + fit.len - (fit.at + len), fence);
+        Some(fit.at)
+    }
+
+    /// Removes and yields the extents whose fence is at most `done`.
+    fn drain_matured(&mut self, done: u64, mut each: impl FnMut(u64, u64)) {
+        while let Some(&(fence, start)) = self.by_fence.first() {
+            if fence > done {
+                break;
+            }
+            if let Some((len, _)) = self.remove(start) {
+                each(start, len);
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_start.is_empty()
+    }
+}
+
 pub struct Suballocator {
     base: u64,
     capacity: u64,
@@ -65,23 +176,27 @@ pub struct Suballocator {
     grow_bytes: u64,
     frontier: u64,
     free: FreeExtents,
-    /// Per stream slot, in fence order.
-    pending: Vec<Vec<Pending>>,
+    /// Per stream slot.
+    pending: Vec<PendingFrees>,
     allocs: BTreeMap<u64, Allocation>,
+    live_bytes: u64,
 }
 
 impl Suballocator {
-    /// `base`/`capacity`: the arena; `grow_bytes`: the least the frontier grows by at once.
+    /// `base`/`capacity`: the arena; `page`: the swap and mapping unit (a power of two, at
+    /// least [`GRANULE`]); `grow_bytes`: the least the frontier grows by at once.
     pub fn new(base: u64, capacity: u64, page: u64, grow_bytes: u64) -> Self {
+        let page = page.max(GRANULE).next_power_of_two();
         Self {
             base,
-            capacity,
+            capacity: capacity / page * page,
             page,
-            grow_bytes: grow_bytes.max(page),
+            grow_bytes: grow_bytes.max(page).next_multiple_of(page),
             frontier: 0,
-            free: FreeExtents::new(),
+            free: FreeExtents::new(page),
             pending: Vec::new(),
             allocs: BTreeMap::new(),
+            live_bytes: 0,
         }
     }
 
@@ -109,18 +224,42 @@ impl Suballocator {
 
     /// Whether any stream-ordered free is still waiting for its fence.
     pub fn has_pending(&self) -> bool {
-        self.pending.iter().any(|l| !l.is_empty())
+        self.pending.iter().any(|p| !p.is_empty())
+    }
+
+    /// How the arena is used now.
+    pub fn fragmentation(&self) -> Fragmentation {
+        let (largest_hole, largest_aligned_run) = self.free.largest();
+        Fragmentation {
+            live_bytes: self.live_bytes,
+            live_count: self.allocs.len(),
+            free_bytes: self.free.total(),
+            hole_count: self.free.len(),
+            largest_hole,
+            largest_aligned_run,
+            pending_bytes: self.pending.iter().map(|p| p.bytes).sum(),
+            frontier: self.frontier,
+        }
     }
 
     /// Moves pending frees whose fence has completed to the shared free set.
     pub fn mature(&mut self, completed: &[u64]) {
+        let free = &mut self.free;
         for (slot, list) in self.pending.iter_mut().enumerate() {
             let done = completed.get(slot).copied().unwrap_or(0);
-            let n = list.iter().take_while(|p| p.seq <= done).count();
-            for p in list.drain(..n) {
-                let ok = self.free.insert(p.start, p.len);
+            list.drain_matured(done, |start, len| {
+                let ok = free.insert(start, len);
                 debug_assert!(ok, "pending free overlapped free space");
-            }
+            });
+        }
+    }
+
+    /// The placement of a request of `span` bytes.
+    fn placement(&self, span: u64) -> Placement {
+        if span > self.page / 2 {
+            Placement::PageAligned
+        } else {
+            Placement::Packed
         }
     }
 
@@ -135,27 +274,25 @@ impl Suballocator {
             return Err(SubAllocError::ZeroSize);
         }
         let span = size
-            .checked_next_multiple_of(MIN_ALIGN)
+            .checked_next_multiple_of(GRANULE)
+            .filter(|&s| s <= self.capacity)
             .ok_or(SubAllocError::ArenaFull)?;
-        let align = if span >= self.page / 2 {
-            self.page
-        } else {
-            MIN_ALIGN
-        };
+        let placement = self.placement(span);
         self.mature(completed);
         let mut grown = None;
-        let off = match self.take_same_stream(span, align, stream_slot) {
+        let same_stream = self
+            .pending
+            .get_mut(stream_slot)
+            .and_then(|p| p.take(span, placement));
+        let off = match same_stream.or_else(|| self.free.take(span, placement)) {
             Some(off) => off,
-            None => match self.free.take(span, align) {
-                Some(off) => off,
-                None => {
-                    let g = self.grow(span.saturating_add(align))?;
-                    grown = Some(g);
-                    self.free
-                        .take(span, align)
-                        .ok_or(SubAllocError::ArenaFull)?
-                }
-            },
+            None => {
+                let g = self.grow(span, placement)?;
+                grown = Some(g);
+                self.free
+                    .take(span, placement)
+                    .ok_or(SubAllocError::ArenaFull)?
+            }
         };
         let alloc = Allocation {
             ptr: self.base + off,
@@ -163,80 +300,57 @@ impl Suballocator {
             span,
         };
         self.allocs.insert(alloc.ptr, alloc);
+        self.live_bytes += span;
         Ok(Placed { alloc, grown })
     }
 
-    /// Best fit among the recent frees of the same stream (bounded scan).
-    fn take_same_stream(&mut self, span: u64, align: u64, slot: usize) -> Option<u64> {
-        const SCAN: usize = 64;
-        let list = self.pending.get_mut(slot)?;
-        let from = list.len().saturating_sub(SCAN);
-        let (i, _) = list[from..]
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| {
-                let a = p.start.next_multiple_of(align);
-                (a + span <= p.start + p.len).then_some((from + i, p.len))
-            })
-            .min_by_key(|&(_, len)| len)?;
-        let p = list.remove(i);
-        let a = p.start.next_multiple_of(align);
-        // Leftovers keep the same fence: they are still ordered behind the same free.
-        let mut rest = Vec::new();
-        if a > p.start {
-            rest.push(Pending {
-                seq: p.seq,
-                start: p.start,
-                len: a - p.start,
-            });
-        }
-        if a + span < p.start + p.len {
-            rest.push(Pending {
-                seq: p.seq,
-                start: a + span,
-                len: p.start + p.len - a - span,
-            });
-        }
-        for r in rest {
-            // Keep fence order: insert before the first entry with a larger fence.
-            let at = list.partition_point(|q| q.seq <= r.seq);
-            list.insert(at, r);
-        }
-        Some(a)
-    }
-
-    fn grow(&mut self, need: u64) -> Result<(u64, u64), SubAllocError> {
-        // Only the part not covered by a free hole at the frontier needs new space.
-        let tail = self.free.ending_at(self.frontier).map_or(0, |(_, l)| l);
-        let need = need.saturating_sub(tail);
+    /// Grows the frontier so that the hole at its end holds `span` at `placement`.
+    fn grow(&mut self, span: u64, placement: Placement) -> Result<(u64, u64), SubAllocError> {
         let full = SubAllocError::ArenaFull;
-        let exact = need.checked_next_multiple_of(self.page).ok_or(full)?;
-        let exact_end = self.frontier.checked_add(exact).ok_or(full)?;
-        if exact_end > self.capacity {
-            return Err(full);
-        }
+        // The hole ending at the frontier (if any) becomes part of the space.
+        let tail_start = self
+            .free
+            .ending_at(self.frontier)
+            .map_or(self.frontier, |(s, _)| s);
+        let at = match placement {
+            Placement::Packed => tail_start,
+            Placement::PageAligned => tail_start.next_multiple_of(self.page),
+        };
+        let exact_end = at
+            .checked_add(span)
+            .and_then(|e| e.checked_next_multiple_of(self.page))
+            .filter(|&e| e <= self.capacity)
+            .ok_or(full)?;
         // Grow by a whole batch if it fits, else by just what is needed.
-        let batch_end = self.frontier.saturating_add(exact.max(self.grow_bytes));
-        let end = if batch_end <= self.capacity {
+        let batch_end = self.frontier.saturating_add(self.grow_bytes);
+        let end = if exact_end < batch_end && batch_end <= self.capacity {
             batch_end
         } else {
             exact_end
         };
         let start = self.frontier;
-        self.free.insert(start, end - start);
+        let ok = self.free.insert(start, end - start);
+        debug_assert!(ok, "the arena past the frontier was free");
         self.frontier = end;
         Ok((start, end))
     }
 
     /// Removes a live allocation, returning it. The caller then calls [`Self::release_now`]
-    /// or [`Self::release_after`] with its span.
+    /// or [`Self::release_after`] with it.
     pub fn remove(&mut self, ptr: u64) -> Result<Allocation, SubAllocError> {
-        self.allocs.remove(&ptr).ok_or(SubAllocError::NotAllocated)
+        let a = self
+            .allocs
+            .remove(&ptr)
+            .ok_or(SubAllocError::NotAllocated)?;
+        self.live_bytes -= a.span;
+        Ok(a)
     }
 
     /// Puts back an allocation taken out by [`Self::remove`] whose free then failed.
     pub fn reinsert(&mut self, a: Allocation) {
-        self.allocs.insert(a.ptr, a);
+        if self.allocs.insert(a.ptr, a).is_none() {
+            self.live_bytes += a.span;
+        }
     }
 
     /// Makes a freed allocation's span reusable by any stream now.
@@ -248,85 +362,16 @@ impl Suballocator {
     /// Makes a freed span reusable by `slot` now and by other streams after fence `seq`.
     pub fn release_after(&mut self, a: Allocation, slot: usize, seq: u64) {
         if self.pending.len() <= slot {
-            self.pending.resize_with(slot + 1, Vec::new);
+            let page = self.page;
+            self.pending
+                .resize_with(slot + 1, || PendingFrees::new(page));
         }
-        let list = &mut self.pending[slot];
-        let at = list.partition_point(|q| q.seq <= seq);
-        list.insert(
-            at,
-            Pending {
-                seq,
-                start: a.ptr - self.base,
-                len: a.span,
-            },
-        );
+        self.pending[slot].add(a.ptr - self.base, a.span, seq);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
+mod tests;
 
-    const PAGE: u64 = 1 << 21;
-
-    #[test]
-    fn large_allocations_are_page_aligned_and_small_ones_pack() {
-        let mut s = Suballocator::new(0x1000_0000, 1 << 34, PAGE, 8 * PAGE);
-        let done = [0u64];
-        let a = s.alloc(3 * PAGE + 100, 0, &done).unwrap();
-        assert_eq!(a.alloc.ptr % PAGE, 0);
-        assert_eq!(a.grown, Some((0, 8 * PAGE)));
-        let b = s.alloc(1000, 0, &done).unwrap();
-        assert_eq!(b.alloc.ptr % MIN_ALIGN, 0);
-        assert_eq!(b.alloc.span, 1024);
-        // The tail of `a`'s last page is reused by the small one.
-        assert_eq!(b.alloc.ptr, a.alloc.ptr + 3 * PAGE + 512);
-        assert_eq!(b.grown, None);
-        assert_eq!(s.find(a.alloc.ptr + 5), Some(a.alloc));
-        assert_eq!(s.find(b.alloc.ptr + 1000), None, "past the requested size");
-    }
-
-    #[test]
-    fn stream_ordered_reuse() {
-        let mut s = Suballocator::new(0, 1 << 30, PAGE, PAGE);
-        let a = s.alloc(4096, 0, &[0, 0]).unwrap().alloc;
-        let fill = s.alloc(PAGE - 4096, 0, &[0, 0]).unwrap().alloc; // uses up the page
-        let _ = fill;
-        let freed = s.remove(a.ptr).unwrap();
-        s.release_after(freed, 0, 7);
-        // Another stream must not get it while fence 7 of stream 0 is incomplete.
-        let b = s.alloc(4096, 1, &[6, 0]).unwrap().alloc;
-        assert_ne!(b.ptr, a.ptr);
-        // The same stream may.
-        let c = s.alloc(4096, 0, &[6, 0]).unwrap().alloc;
-        assert_eq!(c.ptr, a.ptr);
-        let freed = s.remove(c.ptr).unwrap();
-        s.release_after(freed, 0, 8);
-        let d = s.alloc(4096, 1, &[8, 0]).unwrap().alloc;
-        assert_eq!(d.ptr, a.ptr, "after the fence, any stream");
-        assert_eq!(s.remove(0x999), Err(SubAllocError::NotAllocated));
-        assert_eq!(s.remove(d.ptr + 512), Err(SubAllocError::NotAllocated));
-        s.remove(d.ptr).unwrap();
-        assert_eq!(
-            s.remove(d.ptr),
-            Err(SubAllocError::NotAllocated),
-            "double free"
-        );
-    }
-
-    #[test]
-    fn arena_full_is_an_error() {
-        let mut s = Suballocator::new(0, 4 * PAGE, PAGE, 2 * PAGE);
-        let done = [0u64];
-        s.alloc(3 * PAGE, 0, &done).unwrap();
-        assert_eq!(s.alloc(2 * PAGE, 0, &done), Err(SubAllocError::ArenaFull));
-        assert!(s.alloc(PAGE, 0, &done).is_ok(), "the last page still fits");
-        assert_eq!(s.alloc(0, 0, &done), Err(SubAllocError::ZeroSize));
-        assert_eq!(s.alloc(u64::MAX, 0, &done), Err(SubAllocError::ArenaFull));
-        assert_eq!(
-            s.alloc(u64::MAX - 600, 0, &done),
-            Err(SubAllocError::ArenaFull)
-        );
-        assert_eq!(s.alloc(1 << 62, 0, &done), Err(SubAllocError::ArenaFull));
-    }
-}
+#[cfg(test)]
+mod bench;
