@@ -195,7 +195,9 @@ mod tests {
     #[test]
     fn settings_are_checked_with_the_librarys_rules() {
         // The library's grammar: binary shorthands, SI units, percentages.
-        for good in ["6GiB", "512MiB", "6G", "2.5MB", "40%", "12345678", " 6 gib "] {
+        for good in [
+            "6GiB", "512MiB", "6G", "2.5MB", "40%", "12345678", " 6 gib ",
+        ] {
             assert_eq!(check(&["--budget", good, "true"], &[]), Ok(()), "{good}");
         }
         let err = check(&["--budget", "abc", "true"], &[]).unwrap_err();
