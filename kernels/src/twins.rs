@@ -85,48 +85,63 @@ pub struct Twin {
     /// Byte size of each parameter, as the entry declares them (checked against the PTX).
     pub param_sizes: &'static [u32],
     pub run: TwinFn,
+    /// The GPU time this launch stands for, read from its parameters, for entries whose
+    /// duration is an argument (the stand-in kernel of `tensile rerun`). `None` here, or a
+    /// `None` result, means the simulator's default kernel duration applies.
+    pub modelled_duration: Option<DurationFn>,
 }
+
+/// Reads a launch's modelled GPU time from its parameter buffer.
+pub type DurationFn = fn(&Launch<'_>) -> Option<std::time::Duration>;
 
 static TWINS: &[Twin] = &[
     Twin {
         name: "fill_pattern",
         param_sizes: &[8, 8, 4],
         run: fill_pattern,
+        modelled_duration: None,
     },
     Twin {
         name: "checksum",
         param_sizes: &[8, 8, 8],
         run: checksum,
+        modelled_duration: None,
     },
     Twin {
         name: "axpy",
         param_sizes: &[4, 8, 8, 8],
         run: axpy,
+        modelled_duration: None,
     },
     Twin {
         name: "matmul_f32",
         param_sizes: &[8, 8, 8, 4, 4, 4],
         run: matmul_f32,
+        modelled_duration: None,
     },
     Twin {
         name: "scale",
         param_sizes: &[8, 4, 8],
         run: scale,
+        modelled_duration: None,
     },
     Twin {
         name: "copy_u32",
         param_sizes: &[8, 8, 8],
         run: copy_u32,
+        modelled_duration: None,
     },
     Twin {
         name: "gather4",
         param_sizes: &[48],
         run: gather4,
+        modelled_duration: None,
     },
     Twin {
         name: "sgd_momentum",
         param_sizes: &[8, 8, 8, 4, 4, 8],
         run: sgd_momentum,
+        modelled_duration: None,
     },
 ];
 
