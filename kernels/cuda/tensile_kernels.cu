@@ -118,3 +118,102 @@ extern "C" __global__ void sgd_momentum(float* w, const float* g, float* m, floa
         w[i] = fmaf(-lr, mi, w[i]);
     }
 }
+
+// ---- tensile_rerun_op: the stand-in kernel of `tensile rerun` ----
+//
+// One recorded launch, replayed: it touches the allocations the recorded launch touched and
+// takes the recorded GPU time. In every piece (piece_bytes apart, from offset 0) of each
+// touched allocation it checks the 16-byte stamp the program last wrote there, then writes the
+// new stamp, so a piece that a swap lost or left stale is caught. A stamp is four words:
+// allocation id, version, piece index, and a check word mixing the three. Version 0 means
+// "unstamped": nothing is expected (the allocation was never written) or nothing is written.
+// The layout must match kernels/src/rerun.rs.
+
+#define RERUN_MAX_SLOTS 120
+
+struct RerunSlot {
+    u64 ptr;
+    u64 bytes;
+    u32 alloc_id;
+    u32 expected;  // version expected in every piece; 0: do not check
+    u32 written;   // version to write in every piece; 0: do not write
+    u32 pad;
+};
+
+// The device result buffer: stamps checked, mismatches, and the first mismatch.
+struct RerunResult {
+    u64 checked;
+    u32 mismatches;
+    u32 pad0;
+    u32 alloc_id;
+    u32 piece;
+    u32 op;
+    u32 pad1;
+    u32 expected[4];
+    u32 found[4];
+};
+
+struct RerunArgs {
+    u64 duration_ns;
+    u32 op;
+    u32 count;
+    u64 piece_bytes;
+    RerunResult* result;
+    RerunSlot slots[RERUN_MAX_SLOTS];
+};
+
+__device__ __forceinline__ u32 rerun_check_word(u32 alloc_id, u32 version, u32 piece) {
+    return (u32)tensile_mix64((((u64)alloc_id << 32) | version) ^ ((u64)piece << 7) ^
+                              0x7265727573746d70ULL);
+}
+
+__device__ __forceinline__ u64 rerun_globaltimer() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+extern "C" __global__ void tensile_rerun_op(RerunArgs args) {
+    u64 start = rerun_globaltimer();
+    u32 count = args.count < RERUN_MAX_SLOTS ? args.count : RERUN_MAX_SLOTS;
+    u64 checked = 0;
+    for (u32 s = 0; s < count; ++s) {
+        RerunSlot slot = args.slots[s];
+        if (args.piece_bytes == 0 || slot.bytes < 16) continue;
+        u64 pieces = (slot.bytes - 16) / args.piece_bytes + 1;
+        GRID_STRIDE_LOOP(p, pieces) {
+            uint4* at = (uint4*)(slot.ptr + p * args.piece_bytes);
+            if (slot.expected != 0) {
+                uint4 found = *at;
+                uint4 want = make_uint4(slot.alloc_id, slot.expected, (u32)p,
+                                        rerun_check_word(slot.alloc_id, slot.expected, (u32)p));
+                ++checked;
+                if (found.x != want.x || found.y != want.y || found.z != want.z ||
+                    found.w != want.w) {
+                    if (atomicAdd(&args.result->mismatches, 1u) == 0) {
+                        args.result->alloc_id = slot.alloc_id;
+                        args.result->piece = (u32)p;
+                        args.result->op = args.op;
+                        args.result->expected[0] = want.x;
+                        args.result->expected[1] = want.y;
+                        args.result->expected[2] = want.z;
+                        args.result->expected[3] = want.w;
+                        args.result->found[0] = found.x;
+                        args.result->found[1] = found.y;
+                        args.result->found[2] = found.z;
+                        args.result->found[3] = found.w;
+                    }
+                }
+            }
+            if (slot.written != 0) {
+                *at = make_uint4(slot.alloc_id, slot.written, (u32)p,
+                                 rerun_check_word(slot.alloc_id, slot.written, (u32)p));
+            }
+        }
+    }
+    if (checked != 0) atomicAdd(&args.result->checked, checked);
+    // The recorded GPU time: every thread waits it out, so the launch occupies the device as
+    // the recorded one did.
+    while (rerun_globaltimer() - start < args.duration_ns) {
+    }
+}

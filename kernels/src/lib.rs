@@ -16,6 +16,7 @@ pub mod args;
 pub mod memory;
 pub mod params;
 pub mod ptx;
+pub mod rerun;
 pub mod testing;
 pub mod twins;
 
@@ -40,6 +41,7 @@ pub const ENTRIES: &[&str] = &[
     "copy_u32",
     "gather4",
     "sgd_momentum",
+    "tensile_rerun_op",
 ];
 
 #[cfg(test)]

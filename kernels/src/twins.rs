@@ -143,6 +143,12 @@ static TWINS: &[Twin] = &[
         run: sgd_momentum,
         modelled_duration: None,
     },
+    Twin {
+        name: crate::rerun::ENTRY,
+        param_sizes: &[crate::rerun::PARAM_BYTES as u32],
+        run: crate::rerun::run,
+        modelled_duration: Some(crate::rerun::modelled_duration),
+    },
 ];
 
 /// The twin of the entry called `name`, if this crate has one.
