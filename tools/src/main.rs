@@ -5,6 +5,7 @@
 mod chrome_trace;
 mod demo;
 mod replay;
+mod rerun;
 mod run;
 mod trace_info;
 
@@ -33,6 +34,12 @@ enum Command {
     TraceInfo(trace_info::TraceInfoArgs),
     /// Simulate a trace under a swap policy and memory budget.
     Replay(replay::ReplayArgs),
+    /// Play a trace back as a driver program, natively and under libtensile, and set the
+    /// measured step beside replay's prediction; stamps check every byte swapping moved.
+    Rerun(rerun::RerunArgs),
+    /// The player `tensile rerun` starts (internal).
+    #[command(hide = true)]
+    RerunPlayer(rerun::PlayerArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +49,8 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::TraceInfo(args) => trace_info::run(args),
         Command::Replay(args) => replay::run(args),
+        Command::Rerun(args) => rerun::run(args),
+        Command::RerunPlayer(args) => return rerun::player_main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

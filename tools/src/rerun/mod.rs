@@ -1,0 +1,696 @@
+//! `tensile rerun`: plays a recorded training step back as a driver program, natively and
+//! under libtensile, and sets the measured step time beside `tensile replay`'s prediction.
+//!
+//! The trace becomes a [`script::Script`] here (prologue once, then the analyzer's
+//! steady-state iteration N times, sizes divided by `--scale`, durations multiplied by
+//! `--time-scale`); the hidden `tensile rerun-player` subcommand ([`player`]) plays it in a
+//! child process, once without the library and once per policy with `LD_PRELOAD`. Every launch
+//! is the stand-in kernel `tensile_rerun_op`, which checks and rewrites a stamp in every piece
+//! of the allocations it touches, so data that swapping lost fails the run. The swap
+//! statistics come from the `Stats` record of the managed run's trace: the per-iteration
+//! figures are the difference between the full run and a run of the prologue alone, divided
+//! by N.
+//!
+//! Not here: the prediction (that is `tensile-analyzer`, called in-process as `tensile replay`
+//! calls it) or any memory management (that is the library).
+
+mod driver;
+pub mod player;
+pub mod script;
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use serde_json::{json, Value};
+use tensile_analyzer::bound::BoundOptions;
+use tensile_analyzer::cost::{format_bytes, parse_size};
+use tensile_analyzer::import::{load, LoadOptions};
+use tensile_analyzer::search::SearchOptions;
+use tensile_analyzer::{analyze, evaluate_many_with, Budget, CostModel, PolicyKind};
+use tensile_trace::{Reader, Record, Stats};
+
+use script::Scaling;
+
+/// Arguments of `tensile rerun`.
+#[derive(clap::Args, Debug)]
+pub struct RerunArgs {
+    /// Trace file (the project's format or capture format v1, gzipped or not).
+    pub trace: PathBuf,
+    /// Steady-state iterations to play after the prologue.
+    #[arg(long, default_value_t = 8)]
+    pub iterations: u32,
+    /// Device memory budget for the managed runs: bytes with a unit (4GiB, 512MiB) or a
+    /// percentage of the steady-state iteration's peak allocated bytes (50%), as `tensile
+    /// replay` reads it. Before --scale.
+    #[arg(long, default_value = "50%")]
+    pub budget: String,
+    /// Policy of the managed run: plan, lru, off (no managed run), or all (lru and plan).
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    /// Every recorded GPU duration is multiplied by K (and the modelled copy bandwidth divided
+    /// by K on the simulated GPU); step times are reported divided by K again.
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Every size, the budget and the modelled copy bandwidth are divided by F (a whole
+    /// number), so a trace larger than this machine runs with the same timing.
+    #[arg(long)]
+    pub scale: Option<u64>,
+    /// Run on the simulated GPU even if this machine has a real one.
+    #[arg(long)]
+    pub simulated: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of the hidden `tensile rerun-player`.
+#[derive(clap::Args, Debug)]
+pub struct PlayerArgs {
+    /// The script `tensile rerun` wrote.
+    pub script: PathBuf,
+    /// Play this many iterations instead of the script's.
+    #[arg(long)]
+    pub iterations: Option<u32>,
+    /// Exit 0 if this machine's driver has a device, else 1; play nothing.
+    #[arg(long)]
+    pub probe: bool,
+}
+
+/// Runs the hidden player subcommand.
+pub fn player_main(args: PlayerArgs) -> ExitCode {
+    if args.probe {
+        return match player::probe() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
+    match player::run(&args.script, args.iterations) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code as u8),
+        Err(message) => {
+            eprintln!("rerun-player: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Everything the runs need, found next to the `tensile` binary.
+struct Pieces {
+    tensile: PathBuf,
+    library: PathBuf,
+    simulator: PathBuf,
+}
+
+fn find_pieces() -> Result<Pieces, String> {
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot find the tensile binary: {e}"))?;
+    let dir = exe.parent().ok_or("the tensile binary has no directory")?;
+    let pieces = Pieces {
+        tensile: exe.clone(),
+        library: dir.join("libtensile.so"),
+        simulator: dir.join("libcuda.so"),
+    };
+    let missing: Vec<String> = [&pieces.library, &pieces.simulator]
+        .iter()
+        .filter(|p| !p.is_file())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "missing next to the tensile binary: {}; run cargo build --release -p tensile-tools \
+             -p tensile-ld-preload -p tensile-simgpu",
+            missing.join(", ")
+        ));
+    }
+    Ok(pieces)
+}
+
+/// A scratch directory (the script, traces, `libcuda.so.1` → the simulator), removed on drop.
+struct WorkDir {
+    path: PathBuf,
+}
+
+impl WorkDir {
+    fn new(simulator: &Path) -> Result<WorkDir, String> {
+        let path = std::env::temp_dir().join(format!("tensile-rerun-{}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        let dir = WorkDir { path };
+        let link = dir.path.join("libcuda.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(simulator, &link)
+            .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
+        Ok(dir)
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// The copy bandwidths of GPU_FACTS.md (GB/s), which `tensile replay` also assumes.
+const PCIE_GBPS: f64 = 55.0;
+
+/// The simulated GPU's settings for a run: capacity, and the copy bandwidth scaled with the
+/// sizes and the time scale so that a copy takes the time the recorded one took, times K.
+/// (The one place that knows the simulator's setting names.)
+fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, String)> {
+    let gbps = PCIE_GBPS / scale as f64 / time_scale;
+    vec![
+        ("TENSILE_SIM_DEVICE_MEMORY".into(), capacity.to_string()),
+        ("TENSILE_SIM_COPY_GBPS".into(), format!("{gbps}")),
+    ]
+}
+
+/// What one run of the player reported.
+struct PlayerOutput {
+    json: Value,
+    stats: Option<Stats>,
+}
+
+/// Starts the player; `label` prefixes its progress lines on stderr.
+fn run_player(
+    pieces: &Pieces,
+    script: &Path,
+    iterations: Option<u32>,
+    env: &[(String, String)],
+    trace_out: Option<&Path>,
+    label: &str,
+) -> Result<PlayerOutput, String> {
+    let mut cmd = Command::new(&pieces.tensile);
+    cmd.arg("rerun-player").arg(script);
+    if let Some(n) = iterations {
+        cmd.arg("--iterations").arg(n.to_string());
+    }
+    cmd.env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if let Some(t) = trace_out {
+        cmd.env("TENSILE_TRACE", t);
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start the player: {e}"))?;
+    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
+    let label = label.to_owned();
+    let echo = std::thread::spawn(move || {
+        let mut log = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(progress) = line.strip_prefix("rerun-player: ") {
+                eprintln!("  [{label}] {progress}");
+            }
+            log.push(line);
+        }
+        log
+    });
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for the player: {e}"))?;
+    let log = echo.join().unwrap_or_default();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: Option<Value> = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l.trim()).ok());
+    let stamp_failure = json
+        .as_ref()
+        .is_some_and(|j| j["verified"] == Value::Bool(false));
+    if !out.status.success() && !stamp_failure {
+        let tail: Vec<&str> = log
+            .iter()
+            .rev()
+            .take(15)
+            .rev()
+            .map(String::as_str)
+            .collect();
+        return Err(format!(
+            "the player failed ({}):\n{}",
+            out.status,
+            tail.join("\n")
+        ));
+    }
+    let json = json.ok_or("the player printed no result")?;
+    let stats = match trace_out {
+        Some(t) if !stamp_failure => Some(read_stats(t)?),
+        _ => None,
+    };
+    Ok(PlayerOutput { json, stats })
+}
+
+fn read_stats(trace: &Path) -> Result<Stats, String> {
+    let reader = Reader::open(trace)
+        .map_err(|e| format!("cannot read the trace {}: {e}", trace.display()))?;
+    for record in reader {
+        if let Ok(Record::Stats(s)) = record {
+            return Ok(s);
+        }
+    }
+    Err(format!("the trace {} has no statistics", trace.display()))
+}
+
+fn median(values: &[u64]) -> u64 {
+    let mut v = values.to_vec();
+    v.sort_unstable();
+    match v.len() {
+        0 => 0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2,
+    }
+}
+
+/// Host memory available to a run (half of what the kernel calls available: the machine is
+/// shared, and a managed run holds both the device budget and the host pool).
+fn host_memory_allowance() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024 / 2)
+}
+
+/// Refuses a footprint that does not fit the allowance, suggesting the scale that would.
+fn check_fits(peak: u64, scale: u64, allowance: u64, given: bool) -> Result<(), String> {
+    let need = peak.div_ceil(scale);
+    if need <= allowance {
+        return Ok(());
+    }
+    let fit = peak.div_ceil(allowance.max(1)).next_power_of_two();
+    Err(format!(
+        "the trace needs {} at {} (peak {} live); this machine allows {}: use --scale {fit}",
+        format_bytes(need),
+        if given {
+            format!("--scale {scale}")
+        } else {
+            "full size".to_string()
+        },
+        format_bytes(peak),
+        format_bytes(allowance)
+    ))
+}
+
+fn policies(text: &str) -> Result<Vec<PolicyKind>, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "all" => Ok(vec![PolicyKind::Lru, PolicyKind::Plan]),
+        "off" | "none" => Ok(Vec::new()),
+        "lru" => Ok(vec![PolicyKind::Lru]),
+        "plan" => Ok(vec![PolicyKind::Plan]),
+        other => Err(format!(
+            "--policy {other:?}: expected plan, lru, off or all"
+        )),
+    }
+}
+
+fn policy_name(p: PolicyKind) -> &'static str {
+    match p {
+        PolicyKind::Plan => "plan",
+        PolicyKind::Lru => "lru",
+        PolicyKind::None => "off",
+    }
+}
+
+/// Whether this machine's own driver has a device (asked in a child, so a broken driver
+/// cannot take the command down).
+fn real_gpu(pieces: &Pieces) -> bool {
+    Command::new(&pieces.tensile)
+        .args(["rerun-player", "-", "--probe"])
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.2} ms", ns as f64 / 1e6)
+}
+
+/// One managed run's figures.
+struct ManagedRun {
+    policy: PolicyKind,
+    step_ns: u64,
+    predicted_ns: Option<u64>,
+    bytes_h2d: u64,
+    bytes_d2h: u64,
+    stall_ns: u64,
+    verified: bool,
+    stamps_checked: u64,
+    failure: Option<String>,
+}
+
+/// Runs `tensile rerun`.
+pub fn run(args: RerunArgs) -> Result<(), String> {
+    if args.iterations == 0 {
+        return Err("--iterations must be at least 1".into());
+    }
+    if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
+        return Err(format!(
+            "--time-scale {}: must be a positive number",
+            args.time_scale
+        ));
+    }
+    if args.scale == Some(0) {
+        return Err("--scale must be at least 1".into());
+    }
+    let scale = args.scale.unwrap_or(1);
+    let policies = policies(&args.policy)?;
+    let pieces = find_pieces()?;
+    let trace = load(&args.trace, LoadOptions::default()).map_err(|e| e.to_string())?;
+    let cost = CostModel::default();
+    let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    let peak = analysis.footprint.peak_allocated;
+    let budget = parse_size(&args.budget, Some(peak)).map_err(|e| format!("--budget {e}"))?;
+    let whole_peak = script::peak_live_bytes(&trace);
+    if let Some(allowance) = host_memory_allowance() {
+        check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
+    }
+    let gpu = !args.simulated && real_gpu(&pieces);
+    let scaling = Scaling {
+        size_divisor: scale,
+        time_scale: args.time_scale,
+    };
+    let script = script::build(&trace, &analysis, &cost, scaling, args.iterations);
+    let work = WorkDir::new(&pieces.simulator)?;
+    let script_path = work.path.join("script.json");
+    let text = serde_json::to_string(&script).map_err(|e| e.to_string())?;
+    std::fs::write(&script_path, text)
+        .map_err(|e| format!("cannot write {}: {e}", script_path.display()))?;
+
+    let scaled_budget = budget.div_ceil(scale);
+    eprintln!(
+        "tensile rerun: {} on {}: prologue of {} steps, then {} iterations of {} ops ({} \
+         stand-in launches each)",
+        args.trace.display(),
+        if gpu {
+            "this machine's GPU"
+        } else {
+            "the simulated GPU"
+        },
+        script.prologue.len(),
+        args.iterations,
+        analysis.cycle.len(),
+        script.kernels_per_iteration()
+    );
+    if scale > 1 {
+        eprintln!(
+            "tensile rerun: --scale {scale}: sizes, the budget ({} -> {}), the stamp piece \
+             ({} -> {}) and the modelled copy bandwidth ({PCIE_GBPS} -> {:.3} GB/s) divided by \
+             {scale}; the simulated page stays {} (the simulator has no setting for it)",
+            format_bytes(budget),
+            format_bytes(scaled_budget),
+            format_bytes(script::PIECE_BYTES),
+            format_bytes(script.piece_bytes),
+            PCIE_GBPS / scale as f64,
+            format_bytes(script::PIECE_BYTES),
+        );
+    }
+    let mut base_env: Vec<(String, String)> = Vec::new();
+    if !gpu {
+        base_env.push(("LD_LIBRARY_PATH".into(), work.path.display().to_string()));
+    }
+    let k = args.time_scale;
+    let trace_time = |ns: u64| (ns as f64 / k).round() as u64;
+
+    eprintln!("tensile rerun: native run, without libtensile");
+    let mut env = base_env.clone();
+    if !gpu {
+        let capacity = (whole_peak.div_ceil(scale) * 2).max(1 << 30);
+        env.extend(simulator_env(capacity, scale, k));
+    }
+    let native = run_player(&pieces, &script_path, None, &env, None, "native")?;
+    if native.json["verified"] != Value::Bool(true) {
+        let message = native.json["message"].as_str().unwrap_or("stamp mismatch");
+        return Err(format!("native run: {message}"));
+    }
+    let native_steps = steps(&native.json);
+    let native_step_ns = trace_time(median(&native_steps));
+
+    // Predictions, as `tensile replay` makes them.
+    let predictions: Vec<(PolicyKind, Option<u64>)> = if policies.is_empty() {
+        Vec::new()
+    } else {
+        match evaluate_many_with(
+            &analysis.cycle,
+            &policies,
+            Budget::new(budget),
+            &cost,
+            &BoundOptions::default(),
+            &SearchOptions::default(),
+        ) {
+            Ok(results) => results
+                .iter()
+                .map(|r| (r.policy, Some(r.report.step_ns)))
+                .collect(),
+            Err((p, e)) => {
+                eprintln!("tensile rerun: no prediction for {}: {e}", policy_name(p));
+                policies.iter().map(|&p| (p, None)).collect()
+            }
+        }
+    };
+
+    let mut runs = Vec::new();
+    for &(policy, predicted_ns) in &predictions {
+        let name = policy_name(policy);
+        eprintln!(
+            "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
+            format_bytes(scaled_budget),
+            if policy == PolicyKind::Plan {
+                " (the library runs plan as lru for now)"
+            } else {
+                ""
+            }
+        );
+        let mut env = base_env.clone();
+        env.push(("LD_PRELOAD".into(), pieces.library.display().to_string()));
+        env.push(("TENSILE_POLICY".into(), name.into()));
+        env.push(("TENSILE_DEVICE_MEMORY".into(), scaled_budget.to_string()));
+        env.push(("TENSILE_LOG".into(), "warn".into()));
+        if !gpu {
+            env.extend(simulator_env(scaled_budget, scale, k));
+        }
+        let full_trace = work.path.join(format!("{name}.trace"));
+        let full = run_player(&pieces, &script_path, None, &env, Some(&full_trace), name)?;
+        let verified = full.json["verified"] == Value::Bool(true);
+        let stamps_checked = full.json["stamps_checked"].as_u64().unwrap_or(0);
+        if !verified {
+            runs.push(ManagedRun {
+                policy,
+                step_ns: 0,
+                predicted_ns,
+                bytes_h2d: 0,
+                bytes_d2h: 0,
+                stall_ns: 0,
+                verified,
+                stamps_checked,
+                failure: full.json["message"].as_str().map(str::to_owned),
+            });
+            continue;
+        }
+        let prologue_trace = work.path.join(format!("{name}-prologue.trace"));
+        let prologue = run_player(
+            &pieces,
+            &script_path,
+            Some(0),
+            &env,
+            Some(&prologue_trace),
+            &format!("{name}, prologue alone"),
+        )?;
+        let per_iteration = |f: fn(&Stats) -> u64| {
+            let all = full.stats.as_ref().map_or(0, f);
+            let before = prologue.stats.as_ref().map_or(0, f);
+            all.saturating_sub(before) / u64::from(args.iterations)
+        };
+        runs.push(ManagedRun {
+            policy,
+            step_ns: trace_time(median(&steps(&full.json))),
+            predicted_ns,
+            // Scaled back to the trace's sizes.
+            bytes_h2d: per_iteration(|s| s.bytes_to_device) * scale,
+            bytes_d2h: per_iteration(|s| s.bytes_to_host) * scale,
+            stall_ns: trace_time(per_iteration(|s| s.stall_ns)),
+            verified,
+            stamps_checked,
+            failure: None,
+        });
+    }
+
+    if args.json {
+        let doc = json!({
+            "trace": args.trace.display().to_string(),
+            "iterations": args.iterations,
+            "time_scale": args.time_scale,
+            "scale": scale,
+            "budget_bytes": budget,
+            "native_step_ns": native_step_ns,
+            "native_stamps_checked": native.json["stamps_checked"].as_u64().unwrap_or(0),
+            "compute_ns": analysis.cycle.compute_ns(),
+            "device": if gpu { "gpu" } else { "simulated" },
+            "runs": runs.iter().map(|r| json!({
+                "policy": policy_name(r.policy),
+                "step_ns": r.step_ns,
+                "predicted_ns": r.predicted_ns,
+                "bytes_h2d": r.bytes_h2d,
+                "bytes_d2h": r.bytes_d2h,
+                "stall_ns": r.stall_ns,
+                "verified": r.verified,
+                "stamps_checked": r.stamps_checked,
+                "failure": r.failure,
+            })).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!(
+            "{}",
+            human(
+                &args,
+                &analysis,
+                budget,
+                native_step_ns,
+                &native.json,
+                &runs
+            )
+        );
+    }
+    let failures: Vec<String> = runs
+        .iter()
+        .filter_map(|r| {
+            r.failure
+                .as_ref()
+                .map(|m| format!("{} run: {m}", policy_name(r.policy)))
+        })
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+fn steps(json: &Value) -> Vec<u64> {
+    json["steps_ns"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default()
+}
+
+fn human(
+    args: &RerunArgs,
+    analysis: &tensile_analyzer::Analysis,
+    budget: u64,
+    native_step_ns: u64,
+    native: &Value,
+    runs: &[ManagedRun],
+) -> String {
+    let mut out = String::new();
+    let compute = analysis.cycle.compute_ns();
+    let _ = writeln!(
+        out,
+        "trace      {} ({} iterations of {} ops played after the prologue; time scale {}, \
+         scale {})",
+        args.trace.display(),
+        args.iterations,
+        analysis.cycle.len(),
+        args.time_scale,
+        args.scale.unwrap_or(1)
+    );
+    let _ = writeln!(
+        out,
+        "native     step {} (median, trace time); recorded compute {} per iteration ({:+.1}%); \
+         {} stamps checked",
+        ms(native_step_ns),
+        ms(compute),
+        (native_step_ns as f64 / compute.max(1) as f64 - 1.0) * 100.0,
+        native["stamps_checked"].as_u64().unwrap_or(0)
+    );
+    let _ = writeln!(
+        out,
+        "budget     {} ({:.1}% of the steady state's peak {})",
+        format_bytes(budget),
+        budget as f64 * 100.0 / analysis.footprint.peak_allocated.max(1) as f64,
+        format_bytes(analysis.footprint.peak_allocated)
+    );
+    if runs.is_empty() {
+        return out;
+    }
+    out.push('\n');
+    let _ = writeln!(
+        out,
+        "{:<6} {:>12} {:>12} {:>11} {:>11} {:>12} {:>10}  stamps",
+        "policy", "step", "predicted", "H2D/iter", "D2H/iter", "stall/iter", "checked"
+    );
+    for r in runs {
+        let _ = writeln!(
+            out,
+            "{:<6} {:>12} {:>12} {:>11} {:>11} {:>12} {:>10}  {}",
+            policy_name(r.policy),
+            if r.verified {
+                ms(r.step_ns)
+            } else {
+                "-".into()
+            },
+            r.predicted_ns.map(ms).unwrap_or_else(|| "-".into()),
+            format_bytes(r.bytes_h2d),
+            format_bytes(r.bytes_d2h),
+            ms(r.stall_ns),
+            r.stamps_checked,
+            match &r.failure {
+                None => "verified".to_string(),
+                Some(m) => format!("FAILED: {m}"),
+            }
+        );
+    }
+    if runs.iter().any(|r| r.policy == PolicyKind::Plan) {
+        let _ = writeln!(
+            out,
+            "note: the library runs TENSILE_POLICY=plan as lru for now; the plan row measures \
+             that"
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_footprint_over_the_allowance_is_refused_with_the_scale_that_fits() {
+        let gib = 1u64 << 30;
+        assert!(check_fits(4 * gib, 1, 8 * gib, false).is_ok());
+        let err = check_fits(10 * gib, 1, 3 * gib, false).unwrap_err();
+        assert!(err.contains("--scale 4"), "{err}");
+        assert!(err.contains("full size"), "{err}");
+        let err = check_fits(10 * gib, 2, 3 * gib, true).unwrap_err();
+        assert!(
+            err.contains("at --scale 2") && err.contains("use --scale 4"),
+            "{err}"
+        );
+        assert!(check_fits(10 * gib, 4, 3 * gib, true).is_ok());
+    }
+
+    #[test]
+    fn policy_names_as_the_issue_gives_them() {
+        assert_eq!(
+            policies("all").unwrap(),
+            [PolicyKind::Lru, PolicyKind::Plan]
+        );
+        assert!(policies("off").unwrap().is_empty());
+        assert_eq!(policies("LRU").unwrap(), [PolicyKind::Lru]);
+        assert!(policies("fifo").unwrap_err().contains("fifo"));
+    }
+
+    #[test]
+    fn median_of_odd_and_even_counts() {
+        assert_eq!(median(&[5, 1, 3]), 3);
+        assert_eq!(median(&[4, 1, 3, 2]), 2);
+        assert_eq!(median(&[]), 0);
+    }
+}
