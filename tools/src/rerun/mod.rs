@@ -194,6 +194,9 @@ fn run_player(
     }
     if let Some(t) = trace_out {
         cmd.env("TENSILE_TRACE", t);
+    } else {
+        // The fault switch models a broken swap: it applies to managed runs only.
+        cmd.env_remove(player::FAULT_ENV);
     }
     let mut child = cmd
         .spawn()
@@ -265,9 +268,22 @@ fn median(values: &[u64]) -> u64 {
     }
 }
 
-/// Host memory available to a run (half of what the kernel calls available: the machine is
-/// shared, and a managed run holds both the device budget and the host pool).
-fn host_memory_allowance() -> Option<u64> {
+/// The setting that caps the host memory a rerun may use (bytes with a unit).
+const MEMORY_LIMIT_ENV: &str = "TENSILE_RERUN_MEMORY_LIMIT";
+
+/// Host memory a run may use: `TENSILE_RERUN_MEMORY_LIMIT`, else half of what the kernel calls
+/// available (the machine may be shared, and a managed run holds both the device budget and
+/// the host pool).
+fn host_memory_allowance() -> Result<Option<u64>, String> {
+    match std::env::var(MEMORY_LIMIT_ENV) {
+        Ok(v) => parse_size(&v, None)
+            .map(Some)
+            .map_err(|e| format!("{MEMORY_LIMIT_ENV}: {e}")),
+        Err(_) => Ok(available_host_memory()),
+    }
+}
+
+fn available_host_memory() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -365,8 +381,8 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
     let budget = parse_size(&args.budget, Some(peak)).map_err(|e| format!("--budget {e}"))?;
-    let whole_peak = script::peak_live_bytes(&trace);
-    if let Some(allowance) = host_memory_allowance() {
+    let whole_peak = script::peak_live_bytes(&trace, 1, 1);
+    if let Some(allowance) = host_memory_allowance()? {
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
     }
     let gpu = !args.simulated && real_gpu(&pieces);
@@ -398,15 +414,13 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     );
     if scale > 1 {
         eprintln!(
-            "tensile rerun: --scale {scale}: sizes, the budget ({} -> {}), the stamp piece \
-             ({} -> {}) and the modelled copy bandwidth ({PCIE_GBPS} -> {:.3} GB/s) divided by \
-             {scale}; the simulated page stays {} (the simulator has no setting for it)",
+            "tensile rerun: --scale {scale}: sizes, the budget ({} -> {}) and the modelled \
+             copy bandwidth ({PCIE_GBPS} -> {:.3} GB/s) divided by {scale}; the simulated page \
+             and the stamp piece stay {} (the simulator has no setting for its page)",
             format_bytes(budget),
             format_bytes(scaled_budget),
-            format_bytes(script::PIECE_BYTES),
-            format_bytes(script.piece_bytes),
             PCIE_GBPS / scale as f64,
-            format_bytes(script::PIECE_BYTES),
+            format_bytes(script.piece_bytes),
         );
     }
     let mut base_env: Vec<(String, String)> = Vec::new();
@@ -419,7 +433,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     eprintln!("tensile rerun: native run, without libtensile");
     let mut env = base_env.clone();
     if !gpu {
-        let capacity = (whole_peak.div_ceil(scale) * 2).max(1 << 30);
+        // Room for the whole run with every allocation rounded to the simulator's 2 MiB
+        // granule, and slack for the pool's own rounding.
+        let granular = script::peak_live_bytes(&trace, scale, script::PIECE_BYTES);
+        let capacity = granular + granular / 4 + (256 << 20);
         env.extend(simulator_env(capacity, scale, k));
     }
     let native = run_player(&pieces, &script_path, None, &env, None, "native")?;

@@ -31,6 +31,12 @@ const CU_STREAM_NON_BLOCKING: c_uint = 1;
 /// Threads of one stand-in launch (one block).
 const BLOCK_THREADS: c_uint = 256;
 
+/// The test-only fault switch (see the module doc).
+pub const FAULT_ENV: &str = "TENSILE_RERUN_FAULT";
+
+/// The op number the check after the last iteration reports.
+const FINAL_CHECK_OP: u32 = u32::MAX;
+
 /// Exit status of a run whose stamps did not match.
 pub const EXIT_STAMP_FAILED: i32 = 3;
 
@@ -80,7 +86,7 @@ pub fn run(path: &std::path::Path, iterations: Option<u32>) -> Result<i32, Strin
     if let Some(n) = iterations {
         script.iterations = n;
     }
-    let fault_iteration = match std::env::var("TENSILE_RERUN_FAULT") {
+    let fault_iteration = match std::env::var(FAULT_ENV) {
         Ok(v) => Some(
             v.strip_prefix("stale:")
                 .and_then(|n| n.parse::<u32>().ok())
@@ -193,6 +199,14 @@ impl<'a> Player<'a> {
                 );
             }
         }
+        // Data that was lost after its last use would go unnoticed: check every live stamp.
+        if script.iterations > 0 {
+            self.check_everything_live()?;
+            self.sync_device()?;
+            if let Some(failed) = self.check_result(Some(script.iterations))? {
+                return Ok(failed);
+            }
+        }
         let r = self.read_result()?;
         let out = json!({
             "verified": true,
@@ -203,6 +217,36 @@ impl<'a> Player<'a> {
         });
         println!("{out}");
         Ok(0)
+    }
+
+    /// Launches check-only stand-ins over every live, stamped allocation.
+    fn check_everything_live(&mut self) -> Result<(), String> {
+        let live: Vec<Slot> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let ptr = s.ptr?;
+                (s.version != 0).then_some(Slot {
+                    ptr,
+                    bytes: s.bytes,
+                    alloc_id: i as u32 + 1,
+                    expected: s.version,
+                    written: 0,
+                })
+            })
+            .collect();
+        for chunk in live.chunks(tensile_kernels::rerun::MAX_SLOTS) {
+            let args = RerunArgs {
+                duration_ns: 0,
+                op: FINAL_CHECK_OP,
+                piece_bytes: self.script.piece_bytes,
+                result: self.result,
+                slots: chunk.to_vec(),
+            };
+            self.launch(&args, 0)?;
+        }
+        Ok(())
     }
 
     fn read_result(&self) -> Result<RerunResult, String> {
@@ -226,14 +270,15 @@ impl<'a> Player<'a> {
         };
         let slot = m.alloc_id.wrapping_sub(1) as usize;
         let name = self.script.slot_names.get(slot).copied().unwrap_or(0);
-        let stage = match iteration {
-            Some(i) => format!("steady-state iteration {i}"),
-            None => "the prologue".to_string(),
+        let place = match (m.op, iteration) {
+            (FINAL_CHECK_OP, _) => "in the check after the last iteration".to_string(),
+            (op, Some(i)) => format!("at op {op} in steady-state iteration {i}"),
+            (op, None) => format!("at op {op} in the prologue"),
         };
         let message = format!(
-            "stamp mismatch: allocation {name} (recorded id), piece {}, at op {} in {stage}: \
-             expected version {}, found {:08x?} ({} mismatched stamps of {} checked)",
-            m.piece, m.op, m.expected[1], m.found, r.mismatches, r.checked
+            "stamp mismatch: allocation {name} (recorded id), piece {}, {place}: expected \
+             version {}, found {:08x?} ({} mismatched stamps of {} checked)",
+            m.piece, m.expected[1], m.found, r.mismatches, r.checked
         );
         eprintln!("rerun-player: {message}");
         let out = json!({

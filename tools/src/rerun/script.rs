@@ -118,9 +118,11 @@ impl Scaling {
         (ns as f64 * self.time_scale).round() as u64
     }
 
-    /// The stamp distance: 2 MiB scaled, a multiple of 16 (stamps are 16-byte aligned).
+    /// The stamp distance: the 2 MiB page, not scaled, because the pages libtensile swaps
+    /// are the driver's granularity, which the simulated GPU does not scale either (a scaled
+    /// trace has fewer pages, each still stamped).
     pub fn piece_bytes(&self) -> u64 {
-        (PIECE_BYTES / self.size_divisor.max(1)).max(MIN_ALLOC_BYTES) & !15
+        PIECE_BYTES
     }
 }
 
@@ -481,14 +483,16 @@ fn iteration_steps(
     out
 }
 
-/// The most bytes the recorded program held at once (its whole run, not only the steady
-/// state), before scaling.
-pub fn peak_live_bytes(trace: &Trace) -> u64 {
+/// The most bytes the recorded program held at once over its whole run (not only the steady
+/// state), with each allocation divided by `divisor` and then rounded up to `granule` (the
+/// driver's allocation granularity; 1 for none).
+pub fn peak_live_bytes(trace: &Trace, divisor: u64, granule: u64) -> u64 {
+    let size = |b: u64| b.div_ceil(divisor.max(1)).next_multiple_of(granule.max(1));
     let mut deltas: Vec<(u32, u64, i128)> = Vec::new();
     for a in &trace.allocations {
-        deltas.push((a.before_op, a.t_ns, i128::from(a.bytes)));
+        deltas.push((a.before_op, a.t_ns, i128::from(size(a.bytes))));
         if let Some(f) = a.free {
-            deltas.push((f.before_op, f.t_ns, -i128::from(a.bytes)));
+            deltas.push((f.before_op, f.t_ns, -i128::from(size(a.bytes))));
         }
     }
     deltas.sort_by_key(|(b, t, d)| (*b, *t, *d));
@@ -506,20 +510,17 @@ mod tests {
     use tensile_analyzer::import::{load, LoadOptions};
     use tensile_analyzer::{analyze, CostModel};
 
-    fn mlp() -> Option<Trace> {
-        let path = std::path::Path::new("/work/shared/traces/mlp.trace.gz");
-        path.exists()
-            .then(|| load(path, LoadOptions::default()).expect("the MLP trace loads"))
+    fn mlp() -> Trace {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../analyzer/tests/data/mlp.trace.gz");
+        load(&path, LoadOptions::default()).expect("the MLP trace loads")
     }
 
     /// Plays a script on paper: every slot is allocated before use and freed at most once
     /// while live, and the iteration leaves the same slots live as it found.
     #[test]
     fn the_mlp_script_is_balanced_and_uses_only_live_slots() {
-        let Some(trace) = mlp() else {
-            eprintln!("skipped: no shared traces");
-            return;
-        };
+        let trace = mlp();
         let cost = CostModel::default();
         let analysis = analyze(&trace, &cost).unwrap();
         let scaling = Scaling {
@@ -527,7 +528,7 @@ mod tests {
             time_scale: 0.5,
         };
         let script = build(&trace, &analysis, &cost, scaling, 3);
-        assert_eq!(script.piece_bytes, (2 << 20) / 64);
+        assert_eq!(script.piece_bytes, 2 << 20);
         let mut live = vec![false; script.slot_names.len()];
         let mut on_demand = 0;
         let mut play = |steps: &[Step], live: &mut Vec<bool>| {
@@ -598,6 +599,9 @@ mod tests {
             (replayed as f64 - want).abs() <= analysis.cycle.len() as f64,
             "{replayed} vs {want}"
         );
-        assert!(peak_live_bytes(&trace) >= analysis.footprint.peak_allocated);
+        let peak = peak_live_bytes(&trace, 1, 1);
+        assert!(peak >= analysis.footprint.peak_allocated);
+        assert!(peak_live_bytes(&trace, 64, 1) >= peak / 64);
+        assert!(peak_live_bytes(&trace, 64, 2 << 20) > peak / 64);
     }
 }

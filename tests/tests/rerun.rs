@@ -1,0 +1,156 @@
+//! `tensile rerun` end to end on the simulated GPU: reduced reruns of the shared PyTorch
+//! traces (few iterations, sizes divided, recorded times shortened) under libtensile with a
+//! budget that forces swapping; the JSON contract; the fault switch caught by the stamps; and
+//! bad input refused with one clear line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use tensile_tests::harness::artifacts;
+
+fn shared(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../analyzer/tests/data/{name}.trace.gz"))
+}
+
+fn rerun(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let a = artifacts();
+    let mut cmd = Command::new(&a.tensile);
+    cmd.arg("rerun").args(args).env_remove("LD_PRELOAD");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", a.tensile.display()))
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "--- status {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}", text(out)))
+}
+
+/// A reduced rerun: sizes / 16, recorded times x 0.05, two iterations, lru at 60% of the peak.
+fn reduced(name: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let trace = shared(name);
+    let mut args = vec![
+        trace.to_str().expect("UTF-8 path"),
+        "--simulated",
+        "--json",
+        "--iterations",
+        "2",
+        "--scale",
+        "16",
+        "--time-scale",
+        "0.05",
+        "--budget",
+        "60%",
+        "--policy",
+        "lru",
+    ];
+    args.extend_from_slice(extra);
+    rerun(&args, env)
+}
+
+/// The keys and types `tensile rerun --json` promises.
+fn check_contract(doc: &Value, out: &Output) {
+    let ctx = text(out);
+    assert!(doc["trace"].is_string(), "{ctx}");
+    assert!(doc["iterations"].is_u64(), "{ctx}");
+    assert!(doc["time_scale"].is_f64(), "{ctx}");
+    assert!(doc["scale"].is_u64(), "{ctx}");
+    assert!(doc["budget_bytes"].is_u64(), "{ctx}");
+    assert!(doc["native_step_ns"].is_u64(), "{ctx}");
+    let runs = doc["runs"].as_array().unwrap_or_else(|| panic!("no runs: {ctx}"));
+    assert!(!runs.is_empty(), "{ctx}");
+    for r in runs {
+        assert!(r["policy"].is_string(), "{ctx}");
+        assert!(r["step_ns"].is_u64(), "{ctx}");
+        assert!(r["predicted_ns"].is_u64() || r["predicted_ns"].is_null(), "{ctx}");
+        for key in ["bytes_h2d", "bytes_d2h", "stall_ns", "stamps_checked"] {
+            assert!(r[key].is_u64(), "{key}: {ctx}");
+        }
+        assert!(r["verified"].is_boolean(), "{ctx}");
+    }
+}
+
+#[test]
+fn reduced_reruns_of_the_shared_traces_verify_every_stamp_under_swapping() {
+    for name in ["mlp", "resnet50", "bert"] {
+        let out = reduced(name, &[], &[]);
+        assert!(out.status.success(), "{name}: {}", text(&out));
+        let doc = json(&out);
+        check_contract(&doc, &out);
+        assert_eq!(doc["iterations"], 2, "{name}");
+        assert_eq!(doc["scale"], 16, "{name}");
+        assert!(doc["native_step_ns"].as_u64() > Some(0), "{name}");
+        let run = &doc["runs"][0];
+        assert_eq!(run["policy"], "lru", "{name}");
+        assert_eq!(run["verified"], true, "{name}: {}", text(&out));
+        assert!(run["stamps_checked"].as_u64() > Some(1000), "{name}: {run}");
+        // At 60% of the peak the library must have moved data both ways in the steady state.
+        assert!(run["bytes_h2d"].as_u64() > Some(0), "{name}: no swap-in: {run}");
+        assert!(run["bytes_d2h"].as_u64() > Some(0), "{name}: no swap-out: {run}");
+        assert!(run["predicted_ns"].as_u64() > Some(0), "{name}: {run}");
+    }
+}
+
+#[test]
+fn a_broken_swap_is_caught_by_the_stamps_and_named() {
+    let out = reduced("mlp", &[], &[("TENSILE_RERUN_FAULT", "stale:1")]);
+    assert!(!out.status.success(), "the fault went unnoticed: {}", text(&out));
+    let doc = json(&out);
+    check_contract(&doc, &out);
+    let run = &doc["runs"][0];
+    assert_eq!(run["verified"], false, "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tensile: lru run: stamp mismatch: allocation ")
+            && last.contains(" at op ")
+            && last.contains("steady-state iteration 1"),
+        "{}",
+        text(&out)
+    );
+    // The native run does not get the fault (it models a broken swap).
+    assert!(doc["native_step_ns"].as_u64() > Some(0));
+}
+
+#[test]
+fn bad_traces_and_settings_are_refused_with_one_clear_line() {
+    let dir = std::env::temp_dir().join(format!("tensile-rerun-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let bytes = std::fs::read(shared("mlp")).expect("the MLP trace");
+    let cut = dir.join("cut.trace.gz");
+    std::fs::write(&cut, &bytes[..bytes.len() / 3]).expect("writing the cut trace");
+    let junk = dir.join("junk.trace");
+    std::fs::write(&junk, b"not a trace at all\n").expect("writing junk");
+    for (path, want) in [(&cut, "truncated"), (&junk, "junk.trace")] {
+        let out = rerun(&[path.to_str().unwrap(), "--simulated"], &[]);
+        assert!(!out.status.success(), "{}", text(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(want), "{}", text(&out));
+        assert!(out.stdout.is_empty(), "{}", text(&out));
+    }
+    // A trace larger than the memory allowed is refused with the scale that would fit.
+    let bert = shared("bert");
+    let out = rerun(
+        &[bert.to_str().unwrap(), "--simulated"],
+        &[("TENSILE_RERUN_MEMORY_LIMIT", "1GiB")],
+    );
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{}", text(&out));
+    assert!(stderr.contains("use --scale 16"), "{}", text(&out));
+    let out = rerun(&[bert.to_str().unwrap(), "--policy", "fifo"], &[]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--policy \"fifo\""));
+    let _ = std::fs::remove_dir_all(&dir);
+}
