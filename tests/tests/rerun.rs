@@ -38,7 +38,7 @@ fn json(out: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}", text(out)))
 }
 
-/// A reduced rerun: sizes / 16, recorded times x 0.05, two iterations, lru at 60% of the peak.
+/// A reduced rerun: sizes / 64, recorded times x 0.05, two iterations, lru at 60% of the peak.
 fn reduced(name: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let trace = shared(name);
     let mut args = vec![
@@ -48,7 +48,7 @@ fn reduced(name: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
         "--iterations",
         "2",
         "--scale",
-        "16",
+        "64",
         "--time-scale",
         "0.05",
         "--budget",
@@ -90,7 +90,7 @@ fn reduced_reruns_of_the_shared_traces_verify_every_stamp_under_swapping() {
         let doc = json(&out);
         check_contract(&doc, &out);
         assert_eq!(doc["iterations"], 2, "{name}");
-        assert_eq!(doc["scale"], 16, "{name}");
+        assert_eq!(doc["scale"], 64, "{name}");
         assert!(doc["native_step_ns"].as_u64() > Some(0), "{name}");
         let run = &doc["runs"][0];
         assert_eq!(run["policy"], "lru", "{name}");

@@ -346,11 +346,20 @@ fn ms(ns: u64) -> String {
     format!("{:.2} ms", ns as f64 / 1e6)
 }
 
+/// What `tensile replay` predicts for one policy (per steady-state iteration).
+#[derive(Debug, Clone, Copy)]
+struct Predicted {
+    step_ns: u64,
+    bytes_h2d: u64,
+    bytes_d2h: u64,
+    stall_ns: u64,
+}
+
 /// One managed run's figures.
 struct ManagedRun {
     policy: PolicyKind,
     step_ns: u64,
-    predicted_ns: Option<u64>,
+    predicted: Option<Predicted>,
     bytes_h2d: u64,
     bytes_d2h: u64,
     stall_ns: u64,
@@ -386,9 +395,11 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
     }
     let gpu = !args.simulated && real_gpu(&pieces);
+    let scaled_budget = budget.div_ceil(scale);
     let scaling = Scaling {
         size_divisor: scale,
         time_scale: args.time_scale,
+        max_slots: Scaling::slots_for_budget((!policies.is_empty()).then_some(scaled_budget)),
     };
     let script = script::build(&trace, &analysis, &cost, scaling, args.iterations);
     let work = WorkDir::new(&pieces.simulator)?;
@@ -397,7 +408,6 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     std::fs::write(&script_path, text)
         .map_err(|e| format!("cannot write {}: {e}", script_path.display()))?;
 
-    let scaled_budget = budget.div_ceil(scale);
     eprintln!(
         "tensile rerun: {} on {}: prologue of {} steps, then {} iterations of {} ops ({} \
          stand-in launches each)",
@@ -448,7 +458,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let native_step_ns = trace_time(median(&native_steps));
 
     // Predictions, as `tensile replay` makes them.
-    let predictions: Vec<(PolicyKind, Option<u64>)> = if policies.is_empty() {
+    let predictions: Vec<(PolicyKind, Option<Predicted>)> = if policies.is_empty() {
         Vec::new()
     } else {
         match evaluate_many_with(
@@ -461,7 +471,15 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         ) {
             Ok(results) => results
                 .iter()
-                .map(|r| (r.policy, Some(r.report.step_ns)))
+                .map(|r| {
+                    let p = Predicted {
+                        step_ns: r.report.step_ns,
+                        bytes_h2d: r.report.bytes_h2d,
+                        bytes_d2h: r.report.bytes_d2h,
+                        stall_ns: r.report.stall_ns,
+                    };
+                    (r.policy, Some(p))
+                })
                 .collect(),
             Err((p, e)) => {
                 eprintln!("tensile rerun: no prediction for {}: {e}", policy_name(p));
@@ -471,7 +489,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     };
 
     let mut runs = Vec::new();
-    for &(policy, predicted_ns) in &predictions {
+    for &(policy, predicted) in &predictions {
         let name = policy_name(policy);
         eprintln!(
             "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
@@ -498,7 +516,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             runs.push(ManagedRun {
                 policy,
                 step_ns: 0,
-                predicted_ns,
+                predicted,
                 bytes_h2d: 0,
                 bytes_d2h: 0,
                 stall_ns: 0,
@@ -525,7 +543,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         runs.push(ManagedRun {
             policy,
             step_ns: trace_time(median(&steps(&full.json))),
-            predicted_ns,
+            predicted,
             // Scaled back to the trace's sizes.
             bytes_h2d: per_iteration(|s| s.bytes_to_device) * scale,
             bytes_d2h: per_iteration(|s| s.bytes_to_host) * scale,
@@ -550,7 +568,12 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             "runs": runs.iter().map(|r| json!({
                 "policy": policy_name(r.policy),
                 "step_ns": r.step_ns,
-                "predicted_ns": r.predicted_ns,
+                "predicted_ns": r.predicted.map(|p| p.step_ns),
+                "predicted": r.predicted.map(|p| json!({
+                    "bytes_h2d": p.bytes_h2d,
+                    "bytes_d2h": p.bytes_d2h,
+                    "stall_ns": p.stall_ns,
+                })),
                 "bytes_h2d": r.bytes_h2d,
                 "bytes_d2h": r.bytes_d2h,
                 "stall_ns": r.stall_ns,
@@ -640,20 +663,15 @@ fn human(
     out.push('\n');
     let _ = writeln!(
         out,
-        "{:<6} {:>12} {:>12} {:>11} {:>11} {:>12} {:>10}  stamps",
-        "policy", "step", "predicted", "H2D/iter", "D2H/iter", "stall/iter", "checked"
+        "{:<14} {:>12} {:>11} {:>11} {:>12} {:>10}  stamps",
+        "policy", "step", "H2D/iter", "D2H/iter", "stall/iter", "checked"
     );
     for r in runs {
         let _ = writeln!(
             out,
-            "{:<6} {:>12} {:>12} {:>11} {:>11} {:>12} {:>10}  {}",
-            policy_name(r.policy),
-            if r.verified {
-                ms(r.step_ns)
-            } else {
-                "-".into()
-            },
-            r.predicted_ns.map(ms).unwrap_or_else(|| "-".into()),
+            "{:<14} {:>12} {:>11} {:>11} {:>12} {:>10}  {}",
+            format!("{} measured", policy_name(r.policy)),
+            if r.verified { ms(r.step_ns) } else { "-".into() },
             format_bytes(r.bytes_h2d),
             format_bytes(r.bytes_d2h),
             ms(r.stall_ns),
@@ -663,6 +681,22 @@ fn human(
                 Some(m) => format!("FAILED: {m}"),
             }
         );
+        match r.predicted {
+            Some(p) => {
+                let _ = writeln!(
+                    out,
+                    "{:<14} {:>12} {:>11} {:>11} {:>12}",
+                    format!("{} predicted", policy_name(r.policy)),
+                    ms(p.step_ns),
+                    format_bytes(p.bytes_h2d),
+                    format_bytes(p.bytes_d2h),
+                    ms(p.stall_ns),
+                );
+            }
+            None => {
+                let _ = writeln!(out, "{} predicted: no prediction", policy_name(r.policy));
+            }
+        }
     }
     if runs.iter().any(|r| r.policy == PolicyKind::Plan) {
         let _ = writeln!(

@@ -219,7 +219,8 @@ impl<'a> Player<'a> {
         Ok(0)
     }
 
-    /// Launches check-only stand-ins over every live, stamped allocation.
+    /// Launches a check-only stand-in for every live, stamped allocation (one each: together
+    /// they may not fit the device budget).
     fn check_everything_live(&mut self) -> Result<(), String> {
         let live: Vec<Slot> = self
             .slots
@@ -236,7 +237,7 @@ impl<'a> Player<'a> {
                 })
             })
             .collect();
-        for chunk in live.chunks(tensile_kernels::rerun::MAX_SLOTS) {
+        for chunk in live.chunks(1) {
             let args = RerunArgs {
                 duration_ns: 0,
                 op: FINAL_CHECK_OP,

@@ -103,6 +103,21 @@ pub struct Scaling {
     pub size_divisor: u64,
     /// Durations are multiplied by this.
     pub time_scale: f64,
+    /// Most allocations one stand-in launch touches (at most [`MAX_SLOTS`]).
+    pub max_slots: usize,
+}
+
+impl Scaling {
+    /// How many allocations one stand-in launch may touch under a device budget of `budget`
+    /// bytes (after scaling): a scaled trace's small allocations each still take a 2 MiB page,
+    /// so a launch touching many of them needs more pages than the budget holds. Such a
+    /// launch is split into launches touching at most a quarter of the budget's pages each.
+    pub fn slots_for_budget(budget: Option<u64>) -> usize {
+        match budget {
+            Some(b) => ((b / PIECE_BYTES / 4) as usize).clamp(4, MAX_SLOTS),
+            None => MAX_SLOTS,
+        }
+    }
 }
 
 impl Scaling {
@@ -170,6 +185,7 @@ fn op_steps(
     bytes: u64,
     slots: &[SlotIdx],
     slot_bytes: &dyn Fn(SlotIdx) -> u64,
+    max_slots: usize,
 ) {
     match (kind, slots) {
         (
@@ -210,8 +226,9 @@ fn op_steps(
                 });
                 return;
             }
-            let parts = slots.len().div_ceil(MAX_SLOTS) as u64;
-            for (i, chunk) in slots.chunks(MAX_SLOTS).enumerate() {
+            let max_slots = max_slots.clamp(1, MAX_SLOTS);
+            let parts = slots.len().div_ceil(max_slots) as u64;
+            for (i, chunk) in slots.chunks(max_slots).enumerate() {
                 let share = duration_ns / parts + u64::from((i as u64) < duration_ns % parts);
                 out.push(Step::Kernel {
                     op,
@@ -357,6 +374,7 @@ pub fn build(
             scaling.bytes(op.bytes),
             &slots,
             &sb,
+            scaling.max_slots,
         );
     }
     // Prologue allocations with no part in the steady state are freed as it begins; tensors
@@ -478,6 +496,7 @@ fn iteration_steps(
             scaling.bytes(recorded.bytes),
             &slots,
             &sb,
+            scaling.max_slots,
         );
     }
     out
@@ -526,6 +545,7 @@ mod tests {
         let scaling = Scaling {
             size_divisor: 64,
             time_scale: 0.5,
+            max_slots: 7,
         };
         let script = build(&trace, &analysis, &cost, scaling, 3);
         assert_eq!(script.piece_bytes, 2 << 20);
