@@ -69,12 +69,17 @@ fn check_contract(doc: &Value, out: &Output) {
     assert!(doc["scale"].is_u64(), "{ctx}");
     assert!(doc["budget_bytes"].is_u64(), "{ctx}");
     assert!(doc["native_step_ns"].is_u64(), "{ctx}");
-    let runs = doc["runs"].as_array().unwrap_or_else(|| panic!("no runs: {ctx}"));
+    let runs = doc["runs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no runs: {ctx}"));
     assert!(!runs.is_empty(), "{ctx}");
     for r in runs {
         assert!(r["policy"].is_string(), "{ctx}");
         assert!(r["step_ns"].is_u64(), "{ctx}");
-        assert!(r["predicted_ns"].is_u64() || r["predicted_ns"].is_null(), "{ctx}");
+        assert!(
+            r["predicted_ns"].is_u64() || r["predicted_ns"].is_null(),
+            "{ctx}"
+        );
         for key in ["bytes_h2d", "bytes_d2h", "stall_ns", "stamps_checked"] {
             assert!(r[key].is_u64(), "{key}: {ctx}");
         }
@@ -97,8 +102,14 @@ fn reduced_reruns_of_the_shared_traces_verify_every_stamp_under_swapping() {
         assert_eq!(run["verified"], true, "{name}: {}", text(&out));
         assert!(run["stamps_checked"].as_u64() > Some(1000), "{name}: {run}");
         // At 60% of the peak the library must have moved data both ways in the steady state.
-        assert!(run["bytes_h2d"].as_u64() > Some(0), "{name}: no swap-in: {run}");
-        assert!(run["bytes_d2h"].as_u64() > Some(0), "{name}: no swap-out: {run}");
+        assert!(
+            run["bytes_h2d"].as_u64() > Some(0),
+            "{name}: no swap-in: {run}"
+        );
+        assert!(
+            run["bytes_d2h"].as_u64() > Some(0),
+            "{name}: no swap-out: {run}"
+        );
         assert!(run["predicted_ns"].as_u64() > Some(0), "{name}: {run}");
     }
 }
@@ -106,7 +117,11 @@ fn reduced_reruns_of_the_shared_traces_verify_every_stamp_under_swapping() {
 #[test]
 fn a_broken_swap_is_caught_by_the_stamps_and_named() {
     let out = reduced("mlp", &[], &[("TENSILE_RERUN_FAULT", "stale:1")]);
-    assert!(!out.status.success(), "the fault went unnoticed: {}", text(&out));
+    assert!(
+        !out.status.success(),
+        "the fault went unnoticed: {}",
+        text(&out)
+    );
     let doc = json(&out);
     check_contract(&doc, &out);
     let run = &doc["runs"][0];

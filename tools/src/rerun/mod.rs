@@ -671,7 +671,11 @@ fn human(
             out,
             "{:<14} {:>12} {:>11} {:>11} {:>12} {:>10}  {}",
             format!("{} measured", policy_name(r.policy)),
-            if r.verified { ms(r.step_ns) } else { "-".into() },
+            if r.verified {
+                ms(r.step_ns)
+            } else {
+                "-".into()
+            },
             format_bytes(r.bytes_h2d),
             format_bytes(r.bytes_d2h),
             ms(r.stall_ns),

@@ -101,8 +101,9 @@ pub fn run(path: &std::path::Path, iterations: Option<u32>) -> Result<i32, Strin
 impl<'a> Player<'a> {
     fn new(script: &'a Script, fault_iteration: Option<u32>) -> Result<Player<'a>, String> {
         let d = Driver::load()?;
-        // SAFETY (every driver call in this file): the arguments are live handles this player
-        // created, out-pointers to locals, and host buffers it allocated with the sizes given.
+        // SAFETY: (this covers every driver call in this file, which say "see `new`") the
+        // arguments are live handles this player created, out-pointers to locals, and host
+        // buffers it allocated with the sizes given.
         unsafe {
             check((d.cuInit)(0), "cuInit")?;
             let mut dev = 0;
