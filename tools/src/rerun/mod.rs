@@ -443,10 +443,16 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     eprintln!("tensile rerun: native run, without libtensile");
     let mut env = base_env.clone();
     if !gpu {
-        // Room for the whole run with every allocation rounded to the simulator's 2 MiB
-        // granule, and slack for the pool's own rounding.
-        let granular = script::peak_live_bytes(&trace, scale, script::PIECE_BYTES);
-        let capacity = granular + granular / 4 + (256 << 20);
+        // The native run is not memory-bound: room for every allocation of the run at once
+        // (rounded to the simulator's 2 MiB granule), because a stream-ordered free returns
+        // memory only when the stream reaches it, and the player may run ahead of the stream.
+        // The capacity is only a limit; the simulator maps memory as it is allocated.
+        let capacity = trace
+            .allocations
+            .iter()
+            .map(|a| a.bytes.div_ceil(scale).next_multiple_of(script::PIECE_BYTES))
+            .sum::<u64>()
+            + (256 << 20);
         env.extend(simulator_env(capacity, scale, k));
     }
     let native = run_player(&pieces, &script_path, None, &env, None, "native")?;
