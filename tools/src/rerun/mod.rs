@@ -8,8 +8,8 @@
 //! is the stand-in kernel `tensile_rerun_op`, which checks and rewrites a stamp in every piece
 //! of the allocations it touches, so data that swapping lost fails the run. The swap
 //! statistics come from the `Stats` record of the managed run's trace: the per-iteration
-//! figures are the difference between the full run and a run of the prologue alone, divided
-//! by N.
+//! figures are the difference between the full run and a baseline run of the prologue and one
+//! iteration, divided by N - 1.
 //!
 //! Not here: the prediction (that is `tensile-analyzer`, called in-process as `tensile replay`
 //! calls it) or any memory management (that is the library).
@@ -532,19 +532,23 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             });
             continue;
         }
-        let prologue_trace = work.path.join(format!("{name}-prologue.trace"));
-        let prologue = run_player(
+        // The baseline run plays the prologue and one iteration (the prologue alone when N is
+        // 1): the difference holds only steady-state iterations, without the first one after
+        // the prologue and without the final check of every stamp, which both runs make.
+        let baseline_iterations = args.iterations.min(2) - 1;
+        let baseline_trace = work.path.join(format!("{name}-baseline.trace"));
+        let baseline = run_player(
             &pieces,
             &script_path,
-            Some(0),
+            Some(baseline_iterations),
             &env,
-            Some(&prologue_trace),
-            &format!("{name}, prologue alone"),
+            Some(&baseline_trace),
+            &format!("{name}, baseline of {baseline_iterations} iteration(s)"),
         )?;
         let per_iteration = |f: fn(&Stats) -> u64| {
             let all = full.stats.as_ref().map_or(0, f);
-            let before = prologue.stats.as_ref().map_or(0, f);
-            all.saturating_sub(before) / u64::from(args.iterations)
+            let before = baseline.stats.as_ref().map_or(0, f);
+            all.saturating_sub(before) / u64::from(args.iterations - baseline_iterations)
         };
         runs.push(ManagedRun {
             policy,
