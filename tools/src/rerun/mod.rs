@@ -450,7 +450,11 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         let capacity = trace
             .allocations
             .iter()
-            .map(|a| a.bytes.div_ceil(scale).next_multiple_of(script::PIECE_BYTES))
+            .map(|a| {
+                a.bytes
+                    .div_ceil(scale)
+                    .next_multiple_of(script::PIECE_BYTES)
+            })
             .sum::<u64>()
             + (256 << 20);
         env.extend(simulator_env(capacity, scale, k));
