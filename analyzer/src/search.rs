@@ -33,6 +33,9 @@ pub struct SearchOptions {
     pub max_evaluations: u32,
     /// Seed of the mutation choices.
     pub seed: u64,
+    /// A lower bound on the step (see [`crate::bound`]), 0 if none is known: the search stops
+    /// once its plan is within a thousandth of it. It stops at the compute time in any case.
+    pub floor_ns: u64,
 }
 
 /// A candidate is abandoned once one of its iterations (after the first) is longer than the best
@@ -50,6 +53,7 @@ impl Default for SearchOptions {
             time_limit: Duration::from_millis(DEFAULT_SEARCH_MS),
             max_evaluations: u32::MAX,
             seed: 1,
+            floor_ns: 0,
         }
     }
 }
@@ -162,9 +166,14 @@ pub fn improve(
         .filter(|g| g.to > g.from + 1)
         .collect();
     let mut rng = Rng::new(options.seed);
+    // A plan at the bound cannot be beaten; one that never waits runs at the compute time.
+    let floor_ns = work_cycle
+        .compute_ns()
+        .max(options.floor_ns + options.floor_ns / 1000);
     while report.evaluations < options.max_evaluations
         && started.elapsed() < options.time_limit
         && (!current.evictions.is_empty() || !gaps.is_empty())
+        && best.is_none_or(|b| b > floor_ns)
     {
         let mut candidate = current.clone();
         // One to three mutations at once: some improvements need two round trips to move
