@@ -29,6 +29,11 @@ use crate::timeline::{Gap, Liveness};
 pub struct SearchOptions {
     /// Wall-clock time the search may take (it stops at the first evaluation past it).
     pub time_limit: Duration,
+    /// Stop earlier once the search has gone this long, and at least twice as long as it took
+    /// to find its last gain, without a shorter step (`None`: run to the limits). A search that
+    /// keeps finding runs on; one that finds nothing (a plan already at or near its bound)
+    /// stops after `patience`.
+    pub patience: Option<Duration>,
     /// Most plans it simulates (the deterministic limit).
     pub max_evaluations: u32,
     /// Seed of the mutation choices.
@@ -43,14 +48,18 @@ pub struct SearchOptions {
 /// iteration above its average, and the slack keeps such plans in play.
 const ABANDON_SLACK_DIVISOR: u64 = 10;
 
-/// Default wall-clock limit of `tensile replay`'s search, chosen so that default planning stays
-/// under 100 ms on the ResNet-50 and transformer traces (docs/replay-results.md).
-pub const DEFAULT_SEARCH_MS: u64 = 30;
+/// Default wall-clock limit of `tensile replay`'s search.
+pub const DEFAULT_SEARCH_MS: u64 = 300;
+
+/// Default [`SearchOptions::patience`], chosen so that default planning stays under 100 ms on
+/// the ResNet-50 and transformer traces, where the search finds little (docs/replay-results.md).
+pub const DEFAULT_PATIENCE_MS: u64 = 30;
 
 impl Default for SearchOptions {
     fn default() -> Self {
         SearchOptions {
             time_limit: Duration::from_millis(DEFAULT_SEARCH_MS),
+            patience: Some(Duration::from_millis(DEFAULT_PATIENCE_MS)),
             max_evaluations: u32::MAX,
             seed: 1,
             floor_ns: 0,
@@ -166,12 +175,17 @@ pub fn improve(
         .filter(|g| g.to > g.from + 1)
         .collect();
     let mut rng = Rng::new(options.seed);
+    let mut last_gain_at = Duration::ZERO;
     // A plan at the bound cannot be beaten; one that never waits runs at the compute time.
     let floor_ns = work_cycle
         .compute_ns()
         .max(options.floor_ns + options.floor_ns / 1000);
     while report.evaluations < options.max_evaluations
         && started.elapsed() < options.time_limit
+        && options.patience.is_none_or(|p| {
+            let quiet = started.elapsed() - last_gain_at;
+            quiet < p.max(2 * last_gain_at)
+        })
         && (!current.evictions.is_empty() || !gaps.is_empty())
         && best.is_none_or(|b| b > floor_ns)
     {
@@ -215,6 +229,7 @@ pub fn improve(
             if best.is_none_or(|b| step <= b) {
                 if best.is_none_or(|b| step < b) {
                     report.accepted += 1;
+                    last_gain_at = started.elapsed();
                 }
                 best = Some(step);
                 current = candidate;
@@ -457,4 +472,90 @@ fn out_unrolled(e: &Eviction, period: u32) -> u32 {
 fn set_fetch(e: &mut Eviction, fetch_unrolled: u32, period: u32) {
     e.fetch_unrolled = fetch_unrolled;
     e.fetch_at = fetch_unrolled % period;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cycle::persistent_tensor as persistent;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Four 64 MiB tensors, each touched by two ops in a row of 1 ms, room for three.
+    fn rotation() -> Cycle {
+        let tensors = (0..4)
+            .map(|i| {
+                let mut accesses = vec![i, (i + 1) % 4];
+                accesses.sort_unstable();
+                persistent(i, 64 * MIB, accesses)
+            })
+            .collect();
+        Cycle::from_parts(&[1_000_000; 4], tensors).unwrap()
+    }
+
+    /// Every tensor out after its second access and read back one op before its next: the
+    /// read-back (about 1.2 ms) waits for the write-out before it and cannot hide behind one
+    /// op, so the plan waits and the search has something to try.
+    fn rotation_plan(cycle: &Cycle) -> SwapPlan {
+        let evictions = Liveness::of(cycle)
+            .gaps
+            .iter()
+            .filter(|g| g.to - g.from == 3)
+            .map(|g| Eviction {
+                piece: g.tensor,
+                out_after: g.from % 4,
+                fetch_at: (g.to - 1) % 4,
+                needed_by: g.to % 4,
+                gap_from: g.from,
+                fetch_unrolled: g.to - 1,
+                gap_to: g.to,
+            })
+            .collect();
+        SwapPlan {
+            period: 4,
+            budget_bytes: 200 * MIB,
+            evictions,
+            host_resident: Vec::new(),
+            pieces: pieces::whole(cycle),
+        }
+    }
+
+    fn search(options: SearchOptions) -> SearchReport {
+        let cycle = rotation();
+        let p = rotation_plan(&cycle);
+        let (budget, cost) = (Budget::new(200 * MIB), CostModel::default());
+        improve(&cycle, &p, budget, &cost, &options).1
+    }
+
+    #[test]
+    fn a_search_stops_once_its_plan_reaches_the_floor() {
+        let free = search(SearchOptions {
+            max_evaluations: 200,
+            patience: None,
+            ..SearchOptions::default()
+        });
+        let start = free.start_step_ns.unwrap();
+        assert!(start > rotation().compute_ns(), "{free:?}");
+        assert_eq!(free.evaluations, 200);
+        let at_floor = search(SearchOptions {
+            max_evaluations: 200,
+            patience: None,
+            floor_ns: start,
+            ..SearchOptions::default()
+        });
+        assert_eq!(at_floor.evaluations, 1);
+        assert_eq!(at_floor.step_ns, Some(start));
+    }
+
+    #[test]
+    fn a_search_that_stops_gaining_stops_long_before_its_time_limit() {
+        // Without patience this search would run for the whole minute.
+        let r = search(SearchOptions {
+            time_limit: Duration::from_secs(60),
+            patience: Some(Duration::from_millis(20)),
+            ..SearchOptions::default()
+        });
+        assert!(r.elapsed_ms < 10_000, "{r:?}");
+        assert!(r.step_ns <= r.start_step_ns, "{r:?}");
+    }
 }
