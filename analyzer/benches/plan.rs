@@ -26,19 +26,27 @@ fn bench(c: &mut Criterion) {
         group.bench_function("plan at 50% (variants simulated)", |b| {
             b.iter(|| tensile_analyzer::plan::plan(black_box(&analysis.cycle), &budget, &cost))
         });
-        group.bench_function("plan + default local search at 50%", |b| {
-            b.iter(|| {
-                let p = tensile_analyzer::plan::plan(black_box(&analysis.cycle), &budget, &cost)
-                    .expect("plan");
-                tensile_analyzer::search::improve(
-                    &analysis.cycle,
-                    &p,
-                    budget,
-                    &cost,
-                    &tensile_analyzer::search::SearchOptions::default(),
-                )
-            })
-        });
+        // As `tensile replay` searches: it knows the lower bound and stops there.
+        let floor_ns = tensile_analyzer::bound::lower_bound(&analysis.cycle, &budget, &cost)
+            .expect("bound")
+            .bound_ns;
+        for (label, floor_ns) in [
+            ("plan + default local search at 50%", floor_ns),
+            ("plan + default local search at 50%, no bound known", 0),
+        ] {
+            let options = tensile_analyzer::search::SearchOptions {
+                floor_ns,
+                ..Default::default()
+            };
+            group.bench_function(label, |b| {
+                b.iter(|| {
+                    let p =
+                        tensile_analyzer::plan::plan(black_box(&analysis.cycle), &budget, &cost)
+                            .expect("plan");
+                    tensile_analyzer::search::improve(&analysis.cycle, &p, budget, &cost, &options)
+                })
+            });
+        }
         group.bench_function("lower bound at 50%", |b| {
             b.iter(|| {
                 tensile_analyzer::bound::lower_bound(black_box(&analysis.cycle), &budget, &cost)

@@ -1,7 +1,9 @@
 //! What the local search after the planner gains on a trace for a time limit: prints the plan's
 //! steady-state step before and after, the lower bound, and the evaluations spent.
 //!
-//! `cargo run --release -p tensile-analyzer --example search_gain -- TRACE PERCENT SEARCH_MS...`
+//! `cargo run --release -p tensile-analyzer --example search_gain -- TRACE PERCENT LIMIT...`,
+//! each LIMIT a number of milliseconds (a search of exactly that long) or `default` (what
+//! `tensile replay` does: at most `DEFAULT_SEARCH_MS`, stopping early when it stops gaining).
 
 use std::time::{Duration, Instant};
 
@@ -25,16 +27,27 @@ fn main() {
     let t = Instant::now();
     let p = plan(&a.cycle, &budget, &cost).unwrap();
     let plan_ms = t.elapsed().as_millis();
-    println!("| search ms | planning ms | plan ms before | after | bound ms | after/bound | evaluations | kept |");
-    for ms in &args[2..] {
-        let options = SearchOptions {
-            time_limit: Duration::from_millis(ms.parse().expect("SEARCH_MS")),
-            ..SearchOptions::default()
+    println!("| search limit | ms spent | planning ms | plan ms before | after | bound ms | after/bound | evaluations | kept |");
+    for limit in &args[2..] {
+        let options = if limit == "default" {
+            // What `tensile replay` does by default: stops early when stale or at the bound.
+            SearchOptions {
+                floor_ns: bound.bound_ns,
+                ..SearchOptions::default()
+            }
+        } else {
+            // A fixed time: no early stop.
+            SearchOptions {
+                time_limit: Duration::from_millis(limit.parse().expect("SEARCH_MS")),
+                patience: None,
+                ..SearchOptions::default()
+            }
         };
         let (_, r) = improve(&a.cycle, &p, budget, &cost, &options);
         let ms_of = |ns: Option<u64>| ns.map_or(f64::NAN, |n| n as f64 / 1e6);
         println!(
-            "| {ms} | {plan_ms} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} |",
+            "| {limit} | {} | {plan_ms} | {:.2} | {:.2} | {:.2} | {:.3} | {} | {} |",
+            r.elapsed_ms,
             ms_of(r.start_step_ns),
             ms_of(r.step_ns),
             bound.bound_ns as f64 / 1e6,

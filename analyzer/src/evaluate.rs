@@ -157,7 +157,11 @@ pub fn evaluate_many_with(
                 let mut plan = plan(cycle, &budget, cost).map_err(|e| fail(e.into()))?;
                 let mut searched = None;
                 if !search.time_limit.is_zero() && search.max_evaluations > 0 {
-                    let (better, r) = improve(cycle, &plan, budget, cost, search);
+                    let search = SearchOptions {
+                        floor_ns: bound.map_or(0, |b| b.bound_ns),
+                        ..*search
+                    };
+                    let (better, r) = improve(cycle, &plan, budget, cost, &search);
                     plan = better;
                     searched = Some(r);
                 }

@@ -71,6 +71,15 @@ pub struct SimOptions {
     pub max_cycles: u32,
     /// Record device bytes at each op start of the last cycle (for plots).
     pub record_curve: bool,
+    /// Record which ops of the last cycle waited, how long and for which tensors (what the
+    /// local search aims its changes at).
+    pub record_waits: bool,
+    /// Give up ([`SimError::Abandoned`]) as soon as an iteration after the first lasts longer
+    /// than this: a search that only wants plans faster than one it has need not finish the
+    /// others. Most plans settle after one iteration, whose successor is then the steady
+    /// state; a plan with a longer transient, or that alternates between step lengths, can be
+    /// abandoned although its steady average is within the limit (callers leave slack).
+    pub abandon_above_ns: Option<u64>,
 }
 
 /// Default [`SimOptions::max_cycles`]. Every plan and LRU run on the shared traces settles within
@@ -87,6 +96,8 @@ impl Default for SimOptions {
         SimOptions {
             max_cycles: DEFAULT_MAX_CYCLES,
             record_curve: false,
+            record_waits: false,
+            abandon_above_ns: None,
         }
     }
 }
@@ -132,6 +143,20 @@ pub struct SimReport {
     /// of completion; times since that iteration started (a copy begun in the previous one
     /// starts at a negative time).
     pub copies: Vec<CopySpan>,
+    /// Ops of the last iteration that waited before starting, when requested, in op order.
+    pub waits: Vec<OpWait>,
+}
+
+/// One op that waited for copies or memory before it could start.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OpWait {
+    /// Op position in the cycle.
+    pub op: u32,
+    /// How long the compute stream waited.
+    pub waited_ns: u64,
+    /// Its tensors (pieces, for a plan on pieces: ids of the cycle cut into them) that were not
+    /// on the device when the compute stream reached it.
+    pub tensors: Vec<TensorId>,
 }
 
 /// One copy as the simulator ran it (for timelines).
@@ -197,6 +222,12 @@ pub enum SimError {
     /// A plan refers to something the cycle does not have.
     #[error("the plan does not match the cycle: {0}")]
     BadPlan(String),
+    /// An iteration lasted longer than [`SimOptions::abandon_above_ns`].
+    #[error("abandoned: an iteration lasted longer than {limit_ns} ns")]
+    Abandoned {
+        /// The limit it passed.
+        limit_ns: u64,
+    },
     /// A plan's pieces do not tile one of the cycle's tensors exactly.
     #[error("the plan's pieces do not cover tensor {tensor} exactly: {problem}")]
     PiecesDoNotCover {
@@ -267,11 +298,28 @@ struct Sim<'a> {
     record_copies: bool,
     iteration_start: f64,
     copies: Vec<CopySpan>,
+    /// Record [`OpWait`]s (cleared at each iteration start, so the last iteration's remain).
+    record_waits: bool,
+    waits: Vec<OpWait>,
 }
 
 /// Simulates `cycle` under `policy` within `budget`.
 pub fn simulate(
     cycle: &Cycle,
+    policy: Policy<'_>,
+    budget: Budget,
+    cost: &CostModel,
+    options: SimOptions,
+) -> Result<SimReport, SimError> {
+    simulate_with(cycle, None, policy, budget, cost, options)
+}
+
+/// [`simulate`] with the cycle's [`Liveness`] computed by the caller, for one that simulates
+/// many plans of one cycle (the local search). `live` must be `Liveness::of(cycle)`; `None`
+/// computes it (as does a plan on pieces, which runs on the cycle cut into them).
+pub fn simulate_with(
+    cycle: &Cycle,
+    live: Option<&Liveness>,
     policy: Policy<'_>,
     budget: Budget,
     cost: &CostModel,
@@ -283,12 +331,13 @@ pub fn simulate(
             .map_err(|(tensor, problem)| SimError::PiecesDoNotCover { tensor, problem })?;
     }
     let split;
-    let cycle = match policy {
+    let (cycle, live) = match policy {
         Policy::Plan(plan) if !crate::pieces::is_whole(cycle, &plan.pieces) => {
             split = crate::pieces::split(cycle, &plan.pieces).map_err(SimError::BadPlan)?;
-            &split
+            // The caller's liveness is of the tensors, not of the pieces.
+            (&split, None)
         }
-        _ => cycle,
+        _ => (cycle, live),
     };
     let p = cycle.len();
     let cycles = options.max_cycles.max(2) as usize;
@@ -356,8 +405,18 @@ pub fn simulate(
         record_copies: options.record_curve,
         iteration_start: 0.0,
         copies: Vec::new(),
+        record_waits: options.record_waits,
+        waits: Vec::new(),
     };
-    sim.initial_state(policy)?;
+    let computed;
+    let live = match live {
+        Some(l) => l,
+        None => {
+            computed = Liveness::of(cycle);
+            &computed
+        }
+    };
+    sim.initial_state(policy, live)?;
 
     let mut boundaries = Vec::with_capacity(cycles + 1);
     let mut states: Vec<BoundaryState> = Vec::with_capacity(cycles + 1);
@@ -374,6 +433,7 @@ pub fn simulate(
             sim.copies.clear();
             sim.iteration_start = sim.time;
         }
+        sim.waits.clear();
         for pos in 0..p {
             if options.record_curve {
                 curve.push(((sim.time - boundaries[c]).max(0.0) as u64, sim.used));
@@ -381,6 +441,11 @@ pub fn simulate(
             let global = (c * p + pos) as u64;
             let waited = sim.run_op(pos, global)?;
             stall[c] += waited;
+            if let Some(limit) = options.abandon_above_ns {
+                if c > 0 && sim.time - boundaries[c] > limit as f64 {
+                    return Err(SimError::Abandoned { limit_ns: limit });
+                }
+            }
         }
         let now = sim.boundary_state();
         if let Some(first) = states.iter().position(|s| s.same_as(&now)) {
@@ -415,6 +480,7 @@ pub fn simulate(
         step_ns_per_cycle: steps.iter().map(|s| s.round() as u64).collect(),
         resident_curve: curve,
         copies: std::mem::take(&mut sim.copies),
+        waits: std::mem::take(&mut sim.waits),
     })
 }
 
@@ -498,9 +564,8 @@ impl Sim<'_> {
     }
 
     /// Places every tensor that holds data at the start of the cycle.
-    fn initial_state(&mut self, policy: Policy<'_>) -> Result<(), SimError> {
+    fn initial_state(&mut self, policy: Policy<'_>, live: &Liveness) -> Result<(), SimError> {
         let cycle = self.cycle;
-        let live = Liveness::of(cycle);
         let period = cycle.len() as u32;
         // Tensors holding data at position 0, with the unrolled position of their next use.
         let mut holding: Vec<(TensorId, u32)> = Vec::new();
@@ -580,6 +645,15 @@ impl Sim<'_> {
             }
         }
         let ready_at = self.time;
+        let missing: Vec<TensorId> = if self.record_waits {
+            op.tensors
+                .iter()
+                .copied()
+                .filter(|&t| self.place[t as usize] != Place::Device)
+                .collect()
+        } else {
+            Vec::new()
+        };
         loop {
             self.start_copies(pos)?;
             if self.try_make_ready(pos)? {
@@ -592,6 +666,13 @@ impl Sim<'_> {
             }
         }
         let waited = self.time - ready_at;
+        if self.record_waits && waited > 0.0 {
+            self.waits.push(OpWait {
+                op: pos as u32,
+                waited_ns: waited.round() as u64,
+                tensors: missing,
+            });
+        }
         for &t in &op.tensors {
             if self.place[t as usize] != Place::Device {
                 return Err(SimError::NotResident {
@@ -1037,5 +1118,71 @@ mod tests {
             (DEFAULT_MAX_CYCLES / 2, DEFAULT_MAX_CYCLES / 2)
         );
         assert_eq!(r.step_ns, 222_520);
+    }
+
+    #[test]
+    fn the_recorded_waits_add_up_to_the_stall_and_name_tensors_of_the_op() {
+        // 64 MiB copies take about 1.2 ms against ops of 100 us: the rotation must wait.
+        let cycle = rotation();
+        let budget = Budget::new(200 * MIB);
+        let cost = CostModel::default();
+        let p = plan(&cycle, &budget, &cost).unwrap();
+        let options = SimOptions {
+            record_waits: true,
+            ..SimOptions::default()
+        };
+        let r = simulate(&cycle, Policy::Plan(&p), budget, &cost, options).unwrap();
+        let cut = crate::pieces::split(&cycle, &p.pieces).unwrap();
+        assert_eq!(r.steady_iterations, 1);
+        assert!(r.stall_ns > 0, "{r:?}");
+        let waited: u64 = r.waits.iter().map(|w| w.waited_ns).sum();
+        // Each wait is rounded to the nanosecond on its own.
+        assert!(waited.abs_diff(r.stall_ns) <= r.waits.len() as u64, "{r:?}");
+        for w in &r.waits {
+            assert!(!w.tensors.is_empty(), "{w:?}");
+            for t in &w.tensors {
+                assert!(cut.ops[w.op as usize].tensors.contains(t), "{w:?}");
+            }
+        }
+        let without = simulate(
+            &cycle,
+            Policy::Plan(&p),
+            budget,
+            &cost,
+            SimOptions::default(),
+        );
+        assert!(without.unwrap().waits.is_empty());
+    }
+
+    #[test]
+    fn a_plan_slower_than_the_limit_is_abandoned_and_one_within_it_is_not() {
+        let cycle = rotation();
+        let budget = Budget::new(200 * MIB);
+        let cost = CostModel::default();
+        let p = plan(&cycle, &budget, &cost).unwrap();
+        let full = simulate(
+            &cycle,
+            Policy::Plan(&p),
+            budget,
+            &cost,
+            SimOptions::default(),
+        )
+        .unwrap();
+        let at = |limit: u64| {
+            let options = SimOptions {
+                abandon_above_ns: Some(limit),
+                ..SimOptions::default()
+            };
+            simulate(&cycle, Policy::Plan(&p), budget, &cost, options)
+        };
+        // (+1: the per-iteration figures are rounded to the nanosecond.)
+        let longest = full.step_ns_per_cycle[1..].iter().max().copied().unwrap() + 1;
+        assert_eq!(at(longest).unwrap(), full);
+        assert_eq!(
+            at(full.step_ns / 2).unwrap_err(),
+            SimError::Abandoned {
+                limit_ns: full.step_ns / 2
+            }
+        );
     }
 }

@@ -154,6 +154,8 @@ fn the_planner_with_local_search_finds_the_optimum_of_tiny_cycles() {
         time_limit: Duration::from_secs(3600),
         max_evaluations: 400,
         seed: 7,
+        floor_ns: 0,
+        patience: None,
     };
     let (mut cases, mut equal, mut worst) = (0u32, 0u32, 1.0f64);
     // The planner alone, for the record (the audit: 2,535 of 3,000, once 5.16x).

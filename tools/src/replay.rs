@@ -77,9 +77,11 @@ pub struct ReplayArgs {
     /// and takes about 15 s; the default solves in a few seconds where it applies.
     #[arg(long, default_value_t = DEFAULT_MAX_VARIABLES)]
     pub lp_variables: usize,
-    /// Milliseconds the local search after the planner may spend improving the plan, each
-    /// change priced by the simulator (0: no search). Longer finds more on copy-bound traces
-    /// (docs/replay-results.md lists what each budget gained).
+    /// Most milliseconds the local search after the planner may spend improving the plan, each
+    /// change priced by the simulator (0: no search). It stops earlier when the plan reaches
+    /// the lower bound, or once it has gone 30 ms, and twice as long as its last gain took,
+    /// without finding a shorter step. Longer finds more on copy-bound traces
+    /// (docs/replay-results.md lists what each limit gained).
     #[arg(long, default_value_t = DEFAULT_SEARCH_MS)]
     pub search_ms: u64,
     /// Seed of the local search's choices (same seed, same evaluations: same plan).
