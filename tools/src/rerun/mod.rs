@@ -27,8 +27,9 @@ use serde_json::{json, Value};
 use tensile_analyzer::bound::BoundOptions;
 use tensile_analyzer::cost::{format_bytes, parse_size};
 use tensile_analyzer::import::{load, LoadOptions};
+use tensile_analyzer::model::Trace;
 use tensile_analyzer::search::SearchOptions;
-use tensile_analyzer::{analyze, evaluate_many_with, Budget, CostModel, PolicyKind};
+use tensile_analyzer::{analyze, evaluate_many_with, Analysis, Budget, CostModel, PolicyKind};
 use tensile_trace::{Reader, Record, Stats};
 
 use script::Scaling;
@@ -368,6 +369,187 @@ struct ManagedRun {
     failure: Option<String>,
 }
 
+/// What every run of one `tensile rerun` shares: where things are, how it is scaled, and the
+/// environment every player starts with.
+struct Session {
+    pieces: Pieces,
+    work: WorkDir,
+    script: PathBuf,
+    gpu: bool,
+    scale: u64,
+    time_scale: f64,
+    iterations: u32,
+    scaled_budget: u64,
+    base_env: Vec<(String, String)>,
+}
+
+impl Session {
+    /// A measured time in trace time.
+    fn trace_time(&self, ns: u64) -> u64 {
+        (ns as f64 / self.time_scale).round() as u64
+    }
+
+    /// The run without the library; its step in trace time.
+    fn native(&self, trace: &Trace) -> Result<(u64, Value), String> {
+        eprintln!("tensile rerun: native run, without libtensile");
+        let mut env = self.base_env.clone();
+        if !self.gpu {
+            // Not memory-bound: room for every allocation of the run at once (rounded to the
+            // simulator's 2 MiB granule), because a stream-ordered free returns memory only
+            // when the stream reaches it, and the player may run ahead of the stream. The
+            // capacity is only a limit; the simulator maps memory as it is allocated.
+            let capacity = trace
+                .allocations
+                .iter()
+                .map(|a| {
+                    a.bytes
+                        .div_ceil(self.scale)
+                        .next_multiple_of(script::PIECE_BYTES)
+                })
+                .sum::<u64>()
+                + (256 << 20);
+            env.extend(simulator_env(capacity, self.scale, self.time_scale));
+        }
+        let native = run_player(&self.pieces, &self.script, None, &env, None, "native")?;
+        if native.json["verified"] != Value::Bool(true) {
+            let message = native.json["message"].as_str().unwrap_or("stamp mismatch");
+            return Err(format!("native run: {message}"));
+        }
+        Ok((self.trace_time(median(&steps(&native.json))), native.json))
+    }
+
+    /// One run under the library, and the baseline run its statistics need.
+    fn managed(
+        &self,
+        policy: PolicyKind,
+        predicted: Option<Predicted>,
+    ) -> Result<ManagedRun, String> {
+        let name = policy_name(policy);
+        eprintln!(
+            "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
+            format_bytes(self.scaled_budget),
+            if policy == PolicyKind::Plan {
+                " (the library runs plan as lru for now)"
+            } else {
+                ""
+            }
+        );
+        let mut env = self.base_env.clone();
+        env.push((
+            "LD_PRELOAD".into(),
+            self.pieces.library.display().to_string(),
+        ));
+        env.push(("TENSILE_POLICY".into(), name.into()));
+        env.push((
+            "TENSILE_DEVICE_MEMORY".into(),
+            self.scaled_budget.to_string(),
+        ));
+        env.push(("TENSILE_LOG".into(), "warn".into()));
+        if !self.gpu {
+            env.extend(simulator_env(
+                self.scaled_budget,
+                self.scale,
+                self.time_scale,
+            ));
+        }
+        let full_trace = self.work.path.join(format!("{name}.trace"));
+        let full = run_player(
+            &self.pieces,
+            &self.script,
+            None,
+            &env,
+            Some(&full_trace),
+            name,
+        )?;
+        let stamps_checked = full.json["stamps_checked"].as_u64().unwrap_or(0);
+        if full.json["verified"] != Value::Bool(true) {
+            return Ok(ManagedRun {
+                policy,
+                step_ns: 0,
+                predicted,
+                bytes_h2d: 0,
+                bytes_d2h: 0,
+                stall_ns: 0,
+                verified: false,
+                stamps_checked,
+                failure: Some(
+                    full.json["message"]
+                        .as_str()
+                        .unwrap_or("stamp mismatch")
+                        .to_owned(),
+                ),
+            });
+        }
+        // The baseline run plays the prologue and one iteration (the prologue alone when N is
+        // 1): the difference holds only steady-state iterations, without the first one after
+        // the prologue and without the final check of every stamp, which both runs make.
+        let baseline_iterations = self.iterations.min(2) - 1;
+        let baseline_trace = self.work.path.join(format!("{name}-baseline.trace"));
+        let baseline = run_player(
+            &self.pieces,
+            &self.script,
+            Some(baseline_iterations),
+            &env,
+            Some(&baseline_trace),
+            &format!("{name}, baseline of {baseline_iterations} iteration(s)"),
+        )?;
+        let per_iteration = |f: fn(&Stats) -> u64| {
+            let all = full.stats.as_ref().map_or(0, f);
+            let before = baseline.stats.as_ref().map_or(0, f);
+            all.saturating_sub(before) / u64::from(self.iterations - baseline_iterations)
+        };
+        Ok(ManagedRun {
+            policy,
+            step_ns: self.trace_time(median(&steps(&full.json))),
+            predicted,
+            // Scaled back to the trace's sizes.
+            bytes_h2d: per_iteration(|s| s.bytes_to_device) * self.scale,
+            bytes_d2h: per_iteration(|s| s.bytes_to_host) * self.scale,
+            stall_ns: self.trace_time(per_iteration(|s| s.stall_ns)),
+            verified: true,
+            stamps_checked,
+            failure: None,
+        })
+    }
+}
+
+/// `tensile replay`'s prediction for each policy (`None` where it has none).
+fn predict(
+    analysis: &Analysis,
+    policies: &[PolicyKind],
+    budget: u64,
+    cost: &CostModel,
+) -> Vec<(PolicyKind, Option<Predicted>)> {
+    if policies.is_empty() {
+        return Vec::new();
+    }
+    match evaluate_many_with(
+        &analysis.cycle,
+        policies,
+        Budget::new(budget),
+        cost,
+        &BoundOptions::default(),
+        &SearchOptions::default(),
+    ) {
+        Ok(results) => results
+            .iter()
+            .map(|r| {
+                let p = Predicted {
+                    step_ns: r.report.step_ns,
+                    bytes_h2d: r.report.bytes_h2d,
+                    bytes_d2h: r.report.bytes_d2h,
+                    stall_ns: r.report.stall_ns,
+                };
+                (r.policy, Some(p))
+            })
+            .collect(),
+        Err((p, e)) => {
+            eprintln!("tensile rerun: no prediction for {}: {e}", policy_name(p));
+            policies.iter().map(|&p| (p, None)).collect()
+        }
+    }
+}
+
 /// Runs `tensile rerun`.
 pub fn run(args: RerunArgs) -> Result<(), String> {
     if args.iterations == 0 {
@@ -390,8 +572,8 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
     let budget = parse_size(&args.budget, Some(peak)).map_err(|e| format!("--budget {e}"))?;
-    let whole_peak = script::peak_live_bytes(&trace, 1, 1);
     if let Some(allowance) = host_memory_allowance()? {
+        let whole_peak = script::peak_live_bytes(&trace, 1, 1);
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
     }
     let gpu = !args.simulated && real_gpu(&pieces);
@@ -407,7 +589,6 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let text = serde_json::to_string(&script).map_err(|e| e.to_string())?;
     std::fs::write(&script_path, text)
         .map_err(|e| format!("cannot write {}: {e}", script_path.display()))?;
-
     eprintln!(
         "tensile rerun: {} on {}: prologue of {} steps, then {} iterations of {} ops ({} \
          stand-in launches each)",
@@ -437,136 +618,23 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     if !gpu {
         base_env.push(("LD_LIBRARY_PATH".into(), work.path.display().to_string()));
     }
-    let k = args.time_scale;
-    let trace_time = |ns: u64| (ns as f64 / k).round() as u64;
-
-    eprintln!("tensile rerun: native run, without libtensile");
-    let mut env = base_env.clone();
-    if !gpu {
-        // The native run is not memory-bound: room for every allocation of the run at once
-        // (rounded to the simulator's 2 MiB granule), because a stream-ordered free returns
-        // memory only when the stream reaches it, and the player may run ahead of the stream.
-        // The capacity is only a limit; the simulator maps memory as it is allocated.
-        let capacity = trace
-            .allocations
-            .iter()
-            .map(|a| {
-                a.bytes
-                    .div_ceil(scale)
-                    .next_multiple_of(script::PIECE_BYTES)
-            })
-            .sum::<u64>()
-            + (256 << 20);
-        env.extend(simulator_env(capacity, scale, k));
-    }
-    let native = run_player(&pieces, &script_path, None, &env, None, "native")?;
-    if native.json["verified"] != Value::Bool(true) {
-        let message = native.json["message"].as_str().unwrap_or("stamp mismatch");
-        return Err(format!("native run: {message}"));
-    }
-    let native_steps = steps(&native.json);
-    let native_step_ns = trace_time(median(&native_steps));
-
-    // Predictions, as `tensile replay` makes them.
-    let predictions: Vec<(PolicyKind, Option<Predicted>)> = if policies.is_empty() {
-        Vec::new()
-    } else {
-        match evaluate_many_with(
-            &analysis.cycle,
-            &policies,
-            Budget::new(budget),
-            &cost,
-            &BoundOptions::default(),
-            &SearchOptions::default(),
-        ) {
-            Ok(results) => results
-                .iter()
-                .map(|r| {
-                    let p = Predicted {
-                        step_ns: r.report.step_ns,
-                        bytes_h2d: r.report.bytes_h2d,
-                        bytes_d2h: r.report.bytes_d2h,
-                        stall_ns: r.report.stall_ns,
-                    };
-                    (r.policy, Some(p))
-                })
-                .collect(),
-            Err((p, e)) => {
-                eprintln!("tensile rerun: no prediction for {}: {e}", policy_name(p));
-                policies.iter().map(|&p| (p, None)).collect()
-            }
-        }
+    let session = Session {
+        pieces,
+        script: script_path,
+        work,
+        gpu,
+        scale,
+        time_scale: args.time_scale,
+        iterations: args.iterations,
+        scaled_budget,
+        base_env,
     };
 
-    let mut runs = Vec::new();
-    for &(policy, predicted) in &predictions {
-        let name = policy_name(policy);
-        eprintln!(
-            "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
-            format_bytes(scaled_budget),
-            if policy == PolicyKind::Plan {
-                " (the library runs plan as lru for now)"
-            } else {
-                ""
-            }
-        );
-        let mut env = base_env.clone();
-        env.push(("LD_PRELOAD".into(), pieces.library.display().to_string()));
-        env.push(("TENSILE_POLICY".into(), name.into()));
-        env.push(("TENSILE_DEVICE_MEMORY".into(), scaled_budget.to_string()));
-        env.push(("TENSILE_LOG".into(), "warn".into()));
-        if !gpu {
-            env.extend(simulator_env(scaled_budget, scale, k));
-        }
-        let full_trace = work.path.join(format!("{name}.trace"));
-        let full = run_player(&pieces, &script_path, None, &env, Some(&full_trace), name)?;
-        let verified = full.json["verified"] == Value::Bool(true);
-        let stamps_checked = full.json["stamps_checked"].as_u64().unwrap_or(0);
-        if !verified {
-            runs.push(ManagedRun {
-                policy,
-                step_ns: 0,
-                predicted,
-                bytes_h2d: 0,
-                bytes_d2h: 0,
-                stall_ns: 0,
-                verified,
-                stamps_checked,
-                failure: full.json["message"].as_str().map(str::to_owned),
-            });
-            continue;
-        }
-        // The baseline run plays the prologue and one iteration (the prologue alone when N is
-        // 1): the difference holds only steady-state iterations, without the first one after
-        // the prologue and without the final check of every stamp, which both runs make.
-        let baseline_iterations = args.iterations.min(2) - 1;
-        let baseline_trace = work.path.join(format!("{name}-baseline.trace"));
-        let baseline = run_player(
-            &pieces,
-            &script_path,
-            Some(baseline_iterations),
-            &env,
-            Some(&baseline_trace),
-            &format!("{name}, baseline of {baseline_iterations} iteration(s)"),
-        )?;
-        let per_iteration = |f: fn(&Stats) -> u64| {
-            let all = full.stats.as_ref().map_or(0, f);
-            let before = baseline.stats.as_ref().map_or(0, f);
-            all.saturating_sub(before) / u64::from(args.iterations - baseline_iterations)
-        };
-        runs.push(ManagedRun {
-            policy,
-            step_ns: trace_time(median(&steps(&full.json))),
-            predicted,
-            // Scaled back to the trace's sizes.
-            bytes_h2d: per_iteration(|s| s.bytes_to_device) * scale,
-            bytes_d2h: per_iteration(|s| s.bytes_to_host) * scale,
-            stall_ns: trace_time(per_iteration(|s| s.stall_ns)),
-            verified,
-            stamps_checked,
-            failure: None,
-        });
-    }
+    let (native_step_ns, native) = session.native(&trace)?;
+    let runs = predict(&analysis, &policies, budget, &cost)
+        .into_iter()
+        .map(|(policy, predicted)| session.managed(policy, predicted))
+        .collect::<Result<Vec<_>, _>>()?;
 
     if args.json {
         let doc = json!({
@@ -576,25 +644,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             "scale": scale,
             "budget_bytes": budget,
             "native_step_ns": native_step_ns,
-            "native_stamps_checked": native.json["stamps_checked"].as_u64().unwrap_or(0),
+            "native_stamps_checked": native["stamps_checked"].as_u64().unwrap_or(0),
             "compute_ns": analysis.cycle.compute_ns(),
             "device": if gpu { "gpu" } else { "simulated" },
-            "runs": runs.iter().map(|r| json!({
-                "policy": policy_name(r.policy),
-                "step_ns": r.step_ns,
-                "predicted_ns": r.predicted.map(|p| p.step_ns),
-                "predicted": r.predicted.map(|p| json!({
-                    "bytes_h2d": p.bytes_h2d,
-                    "bytes_d2h": p.bytes_d2h,
-                    "stall_ns": p.stall_ns,
-                })),
-                "bytes_h2d": r.bytes_h2d,
-                "bytes_d2h": r.bytes_d2h,
-                "stall_ns": r.stall_ns,
-                "verified": r.verified,
-                "stamps_checked": r.stamps_checked,
-                "failure": r.failure,
-            })).collect::<Vec<_>>(),
+            "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
         });
         println!(
             "{}",
@@ -603,14 +656,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     } else {
         print!(
             "{}",
-            human(
-                &args,
-                &analysis,
-                budget,
-                native_step_ns,
-                &native.json,
-                &runs
-            )
+            human(&args, &analysis, budget, native_step_ns, &native, &runs)
         );
     }
     let failures: Vec<String> = runs
@@ -628,6 +674,25 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     }
 }
 
+fn run_json(r: &ManagedRun) -> Value {
+    json!({
+        "policy": policy_name(r.policy),
+        "step_ns": r.step_ns,
+        "predicted_ns": r.predicted.map(|p| p.step_ns),
+        "predicted": r.predicted.map(|p| json!({
+            "bytes_h2d": p.bytes_h2d,
+            "bytes_d2h": p.bytes_d2h,
+            "stall_ns": p.stall_ns,
+        })),
+        "bytes_h2d": r.bytes_h2d,
+        "bytes_d2h": r.bytes_d2h,
+        "stall_ns": r.stall_ns,
+        "verified": r.verified,
+        "stamps_checked": r.stamps_checked,
+        "failure": r.failure,
+    })
+}
+
 fn steps(json: &Value) -> Vec<u64> {
     json["steps_ns"]
         .as_array()
@@ -637,7 +702,7 @@ fn steps(json: &Value) -> Vec<u64> {
 
 fn human(
     args: &RerunArgs,
-    analysis: &tensile_analyzer::Analysis,
+    analysis: &Analysis,
     budget: u64,
     native_step_ns: u64,
     native: &Value,
