@@ -367,6 +367,9 @@ struct ManagedRun {
     verified: bool,
     stamps_checked: u64,
     failure: Option<String>,
+    /// Bytes each way over the whole managed run (prologue, N iterations, final check), at
+    /// the trace's sizes.
+    run_bytes: (u64, u64),
 }
 
 /// What every run of one `tensile rerun` shares: where things are, how it is scaled, and the
@@ -472,6 +475,7 @@ impl Session {
                 stall_ns: 0,
                 verified: false,
                 stamps_checked,
+                run_bytes: (0, 0),
                 failure: Some(
                     full.json["message"]
                         .as_str()
@@ -509,6 +513,10 @@ impl Session {
             verified: true,
             stamps_checked,
             failure: None,
+            run_bytes: (
+                full.stats.as_ref().map_or(0, |s| s.bytes_to_device) * self.scale,
+                full.stats.as_ref().map_or(0, |s| s.bytes_to_host) * self.scale,
+            ),
         })
     }
 }
@@ -690,6 +698,8 @@ fn run_json(r: &ManagedRun) -> Value {
         "verified": r.verified,
         "stamps_checked": r.stamps_checked,
         "failure": r.failure,
+        "run_bytes_h2d": r.run_bytes.0,
+        "run_bytes_d2h": r.run_bytes.1,
     })
 }
 
