@@ -247,3 +247,43 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
     assert!(doc["native_step_ns"].as_u64() > Some(0));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_native_trace_of_a_two_stream_workload_reruns_verified() {
+    // wl_train: per layer parameters, gradient, momentum and a kept activation; forward and
+    // backward on one stream, the optimizer on another, ordered by events.
+    let path = tensile_tests::harness::temp_trace("rerun-native");
+    tensile_tests::harness::Run::new(env!("CARGO_BIN_EXE_wl_train"))
+        .arg("proc:13000:0")
+        .arg("6")
+        .arg("1024")
+        .arg("6")
+        .trace(&path)
+        .output()
+        .assert_ok("wl_train traced");
+    let out = rerun(
+        &[
+            path.to_str().unwrap(),
+            "--simulated",
+            "--json",
+            "--iterations",
+            "3",
+            "--budget",
+            "50%",
+            "--policy",
+            "lru",
+        ],
+        &[("TENSILE_SIM_JITTER_US", "100")],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let doc = json(&out);
+    check_contract(&doc, &out);
+    let run = &doc["runs"][0];
+    assert_eq!(run["verified"], true, "{}", text(&out));
+    assert!(run["stamps_checked"].as_u64() > Some(100), "{run}");
+    assert!(
+        run["run_bytes_d2h"].as_u64() > Some(0),
+        "no swapping: {run}"
+    );
+    let _ = std::fs::remove_file(&path);
+}

@@ -599,7 +599,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot write {}: {e}", script_path.display()))?;
     eprintln!(
         "tensile rerun: {} on {}: prologue of {} steps, then {} iterations of {} ops ({} \
-         stand-in launches each)",
+         stand-in launches each) on {} stream(s) besides the legacy default stream",
         args.trace.display(),
         if gpu {
             "this machine's GPU"
@@ -609,7 +609,8 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         script.prologue.len(),
         args.iterations,
         analysis.cycle.len(),
-        script.kernels_per_iteration()
+        script.kernels_per_iteration(),
+        script.streams
     );
     if scale > 1 {
         eprintln!(
