@@ -186,8 +186,7 @@ fn two_stream_trace() -> String {
     out += &format!("A {} 0x1 {act} 7f0000400000 2097152\n", tick());
     out += &format!("A {} 0x2 {grad} 7f0000600000 2097152\n", tick());
     let mut seq = 0;
-    let mut next_id = 10;
-    for _ in 0..8 {
+    for step in 0..8u64 {
         let mut launch = |out: &mut String, kernel: u32, stream: &str, touches: &[u64], ns: u64| {
             seq += 1;
             let ids: Vec<String> = touches
@@ -203,8 +202,7 @@ fn two_stream_trace() -> String {
         };
         launch(&mut out, 1, "0x1", &[params, act], 400_000);
         launch(&mut out, 2, "0x2", &[params, act, grad], 300_000);
-        let tmp = next_id;
-        next_id += 1;
+        let tmp = 10 + step;
         out += &format!("A {} 0x2 {tmp} 7f0000800000 8388608\n", tick());
         launch(&mut out, 3, "0x2", &[grad, tmp], 200_000);
         out += &format!("F {} 0x2 {tmp}\n", tick());
