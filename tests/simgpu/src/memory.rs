@@ -532,13 +532,59 @@ fn find(inner: &Inner, addr: u64) -> Option<&Region> {
         .filter(|r| addr < r.end())
 }
 
+thread_local! {
+    /// Bytes of host-located memory a kernel on this thread touched, while counting.
+    static HOST_ACCESS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+impl AddressSpace {
+    /// Runs `kernel` (a twin, accessing memory through [`DeviceMemory`]) and returns what it
+    /// returned with the bytes it read or wrote in host-located memory.
+    pub fn counting_host_access<R>(&self, kernel: impl FnOnce() -> R) -> (R, u64) {
+        HOST_ACCESS.with(|c| c.set(Some(0)));
+        let result = kernel();
+        let bytes = HOST_ACCESS.with(|c| c.take()).unwrap_or(0);
+        (result, bytes)
+    }
+
+    /// Adds the host-located bytes of `[addr, addr + len)` to this thread's count, if counting.
+    fn note_kernel_access(&self, addr: u64, len: u64) {
+        if HOST_ACCESS.with(|c| c.get()).is_none() {
+            return;
+        }
+        let inner = self.read_lock();
+        let end = addr.saturating_add(len);
+        let mut cursor = addr;
+        let mut host = 0;
+        while cursor < end {
+            let Some(r) = find(&inner, cursor) else { break };
+            let upto = r.end().min(end);
+            let on_host = match r.kind {
+                RegionKind::HostPinned { .. } | RegionKind::HostRegistered => true,
+                RegionKind::Mapped { handle, .. } => inner
+                    .physical
+                    .get(&handle)
+                    .is_some_and(|p| p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE),
+                RegionKind::Linear { .. } => false,
+            };
+            if on_host {
+                host += upto - cursor;
+            }
+            cursor = upto;
+        }
+        HOST_ACCESS.with(|c| c.set(c.get().map(|n| n + host)));
+    }
+}
+
 impl DeviceMemory for AddressSpace {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.note_kernel_access(addr, buf.len() as u64);
         // SAFETY: `buf` is valid for writes of its length.
         unsafe { self.read_to_host(addr, buf.as_mut_ptr(), buf.len()) }
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.note_kernel_access(addr, data.len() as u64);
         // SAFETY: `data` is valid for reads of its length.
         unsafe { self.write_from_host(addr, data.as_ptr(), data.len()) }
     }

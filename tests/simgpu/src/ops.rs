@@ -3,11 +3,13 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tensile_driver_abi::*;
 use tensile_kernels::twins::TwinFn;
 use tensile_kernels::{Dim3, Fault, Launch, TwinError};
 
+use crate::card::{self, Direction};
 use crate::config;
 use crate::event::Event;
 use crate::memory::{AddressSpace, HostPtr};
@@ -48,6 +50,8 @@ pub enum Op {
         grid: Dim3,
         block: Dim3,
         params: Vec<u8>,
+        /// The GPU time this launch stands for, from its parameters (`None`: the setting).
+        modelled: Option<Duration>,
     },
     Copy {
         dst: Side,
@@ -148,20 +152,31 @@ impl Op {
                 grid,
                 block,
                 params,
+                modelled,
             } => {
-                // The modelled duration passes before the twin runs, so a kernel's reads and
-                // writes happen at its end: work that races ahead of it sees stale data, which
-                // is how ordering bugs become visible.
-                let d = config::kernel_duration();
+                // The modelled duration passes (on the compute engine, shared by all streams)
+                // before the twin runs, so a kernel's reads and writes happen at its end: work
+                // that races ahead of it sees stale data, which is how ordering bugs become
+                // visible.
+                let d = modelled.unwrap_or_else(config::kernel_duration);
                 if !d.is_zero() {
-                    std::thread::sleep(d);
+                    card::sleep_until(card::reserve_kernel(d));
                 }
                 let launch = Launch {
                     grid,
                     block,
                     params: &params,
                 };
-                let result = run(&launch, space);
+                let (result, host_bytes) = space.counting_host_access(|| run(&launch, space));
+                if host_bytes > 0 {
+                    // Host-located memory is read over the bus: the kernel lasts that much
+                    // longer (its effects are already visible; the bytes are only known once
+                    // it ran).
+                    let over_bus = card::host_access(host_bytes);
+                    if !over_bus.is_zero() {
+                        card::sleep_until(card::reserve_kernel(over_bus));
+                    }
+                }
                 match result {
                     Ok(()) => {}
                     Err(TwinError::Fault(f)) => {
@@ -176,18 +191,26 @@ impl Op {
                 }
             }
             Op::Copy { dst, src, len } => {
-                model_transfer(len);
+                model_transfer(space, dst, src, len);
                 // SAFETY: host pointers were given by the application for this copy.
                 unsafe { copy(space, dst, src, len)? };
             }
             Op::Upload { dst, data } => {
-                model_transfer(data.len() as u64);
+                // Staged from pageable memory when it was queued: pageable speed.
                 let src = Side::Host(HostPtr(data.as_ptr() as usize));
+                let end = match classify(space, dst, src) {
+                    Path::Bus(direction, _) => {
+                        card::reserve_copy(direction, data.len() as u64, true)
+                    }
+                    Path::Device => card::device_transfer_end(data.len() as u64),
+                    Path::Host => card::now_ns(),
+                };
+                card::sleep_until(end);
                 // SAFETY: `src` is our own staging buffer of `data.len()` bytes.
                 unsafe { copy(space, dst, src, data.len() as u64)? };
             }
             Op::Copy2D(c) => {
-                model_transfer(c.width * c.height);
+                model_transfer(space, c.dst, c.src, c.width * c.height);
                 for row in 0..c.height {
                     let (d, s) = (
                         c.dst.offset(row * c.dst_pitch),
@@ -202,7 +225,7 @@ impl Op {
                 pattern,
                 count,
             } => {
-                model_transfer(count * pattern.len() as u64);
+                card::sleep_until(card::device_transfer_end(count * pattern.len() as u64));
                 space
                     .fill(dst, &pattern, count)
                     .map_err(|f| fault(space, "memset", f))?;
@@ -214,7 +237,9 @@ impl Op {
                 width,
                 height,
             } => {
-                model_transfer(width * height * pattern.len() as u64);
+                card::sleep_until(card::device_transfer_end(
+                    width * height * pattern.len() as u64,
+                ));
                 for row in 0..height {
                     space
                         .fill(dst + row * pitch, &pattern, width)
@@ -231,10 +256,77 @@ impl Op {
     }
 }
 
-/// Like kernels, transfers take effect at their end (see `Op::Kernel`).
-fn model_transfer(bytes: u64) {
-    let d = config::copy_duration(bytes);
-    if !d.is_zero() {
-        std::thread::sleep(d);
+/// Which way a copy goes: over the bus (and whether its host side is pageable), within the
+/// device, or host to host.
+enum Path {
+    Bus(Direction, bool),
+    Device,
+    Host,
+}
+
+fn classify(space: &AddressSpace, dst: Side, src: Side) -> Path {
+    // A `Side::Device` address may still be host memory (pinned memory through its device
+    // pointer, a range mapped to a host allocation): where the bytes live decides.
+    let on_device = |side: Side| match side {
+        Side::Device(a) => space.is_device_memory(a),
+        Side::Host(_) => false,
+    };
+    let pageable = |side: Side| match side {
+        Side::Host(HostPtr(p)) => space.region_of(p as u64).is_none(),
+        Side::Device(_) => false,
+    };
+    match (on_device(dst), on_device(src)) {
+        (true, true) => Path::Device,
+        (true, false) => Path::Bus(Direction::ToDevice, pageable(src)),
+        (false, true) => Path::Bus(Direction::ToHost, pageable(dst)),
+        (false, false) => Path::Host,
+    }
+}
+
+/// Like kernels, transfers take effect at their end (see `Op::Kernel`): waits until the copy's
+/// interval on its engine has passed.
+fn model_transfer(space: &AddressSpace, dst: Side, src: Side, bytes: u64) {
+    let end = match classify(space, dst, src) {
+        Path::Bus(direction, pageable) => card::reserve_copy(direction, bytes, pageable),
+        Path::Device => card::device_transfer_end(bytes),
+        Path::Host => return,
+    };
+    card::sleep_until(end);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn nothing(_: &Launch<'_>, _: &dyn tensile_kernels::DeviceMemory) -> Result<(), TwinError> {
+        Ok(())
+    }
+
+    fn kernel(modelled: Option<Duration>) -> Op {
+        Op::Kernel {
+            name: "nothing".into(),
+            run: nothing,
+            grid: Dim3::new(1, 1, 1),
+            block: Dim3::new(1, 1, 1),
+            params: Vec::new(),
+            modelled,
+        }
+    }
+
+    #[test]
+    fn a_launch_with_its_own_modelled_duration_takes_it_instead_of_the_setting() {
+        let space = AddressSpace::new(1 << 20);
+        // The setting is 0 (never set in this binary's unit tests).
+        assert_eq!(config::kernel_duration(), Duration::ZERO);
+        let start = Instant::now();
+        assert!(kernel(None).execute(&space, false).is_ok());
+        let plain = start.elapsed();
+        let d = Duration::from_millis(60);
+        let start = Instant::now();
+        assert!(kernel(Some(d)).execute(&space, false).is_ok());
+        let modelled = start.elapsed();
+        assert!(modelled >= d, "{modelled:?}");
+        assert!(plain < d / 2, "{plain:?}");
     }
 }
