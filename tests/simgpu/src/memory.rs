@@ -60,6 +60,9 @@ pub enum RegionKind {
     /// `cuMemAlloc*` / stream-ordered allocations. `pool` is the memory pool of a
     /// stream-ordered allocation; `free_queued` is set once `cuMemFreeAsync` has been called.
     Linear {
+        /// `cuMemAllocManaged`: usable by the host as well (here it always is), not charged
+        /// to the device (managed memory may exceed it).
+        managed: bool,
         mapped_len: u64,
         charged: u64,
         pool: Option<usize>,
@@ -218,6 +221,7 @@ impl AddressSpace {
         // The guard page stays mapped (so nothing else lands there) but unreadable.
         let _ = os::protect(start + rounded, PAGE, libc::PROT_NONE);
         let kind = RegionKind::Linear {
+            managed: false,
             mapped_len,
             charged,
             pool,
@@ -232,6 +236,28 @@ impl AddressSpace {
         };
         inner.regions.insert(start, region);
         Ok((start, charged))
+    }
+
+    /// `cuMemAllocManaged`: linear memory the host may use too, not charged to the device.
+    pub fn alloc_managed(&self, size: u64, ctx: usize) -> Result<u64, CUresult> {
+        let (start, _) = self.alloc_linear(size, ctx, None, false)?;
+        if let Some(Region {
+            kind: RegionKind::Linear { managed, .. },
+            ..
+        }) = self.write_lock().regions.get_mut(&start)
+        {
+            *managed = true;
+        }
+        Ok(start)
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one managed allocation.
+    pub fn is_managed(&self, addr: u64, len: u64) -> bool {
+        let inner = self.read_lock();
+        find(&inner, addr).is_some_and(|r| {
+            matches!(r.kind, RegionKind::Linear { managed: true, .. })
+                && addr.checked_add(len).is_some_and(|end| end <= r.end())
+        })
     }
 
     /// Marks a linear allocation as about to be freed by a queued `cuMemFreeAsync`, so a second
@@ -265,6 +291,7 @@ impl AddressSpace {
                         charged,
                         pool,
                         free_queued,
+                        ..
                     },
                 ..
             }) if *free_queued == queued => (*mapped_len, *charged, *pool),
