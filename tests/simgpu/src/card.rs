@@ -4,10 +4,13 @@
 //! [`config::kernel_concurrency`], default 1), one host-to-device copy engine and one
 //! device-to-host copy engine, shared by every stream of the process. Each is a *busy-until*
 //! time on the `CLOCK_MONOTONIC` clock. A stream worker that executes an operation first
-//! reserves its interval on the engine it needs (it starts when the engine is free, or now,
-//! whichever is later, and lasts as long as the bandwidths of [`config::Rates`] say), sleeps
-//! until the interval's end, and only then applies the operation's effect, so work that races
-//! ahead of it sees the old data, as on a card.
+//! reserves its interval on the engine it needs (it starts when the engine is free, or when the
+//! operation is ready, whichever is later, and lasts as long as the bandwidths of
+//! [`config::Rates`] say), sleeps until the interval's end, and only then applies the
+//! operation's effect, so work that races ahead of it sees the old data, as on a card. An
+//! operation is ready when it was queued, the one before it on its stream ended and what it
+//! waits for ended (`stream.rs`), all on this clock: the simulator's own cost per operation
+//! does not accumulate as long as the modelled durations leave room for it.
 //!
 //! - Two copies in one direction take turns: two 64 MiB uploads on two streams take twice as
 //!   long as one.
@@ -94,24 +97,24 @@ fn transfer_ns(bytes: u64, bps: u64) -> u64 {
     }
 }
 
-/// Reserves `duration` on the first kernel slot to come free; returns the end.
-pub fn reserve_kernel(duration: Duration) -> u64 {
+/// Reserves `duration` on the first kernel slot to come free, from `ready` at the earliest;
+/// returns the end.
+pub fn reserve_kernel(duration: Duration, ready: u64) -> u64 {
     let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX / 4);
-    let now = now_ns();
     let slots = (config::kernel_concurrency() as usize).clamp(1, MAX_KERNEL_SLOTS);
     let mut e = engines();
     let slot = e.compute[..slots]
         .iter_mut()
         .min()
         .expect("at least one kernel slot");
-    let end = (*slot).max(now) + ns;
+    let end = (*slot).max(ready) + ns;
     *slot = end;
     end
 }
 
-/// Reserves a copy of `bytes` between the host and the device; `pageable`: the host side is
-/// pageable memory (staged by the driver). Returns the end.
-pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool) -> u64 {
+/// Reserves a copy of `bytes` between the host and the device, from `ready` at the earliest;
+/// `pageable`: the host side is pageable memory (staged by the driver). Returns the end.
+pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool, ready: u64) -> u64 {
     let rates = config::rates();
     let (own_rate, other_rate) = match direction {
         Direction::ToDevice => (rates.to_device, rates.to_host),
@@ -126,13 +129,12 @@ pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool) -> u64 {
     } else {
         own_rate
     };
-    let now = now_ns();
     let mut e = engines();
     let (own, other) = match direction {
         Direction::ToDevice => (e.to_device, e.to_host),
         Direction::ToHost => (e.to_host, e.to_device),
     };
-    let start = own.max(now);
+    let start = own.max(ready);
     let end = if own_rate == 0 {
         start
     } else {
@@ -154,10 +156,10 @@ pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool) -> u64 {
     end
 }
 
-/// The end of a copy or memset of `bytes` within device memory, starting now (device
+/// The end of a copy or memset of `bytes` within device memory, starting at `ready` (device
 /// bandwidth is not a queue here: streams copying on the device at once each get it whole).
-pub fn device_transfer_end(bytes: u64) -> u64 {
-    now_ns() + transfer_ns(bytes, config::rates().device)
+pub fn device_transfer_end(bytes: u64, ready: u64) -> u64 {
+    ready + transfer_ns(bytes, config::rates().device)
 }
 
 /// Counts `bytes` a kernel read or wrote in host-located memory and returns how long they

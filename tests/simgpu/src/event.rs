@@ -13,6 +13,9 @@ struct EventState {
     completed: u64,
     /// When the latest completed generation completed.
     at: Option<Instant>,
+    /// When the work before the latest completed record ended on the card's clock
+    /// (`card::now_ns`), for work that waits on this event.
+    virtual_ns: u64,
     /// The capture sequence the latest record was captured into (instead of issued).
     captured_in: Option<u64>,
 }
@@ -57,12 +60,23 @@ impl Event {
 
     /// The stream reached record `generation`.
     pub fn complete(&self, generation: u64) {
+        self.complete_at(generation, crate::card::now_ns());
+    }
+
+    /// Completes `generation`, recorded when the work before it ended at `virtual_ns`.
+    pub fn complete_at(&self, generation: u64, virtual_ns: u64) {
         let mut s = self.lock();
         if generation > s.completed {
             s.completed = generation;
             s.at = Some(Instant::now());
+            s.virtual_ns = virtual_ns;
         }
         self.cv.notify_all();
+    }
+
+    /// When the work before the latest completed record ended, on the card's clock.
+    pub fn virtual_time(&self) -> u64 {
+        self.lock().virtual_ns
     }
 
     /// The generation a wait issued now must wait for (0: never recorded, nothing to wait).

@@ -132,11 +132,13 @@ unsafe fn copy(space: &AddressSpace, dst: Side, src: Side, len: u64) -> Result<(
 }
 
 impl Op {
-    /// Runs the operation. `broken`: the context already has a sticky error, so only the
-    /// bookkeeping that keeps waiters from hanging (event records, frees) is done.
-    pub fn execute(self, space: &AddressSpace, broken: bool) -> Result<(), OpFailure> {
+    /// Runs the operation, which is ready at `ready` on the card's clock (see `card.rs`);
+    /// returns when it ended on that clock. `broken`: the context already has a sticky error,
+    /// so only the bookkeeping that keeps waiters from hanging (event records, frees) is done.
+    pub fn execute(self, space: &AddressSpace, broken: bool, ready: u64) -> Result<u64, OpFailure> {
+        let mut end = ready;
         match self {
-            Op::Record(ev, generation) => ev.complete(generation),
+            Op::Record(ev, generation) => ev.complete_at(generation, ready),
             Op::Free { addr, pool } => {
                 if let Ok((bytes, _)) = space.free_linear(addr, true) {
                     if let Some(p) = pool {
@@ -160,7 +162,8 @@ impl Op {
                 // visible.
                 let d = modelled.unwrap_or_else(config::kernel_duration);
                 if !d.is_zero() {
-                    card::sleep_until(card::reserve_kernel(d));
+                    end = card::reserve_kernel(d, end);
+                    card::sleep_until(end);
                 }
                 let launch = Launch {
                     grid,
@@ -174,7 +177,8 @@ impl Op {
                     // it ran).
                     let over_bus = card::host_access(host_bytes);
                     if !over_bus.is_zero() {
-                        card::sleep_until(card::reserve_kernel(over_bus));
+                        end = card::reserve_kernel(over_bus, end);
+                        card::sleep_until(end);
                     }
                 }
                 match result {
@@ -191,26 +195,26 @@ impl Op {
                 }
             }
             Op::Copy { dst, src, len } => {
-                model_transfer(space, dst, src, len);
+                end = model_transfer(space, dst, src, len, ready);
                 // SAFETY: host pointers were given by the application for this copy.
                 unsafe { copy(space, dst, src, len)? };
             }
             Op::Upload { dst, data } => {
                 // Staged from pageable memory when it was queued: pageable speed.
                 let src = Side::Host(HostPtr(data.as_ptr() as usize));
-                let end = match classify(space, dst, src) {
+                end = match classify(space, dst, src) {
                     Path::Bus(direction, _) => {
-                        card::reserve_copy(direction, data.len() as u64, true)
+                        card::reserve_copy(direction, data.len() as u64, true, ready)
                     }
-                    Path::Device => card::device_transfer_end(data.len() as u64),
-                    Path::Host => card::now_ns(),
+                    Path::Device => card::device_transfer_end(data.len() as u64, ready),
+                    Path::Host => ready,
                 };
                 card::sleep_until(end);
                 // SAFETY: `src` is our own staging buffer of `data.len()` bytes.
                 unsafe { copy(space, dst, src, data.len() as u64)? };
             }
             Op::Copy2D(c) => {
-                model_transfer(space, c.dst, c.src, c.width * c.height);
+                end = model_transfer(space, c.dst, c.src, c.width * c.height, ready);
                 for row in 0..c.height {
                     let (d, s) = (
                         c.dst.offset(row * c.dst_pitch),
@@ -225,7 +229,8 @@ impl Op {
                 pattern,
                 count,
             } => {
-                card::sleep_until(card::device_transfer_end(count * pattern.len() as u64));
+                end = card::device_transfer_end(count * pattern.len() as u64, ready);
+                card::sleep_until(end);
                 space
                     .fill(dst, &pattern, count)
                     .map_err(|f| fault(space, "memset", f))?;
@@ -237,9 +242,8 @@ impl Op {
                 width,
                 height,
             } => {
-                card::sleep_until(card::device_transfer_end(
-                    width * height * pattern.len() as u64,
-                ));
+                end = card::device_transfer_end(width * height * pattern.len() as u64, ready);
+                card::sleep_until(end);
                 for row in 0..height {
                     space
                         .fill(dst + row * pitch, &pattern, width)
@@ -250,9 +254,11 @@ impl Op {
                 // SAFETY: the application gave this function and its argument to be called
                 // exactly so, once, in stream order.
                 unsafe { f(data as *mut c_void) };
+                // It ran on the host: the stream goes on from when it returned.
+                end = end.max(card::now_ns());
             }
         }
-        Ok(())
+        Ok(end)
     }
 }
 
@@ -284,14 +290,15 @@ fn classify(space: &AddressSpace, dst: Side, src: Side) -> Path {
 }
 
 /// Like kernels, transfers take effect at their end (see `Op::Kernel`): waits until the copy's
-/// interval on its engine has passed.
-fn model_transfer(space: &AddressSpace, dst: Side, src: Side, bytes: u64) {
+/// interval on its engine has passed; returns its end.
+fn model_transfer(space: &AddressSpace, dst: Side, src: Side, bytes: u64, ready: u64) -> u64 {
     let end = match classify(space, dst, src) {
-        Path::Bus(direction, pageable) => card::reserve_copy(direction, bytes, pageable),
-        Path::Device => card::device_transfer_end(bytes),
-        Path::Host => return,
+        Path::Bus(direction, pageable) => card::reserve_copy(direction, bytes, pageable, ready),
+        Path::Device => card::device_transfer_end(bytes, ready),
+        Path::Host => return ready,
     };
     card::sleep_until(end);
+    end
 }
 
 #[cfg(test)]
@@ -302,6 +309,9 @@ mod tests {
     fn nothing(_: &Launch<'_>, _: &dyn tensile_kernels::DeviceMemory) -> Result<(), TwinError> {
         Ok(())
     }
+
+    /// The unit tests share the process's card: one at a time.
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
     fn kernel(modelled: Option<Duration>) -> Op {
         Op::Kernel {
@@ -316,17 +326,32 @@ mod tests {
 
     #[test]
     fn a_launch_with_its_own_modelled_duration_takes_it_instead_of_the_setting() {
+        let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        card::reset();
         let space = AddressSpace::new(1 << 20);
         // The setting is 0 (never set in this binary's unit tests).
         assert_eq!(config::kernel_duration(), Duration::ZERO);
-        let start = Instant::now();
-        assert!(kernel(None).execute(&space, false).is_ok());
-        let plain = start.elapsed();
+        let ready = card::now_ns();
+        let end = kernel(None).execute(&space, false, ready).ok().unwrap();
+        assert_eq!(end, ready);
         let d = Duration::from_millis(60);
+        let (ready, start) = (card::now_ns(), Instant::now());
+        let end = kernel(Some(d)).execute(&space, false, ready).ok().unwrap();
+        assert!(start.elapsed() >= d, "{:?}", start.elapsed());
+        assert!(end >= ready + 60_000_000, "{end} {ready}");
+    }
+
+    #[test]
+    fn a_kernel_runs_from_when_it_was_ready_not_from_when_its_worker_got_to_it() {
+        let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        card::reset();
+        let space = AddressSpace::new(1 << 20);
+        let d = Duration::from_millis(80);
+        // Ready 80 ms ago (its worker was busy with the simulator's own work): it ends at once.
+        let ready = card::now_ns() - 80_000_000;
         let start = Instant::now();
-        assert!(kernel(Some(d)).execute(&space, false).is_ok());
-        let modelled = start.elapsed();
-        assert!(modelled >= d, "{modelled:?}");
-        assert!(plain < d / 2, "{plain:?}");
+        let end = kernel(Some(d)).execute(&space, false, ready).ok().unwrap();
+        assert!(start.elapsed() < d / 2, "{:?}", start.elapsed());
+        assert!(end >= ready + 80_000_000);
     }
 }

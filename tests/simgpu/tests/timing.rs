@@ -100,11 +100,11 @@ fn two_uploads_on_two_streams_take_twice_as_long_as_one() {
 
 #[test]
 fn copies_both_ways_overlap_up_to_the_duplex_cap() {
-    let rate = gbps(1.0);
+    let rate = gbps(0.25);
     let _turn = setup(Rates {
         to_device: rate,
         to_host: rate,
-        duplex: gbps(1.5),
+        duplex: gbps(0.375),
         ..Rates::UNLIMITED
     });
     let bytes = 32 * MIB;
@@ -129,10 +129,10 @@ fn copies_both_ways_overlap_up_to_the_duplex_cap() {
     ck(sync(s1));
     ck(sync(s2));
     let both = start.elapsed();
-    // The cap: 2 x 32 MiB at 1.5 GB/s at best; the model gives the later copy 0.5 GB/s while
-    // the first runs, then 1 GB/s: 1.5 x `one`.
+    // The cap: 2 x 32 MiB at 0.375 GB/s at best; the model gives the later copy 0.125 GB/s
+    // while the first runs, then 0.25 GB/s: 1.5 x `one`.
     assert!(
-        both >= secs(2 * bytes, gbps(1.5)),
+        both >= secs(2 * bytes, gbps(0.375)),
         "faster than the duplex cap allows: {both:?}"
     );
     assert!(
@@ -149,7 +149,7 @@ fn fill(p: CUdeviceptr, words: usize, stream: CUstream) {
 #[test]
 fn kernels_on_two_streams_take_turns_unless_concurrency_allows_more() {
     let _turn = setup(Rates::UNLIMITED);
-    let kernel = Duration::from_millis(100);
+    let kernel = Duration::from_millis(300);
     config::set_kernel_duration(kernel);
     let (x, y) = (alloc(4096), alloc(4096));
     let (s1, s2) = (
@@ -178,7 +178,7 @@ fn kernels_on_two_streams_take_turns_unless_concurrency_allows_more() {
 #[test]
 fn a_kernel_touching_host_memory_pays_for_the_bytes_and_they_are_counted() {
     let _turn = setup(Rates::UNLIMITED);
-    let bytes = MIB;
+    let bytes = MIB / 4;
     let s = new_stream(CU_STREAM_NON_BLOCKING);
     let on_device = alloc(bytes);
     // Pinned host memory through its device pointer (zero-copy).
@@ -191,7 +191,7 @@ fn a_kernel_touching_host_memory_pays_for_the_bytes_and_they_are_counted() {
         fill(p, bytes / 4, s);
     }
     ck(sync(s));
-    let rate = gbps(0.005);
+    let rate = gbps(0.0005);
     config::set_rates(Rates {
         host_access: rate,
         ..Rates::UNLIMITED
@@ -208,8 +208,10 @@ fn a_kernel_touching_host_memory_pays_for_the_bytes_and_they_are_counted() {
     assert_eq!(host_bytes, bytes as u64);
     let bus = secs(bytes, rate);
     assert!(host_time >= bus, "{host_time:?} < {bus:?}");
+    // The kernel's own run overlaps the bus time (both count from when it was ready), so
+    // compare with the bus time alone.
     assert!(
-        host_time > device_time + bus / 2,
+        device_time < bus / 2,
         "host {host_time:?}, device {device_time:?}, bus {bus:?}"
     );
     // SAFETY: the words were written by the kernel, which has finished.
