@@ -3,7 +3,6 @@
 //! the record current at the time of the call.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Instant;
 
 #[derive(Debug, Default)]
 struct EventState {
@@ -11,10 +10,9 @@ struct EventState {
     recorded: u64,
     /// Latest generation the stream has reached.
     completed: u64,
-    /// When the latest completed generation completed.
-    at: Option<Instant>,
     /// When the work before the latest completed record ended on the card's clock
-    /// (`card::now_ns`), for work that waits on this event.
+    /// (`card::now_ns`): its timestamp for `cuEventElapsedTime`, and when work that waits on
+    /// it may start.
     virtual_ns: u64,
     /// The capture sequence the latest record was captured into (instead of issued).
     captured_in: Option<u64>,
@@ -68,7 +66,6 @@ impl Event {
         let mut s = self.lock();
         if generation > s.completed {
             s.completed = generation;
-            s.at = Some(Instant::now());
             s.virtual_ns = virtual_ns;
         }
         self.cv.notify_all();
@@ -105,12 +102,12 @@ impl Event {
     }
 
     /// (ever recorded, completion time of the latest record if it has completed).
-    pub fn timestamp(&self) -> (bool, Option<Instant>) {
+    pub fn timestamp(&self) -> (bool, Option<u64>) {
         let s = self.lock();
         (
             s.recorded > 0,
             if s.completed >= s.recorded {
-                s.at
+                Some(s.virtual_ns)
             } else {
                 None
             },
