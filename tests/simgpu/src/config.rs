@@ -2,9 +2,22 @@
 //!
 //! - `TENSILE_SIM_DEVICE_MEMORY`: device capacity (`268435456`, `256MiB`, `1GiB`, `1.5GiB`;
 //!   default 16 GiB).
-//! - `TENSILE_SIM_KERNEL_US`: modelled duration of every kernel in microseconds (default 0).
-//! - `TENSILE_SIM_COPY_GBPS`: modelled copy bandwidth in GB/s (10^9 bytes per second) for
-//!   copies and memsets (default: unlimited).
+//! - `TENSILE_SIM_KERNEL_US`: modelled duration of every kernel in microseconds (default 0). A
+//!   kernel whose twin reads its duration from its parameters (`Twin::modelled_duration`, the
+//!   stand-in kernel of `tensile rerun`) takes that instead.
+//! - `TENSILE_SIM_KERNEL_CONCURRENCY`: kernels that may run at once across all streams
+//!   (default 1: one compute engine, kernels of different streams take turns).
+//! - `TENSILE_SIM_TIMING`: `h100` times copies like the H100 of docs/GPU_FACTS.md: host to
+//!   device 55 GB/s, device to host 55 GB/s, both directions at once 92 GB/s in total, pageable
+//!   host memory 8 GB/s (staged), kernels reading or writing host-located memory 50 GB/s
+//!   (zero-copy over PCIe), copies and memsets on the device 1,500 GB/s. Unset or `off`:
+//!   every copy is instantaneous (the test suite's default). All bandwidths in GB/s (10^9
+//!   bytes per second); each can be set on its own, over either default:
+//!   `TENSILE_SIM_H2D_GBPS`, `TENSILE_SIM_D2H_GBPS`, `TENSILE_SIM_DUPLEX_GBPS` (both directions
+//!   together), `TENSILE_SIM_PAGEABLE_GBPS`, `TENSILE_SIM_HOST_ACCESS_GBPS`,
+//!   `TENSILE_SIM_DEVICE_GBPS`.
+//! - `TENSILE_SIM_COPY_GBPS`: one bandwidth for every copy and memset, either direction and on
+//!   the device (both directions together: twice it), before the settings above.
 //! - `TENSILE_SIM_JITTER_US`: each stream operation first waits a pseudo-random 0..N
 //!   microseconds (default 0), shuffling the interleaving of streams to shake out races.
 //!
@@ -16,8 +29,71 @@ use std::time::Duration;
 pub const DEFAULT_CAPACITY: u64 = 16 << 30;
 
 static KERNEL_NS: AtomicU64 = AtomicU64::new(0);
-/// Copy bandwidth in bytes per second; 0 = unlimited.
-static COPY_BPS: AtomicU64 = AtomicU64::new(0);
+static KERNEL_CONCURRENCY: AtomicU64 = AtomicU64::new(1);
+
+/// Bandwidths of the card's transfers in bytes per second; 0 = unlimited (instantaneous).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Rates {
+    /// Host to device, pinned host memory, alone on the bus.
+    pub to_device: u64,
+    /// Device to host, pinned host memory, alone on the bus.
+    pub to_host: u64,
+    /// Both directions at once, in total.
+    pub duplex: u64,
+    /// Either direction from or to pageable host memory (staged by the driver).
+    pub pageable: u64,
+    /// A kernel reading or writing host-located memory (zero-copy over the bus).
+    pub host_access: u64,
+    /// Copies and memsets within device memory.
+    pub device: u64,
+}
+
+const GB: f64 = 1e9;
+
+impl Rates {
+    /// No modelled time at all.
+    pub const UNLIMITED: Rates = Rates {
+        to_device: 0,
+        to_host: 0,
+        duplex: 0,
+        pageable: 0,
+        host_access: 0,
+        device: 0,
+    };
+
+    /// The H100 of docs/GPU_FACTS.md.
+    pub const H100: Rates = Rates {
+        to_device: 55_000_000_000,
+        to_host: 55_000_000_000,
+        duplex: 92_000_000_000,
+        pageable: 8_000_000_000,
+        host_access: 50_000_000_000,
+        device: 1_500_000_000_000,
+    };
+
+    /// Every copy and memset at `gbps`, both directions together at twice it (what
+    /// `TENSILE_SIM_COPY_GBPS` sets).
+    pub fn uniform(gbps: f64) -> Rates {
+        let bps = (gbps * GB) as u64;
+        Rates {
+            to_device: bps,
+            to_host: bps,
+            duplex: bps.saturating_mul(2),
+            pageable: bps,
+            host_access: bps,
+            device: bps,
+        }
+    }
+}
+
+static RATES: [AtomicU64; 6] = [
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+    AtomicU64::new(0),
+];
 static JITTER_US: AtomicU64 = AtomicU64::new(0);
 
 /// Parses a byte count with an optional binary (`KiB`, `MiB`, `GiB`, `TiB`) or decimal
@@ -62,13 +138,11 @@ fn env_or<T>(name: &str, default: T, parse: impl Fn(&str) -> Option<T>) -> T {
 pub fn load() -> u64 {
     let us = env_or("TENSILE_SIM_KERNEL_US", 0u64, |v| v.trim().parse().ok());
     set_kernel_duration(Duration::from_micros(us));
-    let gbps = env_or("TENSILE_SIM_COPY_GBPS", 0f64, |v| {
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|g| g.is_finite() && *g > 0.0)
+    let concurrency = env_or("TENSILE_SIM_KERNEL_CONCURRENCY", 1u64, |v| {
+        v.trim().parse().ok().filter(|&n| n > 0)
     });
-    set_copy_gbps(gbps);
+    set_kernel_concurrency(concurrency);
+    set_rates(rates_from_env());
     let jitter = env_or("TENSILE_SIM_JITTER_US", 0u64, |v| v.trim().parse().ok());
     JITTER_US.store(jitter, Ordering::Relaxed);
     env_or("TENSILE_SIM_DEVICE_MEMORY", DEFAULT_CAPACITY, parse_bytes)
@@ -86,17 +160,85 @@ pub fn kernel_duration() -> Duration {
     Duration::from_nanos(KERNEL_NS.load(Ordering::Relaxed))
 }
 
-/// Modelled copy bandwidth in GB/s; 0 = unlimited.
-pub fn set_copy_gbps(gbps: f64) {
-    COPY_BPS.store((gbps * 1e9) as u64, Ordering::Relaxed);
+/// The bandwidths the environment asks for (see the module doc).
+fn rates_from_env() -> Rates {
+    let gbps = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|g| g.is_finite() && *g > 0.0)
+    };
+    let mut rates = match std::env::var("TENSILE_SIM_TIMING") {
+        Ok(v) if v.trim().eq_ignore_ascii_case("h100") => Rates::H100,
+        Ok(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("off") => Rates::UNLIMITED,
+        Ok(v) => {
+            eprintln!("tensile-simgpu: TENSILE_SIM_TIMING={v:?} is not h100 or off; using off");
+            Rates::UNLIMITED
+        }
+        Err(_) => Rates::UNLIMITED,
+    };
+    if std::env::var_os("TENSILE_SIM_COPY_GBPS").is_some() {
+        rates = Rates::uniform(env_or("TENSILE_SIM_COPY_GBPS", 0.0, gbps));
+    }
+    let fields: [(&str, &mut u64); 6] = [
+        ("TENSILE_SIM_H2D_GBPS", &mut rates.to_device),
+        ("TENSILE_SIM_D2H_GBPS", &mut rates.to_host),
+        ("TENSILE_SIM_DUPLEX_GBPS", &mut rates.duplex),
+        ("TENSILE_SIM_PAGEABLE_GBPS", &mut rates.pageable),
+        ("TENSILE_SIM_HOST_ACCESS_GBPS", &mut rates.host_access),
+        ("TENSILE_SIM_DEVICE_GBPS", &mut rates.device),
+    ];
+    for (name, field) in fields {
+        if std::env::var_os(name).is_some() {
+            *field = (env_or(name, *field as f64 / GB, gbps) * GB) as u64;
+        }
+    }
+    rates
 }
 
-/// How long moving `bytes` takes at the modelled bandwidth.
-pub fn copy_duration(bytes: u64) -> Duration {
-    match COPY_BPS.load(Ordering::Relaxed) {
-        0 => Duration::ZERO,
-        bps => Duration::from_secs_f64(bytes as f64 / bps as f64),
+/// The card's bandwidths (tests may change them at run time).
+pub fn set_rates(rates: Rates) {
+    let values = [
+        rates.to_device,
+        rates.to_host,
+        rates.duplex,
+        rates.pageable,
+        rates.host_access,
+        rates.device,
+    ];
+    for (slot, v) in RATES.iter().zip(values) {
+        slot.store(v, Ordering::Relaxed);
     }
+}
+
+pub fn rates() -> Rates {
+    let v = |i: usize| RATES[i].load(Ordering::Relaxed);
+    Rates {
+        to_device: v(0),
+        to_host: v(1),
+        duplex: v(2),
+        pageable: v(3),
+        host_access: v(4),
+        device: v(5),
+    }
+}
+
+/// Every copy and memset at `gbps` (as `TENSILE_SIM_COPY_GBPS`); 0 = unlimited.
+pub fn set_copy_gbps(gbps: f64) {
+    set_rates(if gbps > 0.0 {
+        Rates::uniform(gbps)
+    } else {
+        Rates::UNLIMITED
+    });
+}
+
+/// Kernels that may run at once (at least 1).
+pub fn set_kernel_concurrency(n: u64) {
+    KERNEL_CONCURRENCY.store(n.max(1), Ordering::Relaxed);
+}
+
+pub fn kernel_concurrency() -> u64 {
+    KERNEL_CONCURRENCY.load(Ordering::Relaxed)
 }
 
 /// Maximum random delay before each stream operation.

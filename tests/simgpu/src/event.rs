@@ -3,7 +3,6 @@
 //! the record current at the time of the call.
 
 use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::Instant;
 
 #[derive(Debug, Default)]
 struct EventState {
@@ -11,8 +10,10 @@ struct EventState {
     recorded: u64,
     /// Latest generation the stream has reached.
     completed: u64,
-    /// When the latest completed generation completed.
-    at: Option<Instant>,
+    /// When the work before the latest completed record ended on the card's clock
+    /// (`card::now_ns`): its timestamp for `cuEventElapsedTime`, and when work that waits on
+    /// it may start.
+    virtual_ns: u64,
     /// The capture sequence the latest record was captured into (instead of issued).
     captured_in: Option<u64>,
 }
@@ -57,12 +58,22 @@ impl Event {
 
     /// The stream reached record `generation`.
     pub fn complete(&self, generation: u64) {
+        self.complete_at(generation, crate::card::now_ns());
+    }
+
+    /// Completes `generation`, recorded when the work before it ended at `virtual_ns`.
+    pub fn complete_at(&self, generation: u64, virtual_ns: u64) {
         let mut s = self.lock();
         if generation > s.completed {
             s.completed = generation;
-            s.at = Some(Instant::now());
+            s.virtual_ns = virtual_ns;
         }
         self.cv.notify_all();
+    }
+
+    /// When the work before the latest completed record ended, on the card's clock.
+    pub fn virtual_time(&self) -> u64 {
+        self.lock().virtual_ns
     }
 
     /// The generation a wait issued now must wait for (0: never recorded, nothing to wait).
@@ -91,12 +102,12 @@ impl Event {
     }
 
     /// (ever recorded, completion time of the latest record if it has completed).
-    pub fn timestamp(&self) -> (bool, Option<Instant>) {
+    pub fn timestamp(&self) -> (bool, Option<u64>) {
         let s = self.lock();
         (
             s.recorded > 0,
             if s.completed >= s.recorded {
-                s.at
+                Some(s.virtual_ns)
             } else {
                 None
             },

@@ -15,6 +15,7 @@
 
 pub mod api;
 pub mod capture;
+pub mod card;
 pub mod config;
 pub mod context;
 pub mod errors;

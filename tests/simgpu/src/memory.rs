@@ -60,6 +60,9 @@ pub enum RegionKind {
     /// `cuMemAlloc*` / stream-ordered allocations. `pool` is the memory pool of a
     /// stream-ordered allocation; `free_queued` is set once `cuMemFreeAsync` has been called.
     Linear {
+        /// `cuMemAllocManaged`: usable by the host as well (here it always is), not charged
+        /// to the device (managed memory may exceed it).
+        managed: bool,
         mapped_len: u64,
         charged: u64,
         pool: Option<usize>,
@@ -218,6 +221,7 @@ impl AddressSpace {
         // The guard page stays mapped (so nothing else lands there) but unreadable.
         let _ = os::protect(start + rounded, PAGE, libc::PROT_NONE);
         let kind = RegionKind::Linear {
+            managed: false,
             mapped_len,
             charged,
             pool,
@@ -232,6 +236,28 @@ impl AddressSpace {
         };
         inner.regions.insert(start, region);
         Ok((start, charged))
+    }
+
+    /// `cuMemAllocManaged`: linear memory the host may use too, not charged to the device.
+    pub fn alloc_managed(&self, size: u64, ctx: usize) -> Result<u64, CUresult> {
+        let (start, _) = self.alloc_linear(size, ctx, None, false)?;
+        if let Some(Region {
+            kind: RegionKind::Linear { managed, .. },
+            ..
+        }) = self.write_lock().regions.get_mut(&start)
+        {
+            *managed = true;
+        }
+        Ok(start)
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one managed allocation.
+    pub fn is_managed(&self, addr: u64, len: u64) -> bool {
+        let inner = self.read_lock();
+        find(&inner, addr).is_some_and(|r| {
+            matches!(r.kind, RegionKind::Linear { managed: true, .. })
+                && addr.checked_add(len).is_some_and(|end| end <= r.end())
+        })
     }
 
     /// Marks a linear allocation as about to be freed by a queued `cuMemFreeAsync`, so a second
@@ -265,6 +291,7 @@ impl AddressSpace {
                         charged,
                         pool,
                         free_queued,
+                        ..
                     },
                 ..
             }) if *free_queued == queued => (*mapped_len, *charged, *pool),
@@ -532,13 +559,59 @@ fn find(inner: &Inner, addr: u64) -> Option<&Region> {
         .filter(|r| addr < r.end())
 }
 
+thread_local! {
+    /// Bytes of host-located memory a kernel on this thread touched, while counting.
+    static HOST_ACCESS: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
+impl AddressSpace {
+    /// Runs `kernel` (a twin, accessing memory through [`DeviceMemory`]) and returns what it
+    /// returned with the bytes it read or wrote in host-located memory.
+    pub fn counting_host_access<R>(&self, kernel: impl FnOnce() -> R) -> (R, u64) {
+        HOST_ACCESS.with(|c| c.set(Some(0)));
+        let result = kernel();
+        let bytes = HOST_ACCESS.with(|c| c.take()).unwrap_or(0);
+        (result, bytes)
+    }
+
+    /// Adds the host-located bytes of `[addr, addr + len)` to this thread's count, if counting.
+    fn note_kernel_access(&self, addr: u64, len: u64) {
+        if HOST_ACCESS.with(|c| c.get()).is_none() {
+            return;
+        }
+        let inner = self.read_lock();
+        let end = addr.saturating_add(len);
+        let mut cursor = addr;
+        let mut host = 0;
+        while cursor < end {
+            let Some(r) = find(&inner, cursor) else { break };
+            let upto = r.end().min(end);
+            let on_host = match r.kind {
+                RegionKind::HostPinned { .. } | RegionKind::HostRegistered => true,
+                RegionKind::Mapped { handle, .. } => inner
+                    .physical
+                    .get(&handle)
+                    .is_some_and(|p| p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE),
+                RegionKind::Linear { .. } => false,
+            };
+            if on_host {
+                host += upto - cursor;
+            }
+            cursor = upto;
+        }
+        HOST_ACCESS.with(|c| c.set(c.get().map(|n| n + host)));
+    }
+}
+
 impl DeviceMemory for AddressSpace {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), Fault> {
+        self.note_kernel_access(addr, buf.len() as u64);
         // SAFETY: `buf` is valid for writes of its length.
         unsafe { self.read_to_host(addr, buf.as_mut_ptr(), buf.len()) }
     }
 
     fn write(&self, addr: u64, data: &[u8]) -> Result<(), Fault> {
+        self.note_kernel_access(addr, data.len() as u64);
         // SAFETY: `data` is valid for reads of its length.
         unsafe { self.write_from_host(addr, data.as_ptr(), data.len()) }
     }

@@ -3,11 +3,13 @@
 
 use std::ffi::c_void;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tensile_driver_abi::*;
 use tensile_kernels::twins::TwinFn;
 use tensile_kernels::{Dim3, Fault, Launch, TwinError};
 
+use crate::card::{self, Direction};
 use crate::config;
 use crate::event::Event;
 use crate::memory::{AddressSpace, HostPtr};
@@ -48,6 +50,8 @@ pub enum Op {
         grid: Dim3,
         block: Dim3,
         params: Vec<u8>,
+        /// The GPU time this launch stands for, from its parameters (`None`: the setting).
+        modelled: Option<Duration>,
     },
     Copy {
         dst: Side,
@@ -128,11 +132,13 @@ unsafe fn copy(space: &AddressSpace, dst: Side, src: Side, len: u64) -> Result<(
 }
 
 impl Op {
-    /// Runs the operation. `broken`: the context already has a sticky error, so only the
-    /// bookkeeping that keeps waiters from hanging (event records, frees) is done.
-    pub fn execute(self, space: &AddressSpace, broken: bool) -> Result<(), OpFailure> {
+    /// Runs the operation, which is ready at `ready` on the card's clock (see `card.rs`);
+    /// returns when it ended on that clock. `broken`: the context already has a sticky error,
+    /// so only the bookkeeping that keeps waiters from hanging (event records, frees) is done.
+    pub fn execute(self, space: &AddressSpace, broken: bool, ready: u64) -> Result<u64, OpFailure> {
+        let mut end = ready;
         match self {
-            Op::Record(ev, generation) => ev.complete(generation),
+            Op::Record(ev, generation) => ev.complete_at(generation, ready),
             Op::Free { addr, pool } => {
                 if let Ok((bytes, _)) = space.free_linear(addr, true) {
                     if let Some(p) = pool {
@@ -148,20 +154,33 @@ impl Op {
                 grid,
                 block,
                 params,
+                modelled,
             } => {
-                // The modelled duration passes before the twin runs, so a kernel's reads and
-                // writes happen at its end: work that races ahead of it sees stale data, which
-                // is how ordering bugs become visible.
-                let d = config::kernel_duration();
+                // The modelled duration passes (on the compute engine, shared by all streams)
+                // before the twin runs, so a kernel's reads and writes happen at its end: work
+                // that races ahead of it sees stale data, which is how ordering bugs become
+                // visible.
+                let d = modelled.unwrap_or_else(config::kernel_duration);
                 if !d.is_zero() {
-                    std::thread::sleep(d);
+                    end = card::reserve_kernel(d, end);
+                    card::sleep_until(end);
                 }
                 let launch = Launch {
                     grid,
                     block,
                     params: &params,
                 };
-                let result = run(&launch, space);
+                let (result, host_bytes) = space.counting_host_access(|| run(&launch, space));
+                if host_bytes > 0 {
+                    // Host-located memory is read over the bus: the kernel lasts that much
+                    // longer (its effects are already visible; the bytes are only known once
+                    // it ran).
+                    let over_bus = card::host_access(host_bytes);
+                    if !over_bus.is_zero() {
+                        end = card::reserve_kernel(over_bus, end);
+                        card::sleep_until(end);
+                    }
+                }
                 match result {
                     Ok(()) => {}
                     Err(TwinError::Fault(f)) => {
@@ -176,18 +195,26 @@ impl Op {
                 }
             }
             Op::Copy { dst, src, len } => {
-                model_transfer(len);
+                end = model_transfer(space, dst, src, len, ready);
                 // SAFETY: host pointers were given by the application for this copy.
                 unsafe { copy(space, dst, src, len)? };
             }
             Op::Upload { dst, data } => {
-                model_transfer(data.len() as u64);
+                // Staged from pageable memory when it was queued: pageable speed.
                 let src = Side::Host(HostPtr(data.as_ptr() as usize));
+                end = match classify(space, dst, src) {
+                    Path::Bus(direction, _) => {
+                        card::reserve_copy(direction, data.len() as u64, true, ready)
+                    }
+                    Path::Device => card::device_transfer_end(data.len() as u64, ready),
+                    Path::Host => ready,
+                };
+                card::sleep_until(end);
                 // SAFETY: `src` is our own staging buffer of `data.len()` bytes.
                 unsafe { copy(space, dst, src, data.len() as u64)? };
             }
             Op::Copy2D(c) => {
-                model_transfer(c.width * c.height);
+                end = model_transfer(space, c.dst, c.src, c.width * c.height, ready);
                 for row in 0..c.height {
                     let (d, s) = (
                         c.dst.offset(row * c.dst_pitch),
@@ -202,7 +229,8 @@ impl Op {
                 pattern,
                 count,
             } => {
-                model_transfer(count * pattern.len() as u64);
+                end = card::device_transfer_end(count * pattern.len() as u64, ready);
+                card::sleep_until(end);
                 space
                     .fill(dst, &pattern, count)
                     .map_err(|f| fault(space, "memset", f))?;
@@ -214,7 +242,8 @@ impl Op {
                 width,
                 height,
             } => {
-                model_transfer(width * height * pattern.len() as u64);
+                end = card::device_transfer_end(width * height * pattern.len() as u64, ready);
+                card::sleep_until(end);
                 for row in 0..height {
                     space
                         .fill(dst + row * pitch, &pattern, width)
@@ -225,16 +254,104 @@ impl Op {
                 // SAFETY: the application gave this function and its argument to be called
                 // exactly so, once, in stream order.
                 unsafe { f(data as *mut c_void) };
+                // It ran on the host: the stream goes on from when it returned.
+                end = end.max(card::now_ns());
             }
         }
-        Ok(())
+        Ok(end)
     }
 }
 
-/// Like kernels, transfers take effect at their end (see `Op::Kernel`).
-fn model_transfer(bytes: u64) {
-    let d = config::copy_duration(bytes);
-    if !d.is_zero() {
-        std::thread::sleep(d);
+/// Which way a copy goes: over the bus (and whether its host side is pageable), within the
+/// device, or host to host.
+enum Path {
+    Bus(Direction, bool),
+    Device,
+    Host,
+}
+
+fn classify(space: &AddressSpace, dst: Side, src: Side) -> Path {
+    // A `Side::Device` address may still be host memory (pinned memory through its device
+    // pointer, a range mapped to a host allocation): where the bytes live decides.
+    let on_device = |side: Side| match side {
+        Side::Device(a) => space.is_device_memory(a),
+        Side::Host(_) => false,
+    };
+    let pageable = |side: Side| match side {
+        Side::Host(HostPtr(p)) => space.region_of(p as u64).is_none(),
+        Side::Device(_) => false,
+    };
+    match (on_device(dst), on_device(src)) {
+        (true, true) => Path::Device,
+        (true, false) => Path::Bus(Direction::ToDevice, pageable(src)),
+        (false, true) => Path::Bus(Direction::ToHost, pageable(dst)),
+        (false, false) => Path::Host,
+    }
+}
+
+/// Like kernels, transfers take effect at their end (see `Op::Kernel`): waits until the copy's
+/// interval on its engine has passed; returns its end.
+fn model_transfer(space: &AddressSpace, dst: Side, src: Side, bytes: u64, ready: u64) -> u64 {
+    let end = match classify(space, dst, src) {
+        Path::Bus(direction, pageable) => card::reserve_copy(direction, bytes, pageable, ready),
+        Path::Device => card::device_transfer_end(bytes, ready),
+        Path::Host => return ready,
+    };
+    card::sleep_until(end);
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn nothing(_: &Launch<'_>, _: &dyn tensile_kernels::DeviceMemory) -> Result<(), TwinError> {
+        Ok(())
+    }
+
+    /// The unit tests share the process's card: one at a time.
+    static TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn kernel(modelled: Option<Duration>) -> Op {
+        Op::Kernel {
+            name: "nothing".into(),
+            run: nothing,
+            grid: Dim3::new(1, 1, 1),
+            block: Dim3::new(1, 1, 1),
+            params: Vec::new(),
+            modelled,
+        }
+    }
+
+    #[test]
+    fn a_launch_with_its_own_modelled_duration_takes_it_instead_of_the_setting() {
+        let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        card::reset();
+        let space = AddressSpace::new(1 << 20);
+        // The setting is 0 (never set in this binary's unit tests).
+        assert_eq!(config::kernel_duration(), Duration::ZERO);
+        let ready = card::now_ns();
+        let end = kernel(None).execute(&space, false, ready).ok().unwrap();
+        assert_eq!(end, ready);
+        let d = Duration::from_millis(60);
+        let (ready, start) = (card::now_ns(), Instant::now());
+        let end = kernel(Some(d)).execute(&space, false, ready).ok().unwrap();
+        assert!(start.elapsed() >= d, "{:?}", start.elapsed());
+        assert!(end >= ready + 60_000_000, "{end} {ready}");
+    }
+
+    #[test]
+    fn a_kernel_runs_from_when_it_was_ready_not_from_when_its_worker_got_to_it() {
+        let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+        card::reset();
+        let space = AddressSpace::new(1 << 20);
+        let d = Duration::from_millis(80);
+        // Ready 80 ms ago (its worker was busy with the simulator's own work): it ends at once.
+        let ready = card::now_ns() - 80_000_000;
+        let start = Instant::now();
+        let end = kernel(Some(d)).execute(&space, false, ready).ok().unwrap();
+        assert!(start.elapsed() < d / 2, "{:?}", start.elapsed());
+        assert!(end >= ready + 80_000_000);
     }
 }

@@ -38,6 +38,8 @@ pub enum Dependency {
 struct Item {
     waits: Vec<Dependency>,
     op: Op,
+    /// When the host queued it, on the card's clock.
+    queued_ns: u64,
 }
 
 #[derive(Default)]
@@ -45,6 +47,8 @@ struct Queue {
     items: VecDeque<Item>,
     submitted: u64,
     completed: u64,
+    /// When the latest completed item ended on the card's clock (see `run`).
+    virtual_end: u64,
     shutdown: bool,
 }
 
@@ -142,7 +146,11 @@ impl Stream {
     /// Queues `op` after `waits`; returns its ticket (the `submitted` count including it).
     pub fn push(&self, waits: Vec<Dependency>, op: Op) -> u64 {
         let mut q = self.lock();
-        q.items.push_back(Item { waits, op });
+        q.items.push_back(Item {
+            waits,
+            op,
+            queued_ns: crate::card::now_ns(),
+        });
         q.submitted += 1;
         self.cv.notify_all();
         q.submitted
@@ -156,10 +164,17 @@ impl Stream {
 
     /// Blocks until the item with `ticket` (and everything before it) has completed.
     pub fn wait_for(&self, ticket: u64) {
+        self.wait_for_end(ticket);
+    }
+
+    /// [`Self::wait_for`], returning when the work up to `ticket` ended on the card's clock (at
+    /// the latest: the end of the latest completed item).
+    fn wait_for_end(&self, ticket: u64) -> u64 {
         let mut q = self.lock();
         while q.completed < ticket {
             q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
         }
+        q.virtual_end
     }
 
     /// Blocks until everything submitted so far has completed.
@@ -180,7 +195,14 @@ impl Stream {
         self.cv.notify_all();
     }
 
+    ///
+    /// Each item runs from when it is *ready* on the card's clock: queued, the item before it
+    /// ended, and what it waits for ended, whichever is latest; not from when this thread gets
+    /// to it. So the simulator's own cost per operation (running a twin, mapping fresh memory,
+    /// waking threads) does not add up from one operation to the next while the modelled
+    /// durations leave room for it.
     fn run(self: Arc<Self>, space: &'static AddressSpace) {
+        let mut last_end = 0u64;
         loop {
             let item = {
                 let mut q = self.lock();
@@ -194,30 +216,42 @@ impl Stream {
                     q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
                 }
             };
+            let mut ready = item.queued_ns.max(last_end);
             for dep in &item.waits {
-                match dep {
-                    Dependency::Stream(s, ticket) => s.wait_for(*ticket),
-                    Dependency::Event(e, generation) => e.wait_generation(*generation),
-                }
+                let end = match dep {
+                    Dependency::Stream(s, ticket) => s.wait_for_end(*ticket),
+                    Dependency::Event(e, generation) => {
+                        e.wait_generation(*generation);
+                        e.virtual_time()
+                    }
+                };
+                ready = ready.max(end);
             }
             let jitter = crate::config::jitter_delay();
             if !jitter.is_zero() {
                 std::thread::sleep(jitter);
+                ready = ready.max(crate::card::now_ns());
             }
             let broken = self.fault.load(Ordering::Acquire) != 0;
             // A panic inside an operation must not kill the worker (its waiters would hang):
             // it breaks the context like a fault.
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                item.op.execute(space, broken)
+                item.op.execute(space, broken, ready)
             }));
             let failure = match outcome {
-                Ok(Ok(())) => None,
+                Ok(Ok(end)) => {
+                    last_end = end;
+                    None
+                }
                 Ok(Err(f)) => Some((f.code, f.message)),
                 Err(_) => Some((
                     tensile_driver_abi::CUDA_ERROR_UNKNOWN,
                     "internal panic".into(),
                 )),
             };
+            if failure.is_some() {
+                last_end = ready.max(crate::card::now_ns());
+            }
             if let Some((code, message)) = failure {
                 if self
                     .fault
@@ -232,6 +266,7 @@ impl Stream {
             }
             let mut q = self.lock();
             q.completed += 1;
+            q.virtual_end = last_end;
             self.cv.notify_all();
         }
     }

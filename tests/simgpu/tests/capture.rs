@@ -362,3 +362,47 @@ fn querying_an_outside_event_from_another_thread_breaks_a_global_capture_unless_
     // No capture: the same query is fine.
     assert_eq!(query_from_thread(false), CUDA_SUCCESS);
 }
+
+#[test]
+fn instantiation_refuses_the_flag_combinations_the_driver_refuses() {
+    let _serial = serial();
+    fresh_context();
+    let s = new_stream(CU_STREAM_NON_BLOCKING);
+    let p = alloc(4096);
+    ck(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    ck(fill(p, 1024, 3, s));
+    let (r, g) = end(s);
+    ck(r);
+    let with_flags = |flags: u64| {
+        let mut e = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and graph.
+        unsafe { cuGraphInstantiateWithFlags(&mut e, g, flags) }
+    };
+    let with_params = |flags: u64| {
+        let mut e = std::ptr::null_mut();
+        let mut params = GraphInstantiateParams {
+            flags,
+            upload_stream: s,
+            err_node_out: std::ptr::null_mut(),
+            result_out: -1,
+        };
+        // SAFETY: valid out-pointer, graph and params.
+        let r = unsafe { cuGraphInstantiateWithParams(&mut e, g, &mut params) };
+        (r, params.result_out)
+    };
+    // Auto-free on launch, device launch, node priority: accepted alone and (but for the
+    // pair below) together.
+    for flags in [0, 1, 4, 8, 1 | 8, 4 | 8] {
+        assert_eq!(with_flags(flags), CUDA_SUCCESS, "flags {flags:#x}");
+    }
+    // Device launch cannot auto-free; upload needs the params' stream; unknown bits.
+    for flags in [1 | 4, 2, 16, 1 << 40] {
+        assert_eq!(
+            with_flags(flags),
+            CUDA_ERROR_INVALID_VALUE,
+            "flags {flags:#x}"
+        );
+    }
+    assert_eq!(with_params(2), (CUDA_SUCCESS, 0));
+    assert_eq!(with_params(1 | 4), (CUDA_ERROR_INVALID_VALUE, 1));
+}

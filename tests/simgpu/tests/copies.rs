@@ -301,3 +301,75 @@ fn async_copies_to_host_numa_mappings_are_stream_ordered_and_checked() {
     let want: Vec<u32> = (0..1024).map(|i| pattern_value(44, i)).collect();
     same(&download_u32(va, 1024), &want, "host-NUMA destination");
 }
+
+#[test]
+fn managed_memory_is_shared_by_host_and_kernels_and_answers_its_attributes() {
+    use tensile_kernels::ParamBuilder;
+    fresh_context();
+    let n = 1024usize;
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: valid out-pointers throughout; the managed range holds `n` words.
+    unsafe {
+        assert_eq!(
+            cuMemAllocManaged(&mut p, n * 4, 0),
+            CUDA_ERROR_INVALID_VALUE,
+            "no attach flag"
+        );
+        assert_eq!(
+            cuMemAllocManaged(&mut p, n * 4, 3),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        ck(cuMemAllocManaged(&mut p, n * 4, 1));
+        // The host writes it directly, a kernel overwrites part of it, the host reads it back.
+        let words = std::slice::from_raw_parts_mut(p as *mut u32, n);
+        words.fill(0xfeed_f00d);
+    }
+    let s = new_stream(CU_STREAM_NON_BLOCKING);
+    let device = 0; // the only device
+                    // SAFETY: the range is managed memory of this context; plain driver calls.
+    unsafe {
+        ck(cuMemAdvise(p, n * 4, 1, device));
+        assert_eq!(cuMemAdvise(p, n * 4, 99, device), CUDA_ERROR_INVALID_VALUE);
+        ck(cuMemPrefetchAsync(p, n * 4, device, s));
+        let plain = alloc(64);
+        assert_eq!(
+            cuMemPrefetchAsync(plain, 64, device, s),
+            CUDA_ERROR_INVALID_VALUE,
+            "not managed"
+        );
+        assert_eq!(
+            cuMemAdvise(p, n * 4 + 4096, 1, device),
+            CUDA_ERROR_INVALID_VALUE,
+            "past the end"
+        );
+    }
+    let params = ParamBuilder::new()
+        .ptr(p)
+        .u64((n / 2) as u64)
+        .u32(9)
+        .build();
+    ck(launch_packed(function("fill_pattern"), s, &params));
+    ck(sync(s));
+    // SAFETY: the kernel has finished; the range holds `n` words.
+    let words = unsafe { std::slice::from_raw_parts(p as *const u32, n) };
+    assert_eq!(words[0], pattern_value(9, 0));
+    assert_eq!(words[n / 2 - 1], pattern_value(9, (n / 2 - 1) as u64));
+    assert_eq!(words[n / 2], 0xfeed_f00d);
+    let (mut managed, mut host_ptr) = (0u8, 0u64);
+    // SAFETY: out-pointers sized for each attribute.
+    unsafe {
+        ck(cuPointerGetAttribute(
+            (&mut managed as *mut u8).cast(),
+            8, // CU_POINTER_ATTRIBUTE_IS_MANAGED
+            p,
+        ));
+        ck(cuPointerGetAttribute(
+            (&mut host_ptr as *mut u64).cast(),
+            4, // CU_POINTER_ATTRIBUTE_HOST_POINTER
+            p + 16,
+        ));
+        ck(cuMemFree_v2(p));
+    }
+    assert_eq!(managed, 1);
+    assert_eq!(host_ptr, p + 16);
+}

@@ -21,8 +21,12 @@ const KERNEL: Duration = Duration::from_millis(150);
 
 fn setup() {
     fresh_context();
-    // After cuInit, which reads the (unset) environment variable.
+    // After cuInit, which reads the (unset) environment variables.
     cuda::config::set_kernel_duration(KERNEL);
+    // These tests are about stream semantics, not the shared compute engine (tests/timing.rs):
+    // kernels of different streams, and of the tests running beside each other in this
+    // process, may run at once.
+    cuda::config::set_kernel_concurrency(64);
 }
 
 fn fill(p: CUdeviceptr, n: usize, seed: u32, stream: CUstream) -> CUresult {

@@ -121,11 +121,9 @@ unsafe fn event_elapsed_time(ms: *mut f32, start: CUevent, end: CUevent) -> Resu
         (Some(ta), Some(tb)) => (ta, tb),
         _ => return Err(CUDA_ERROR_NOT_READY),
     };
-    let millis = if tb >= ta {
-        (tb - ta).as_secs_f64() * 1e3
-    } else {
-        -((ta - tb).as_secs_f64() * 1e3)
-    };
+    // Nanoseconds on the card's clock (see `card.rs`): modelled time, not when the stream's
+    // worker happened to get to each record.
+    let millis = (i128::from(tb) - i128::from(ta)) as f64 / 1e6;
     out.set(millis as f32);
     Ok(())
 }

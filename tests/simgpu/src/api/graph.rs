@@ -222,13 +222,35 @@ fn instantiate(graph: CUgraph) -> Result<CUgraphExec, CUresult> {
     Ok(s.graph_execs.insert(Arc::new(exec)) as CUgraphExec)
 }
 
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_*`.
+const AUTO_FREE_ON_LAUNCH: u64 = 1;
+const UPLOAD: u64 = 2;
+const DEVICE_LAUNCH: u64 = 4;
+const USE_NODE_PRIORITY: u64 = 8;
+
+/// Refuses instantiation flags as the driver does: unknown bits, `UPLOAD` outside
+/// `cuGraphInstantiateWithParams` (it needs the params' upload stream), and `DEVICE_LAUNCH`
+/// together with `AUTO_FREE_ON_LAUNCH`. The accepted flags change nothing here (no device-side
+/// launches, priorities or graph memory freed on relaunch are simulated).
+fn check_instantiate_flags(flags: u64, with_params: bool) -> Result<(), CUresult> {
+    let known = AUTO_FREE_ON_LAUNCH | DEVICE_LAUNCH | USE_NODE_PRIORITY | UPLOAD;
+    if flags & !known != 0 || (flags & UPLOAD != 0 && !with_params) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if flags & DEVICE_LAUNCH != 0 && flags & AUTO_FREE_ON_LAUNCH != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
 unsafe fn graph_instantiate_with_flags(
     exec: *mut CUgraphExec,
     graph: CUgraph,
-    _flags: c_ulonglong,
+    flags: c_ulonglong,
 ) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(exec) }?;
+    check_instantiate_flags(flags, false)?;
     out.set(instantiate(graph)?);
     Ok(())
 }
@@ -270,7 +292,9 @@ unsafe fn graph_instantiate_with_params(
     if params.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let r = instantiate(graph);
+    // SAFETY: non-NULL and points to the caller's params struct (API contract).
+    let flags = unsafe { (*params).flags };
+    let r = check_instantiate_flags(flags, true).and_then(|()| instantiate(graph));
     // SAFETY: non-NULL and points to the caller's params struct (API contract).
     unsafe {
         (*params).err_node_out = std::ptr::null_mut();

@@ -129,12 +129,20 @@ unsafe fn launch(
     let (ctx, stream) = resolve_stream(h, pt)?;
     ctx.check()?;
     let twin = entry.twin.ok_or(CUDA_ERROR_NOT_SUPPORTED)?;
+    let modelled = twin.modelled_duration.and_then(|duration_of| {
+        duration_of(&tensile_kernels::Launch {
+            grid,
+            block,
+            params: &buf,
+        })
+    });
     let op = Op::Kernel {
         name: entry.name.clone(),
         run: twin.run,
         grid,
         block,
         params: buf,
+        modelled,
     };
     submit(&ctx, &stream, Vec::new(), op)?;
     Ok(())

@@ -1,6 +1,6 @@
 //! Linear device memory, stream-ordered allocation, pinned host memory and pointer queries.
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Arc;
 
 use tensile_driver_abi::*;
@@ -302,10 +302,10 @@ fn attr_value(attr: i32, ptr: u64, r: &Region) -> Result<u64, CUresult> {
             CU_MEMORYTYPE_HOST
         }),
         CU_POINTER_ATTRIBUTE_DEVICE_POINTER => ptr,
-        ATTR_HOST_POINTER if !r.is_device() => ptr,
+        ATTR_HOST_POINTER if !r.is_device() || is_managed(r) => ptr,
         ATTR_HOST_POINTER => return Err(CUDA_ERROR_INVALID_VALUE),
         ATTR_BUFFER_ID => r.start,
-        ATTR_IS_MANAGED => 0,
+        ATTR_IS_MANAGED => u64::from(is_managed(r)),
         ATTR_DEVICE_ORDINAL => 0,
         CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => r.start,
         CU_POINTER_ATTRIBUTE_RANGE_SIZE => r.len,
@@ -323,6 +323,106 @@ fn attr_value(attr: i32, ptr: u64, r: &Region) -> Result<u64, CUresult> {
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
 }
+
+fn is_managed(r: &Region) -> bool {
+    matches!(r.kind, RegionKind::Linear { managed: true, .. })
+}
+
+/// `CU_MEM_ATTACH_GLOBAL`, `CU_MEM_ATTACH_HOST`.
+const ATTACH_GLOBAL: c_uint = 1;
+const ATTACH_HOST: c_uint = 2;
+
+/// Managed memory: one allocation the host and the device both use. On the simulated GPU all
+/// memory is host memory, so it needs no migration; the driver's argument rules apply.
+unsafe fn mem_alloc_managed(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: c_uint,
+) -> Result<(), CUresult> {
+    crate::capture::check_unsafe_call()?;
+    // SAFETY: API contract.
+    let out = unsafe { Out::new(dptr) }?;
+    if flags != ATTACH_GLOBAL && flags != ATTACH_HOST {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ctx = current_ctx()?;
+    ctx.check()?;
+    let addr = st()?
+        .space
+        .alloc_managed(size as u64, Registry::handle_of(&ctx))?;
+    out.set(addr);
+    Ok(())
+}
+export!(cuMemAllocManaged, mem_alloc_managed, (dptr: *mut CUdeviceptr, size: usize, flags: c_uint));
+
+/// `CU_MEM_ADVISE_SET_READ_MOSTLY` (1) to `CU_MEM_ADVISE_UNSET_ACCESSED_BY` (6).
+fn check_advice(ptr: CUdeviceptr, count: usize, advice: c_int) -> Result<(), CUresult> {
+    current_ctx()?;
+    if !(1..=6).contains(&advice) || count == 0 || !st()?.space.is_managed(ptr, count as u64) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// Advice changes where pages of managed memory live on a card; here it is checked and kept
+/// nowhere.
+unsafe fn mem_advise(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    _device: CUdevice,
+) -> Result<(), CUresult> {
+    check_advice(ptr, count, advice)
+}
+export!(cuMemAdvise, mem_advise, (ptr: CUdeviceptr, count: usize, advice: c_int, device: CUdevice));
+
+unsafe fn mem_advise_v2(
+    ptr: CUdeviceptr,
+    count: usize,
+    advice: c_int,
+    _location: CUmemLocation,
+) -> Result<(), CUresult> {
+    check_advice(ptr, count, advice)
+}
+export!(cuMemAdvise_v2, mem_advise_v2, (ptr: CUdeviceptr, count: usize, advice: c_int, location: CUmemLocation));
+
+/// A prefetch of managed memory is ordered in its stream like any work (it moves no data
+/// here: every byte is already where both sides can use it).
+fn prefetch(pt: bool, ptr: CUdeviceptr, count: usize, h: CUstream) -> Result<(), CUresult> {
+    let (ctx, stream) = resolve_stream(h, pt)?;
+    ctx.check()?;
+    if count == 0 || !st()?.space.is_managed(ptr, count as u64) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    super::submit(&ctx, &stream, Vec::new(), Op::Nop)?;
+    Ok(())
+}
+
+unsafe fn mem_prefetch_async(
+    pt: bool,
+    ptr: CUdeviceptr,
+    count: usize,
+    _device: CUdevice,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    prefetch(pt, ptr, count, h)
+}
+per_thread_pair!(cuMemPrefetchAsync, cuMemPrefetchAsync_ptsz, mem_prefetch_async, (ptr: CUdeviceptr, count: usize, device: CUdevice, h: CUstream));
+
+unsafe fn mem_prefetch_async_v2(
+    pt: bool,
+    ptr: CUdeviceptr,
+    count: usize,
+    _location: CUmemLocation,
+    flags: c_uint,
+    h: CUstream,
+) -> Result<(), CUresult> {
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    prefetch(pt, ptr, count, h)
+}
+per_thread_pair!(cuMemPrefetchAsync_v2, cuMemPrefetchAsync_v2_ptsz, mem_prefetch_async_v2, (ptr: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, h: CUstream));
 
 /// # Safety
 /// `data` must hold `attr_size(attr)` writable bytes.

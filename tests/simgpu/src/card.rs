@@ -1,0 +1,194 @@
+//! The card's engines: when each piece of stream work may run and how long it takes.
+//!
+//! The simulated card has one compute engine (a number of kernel slots,
+//! [`config::kernel_concurrency`], default 1), one host-to-device copy engine and one
+//! device-to-host copy engine, shared by every stream of the process. Each is a *busy-until*
+//! time on the `CLOCK_MONOTONIC` clock. A stream worker that executes an operation first
+//! reserves its interval on the engine it needs (it starts when the engine is free, or when the
+//! operation is ready, whichever is later, and lasts as long as the bandwidths of
+//! [`config::Rates`] say), sleeps until the interval's end, and only then applies the
+//! operation's effect, so work that races ahead of it sees the old data, as on a card. An
+//! operation is ready when it was queued, the one before it on its stream ended and what it
+//! waits for ended (`stream.rs`), all on this clock: the simulator's own cost per operation
+//! does not accumulate as long as the modelled durations leave room for it.
+//!
+//! - Two copies in one direction take turns: two 64 MiB uploads on two streams take twice as
+//!   long as one.
+//! - Copies in both directions overlap, capped in total ([`config::Rates::duplex`]): a copy
+//!   reserved while the other direction is busy runs at what the cap leaves it (92 - 55 =
+//!   37 GB/s on the H100) for as long as that copy lasts, then at its own rate. The earlier copy
+//!   keeps its reservation; the cap holds throughout, and both directions at once never take
+//!   longer than one after the other.
+//! - Pageable host memory is staged by the driver ([`config::Rates::pageable`]); copies and
+//!   memsets within device memory run at [`config::Rates::device`] and use no copy engine.
+//! - A kernel that reads or writes host-located memory (pinned host memory, or a virtual range
+//!   mapped to a host allocation) pays those bytes at [`config::Rates::host_access`] on top of
+//!   its duration; they are counted ([`host_access_bytes`]) so that a tensor the shim left on
+//!   the host shows in time, not only in data.
+//!
+//! The state is one small lock over plain integers ([`Engines`]), so that a later version can
+//! keep it in shared memory and let several processes (jobs) compete for one card's engines.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::config;
+
+/// Which way a copy goes over the bus.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    ToDevice,
+    ToHost,
+}
+
+/// The most kernel slots tracked (a setting above it is clamped).
+pub const MAX_KERNEL_SLOTS: usize = 128;
+
+/// Busy-until times, nanoseconds on `CLOCK_MONOTONIC` (0: idle since the start).
+#[repr(C)]
+#[derive(Debug)]
+pub struct Engines {
+    pub compute: [u64; MAX_KERNEL_SLOTS],
+    pub to_device: u64,
+    pub to_host: u64,
+}
+
+static ENGINES: Mutex<Engines> = Mutex::new(Engines {
+    compute: [0; MAX_KERNEL_SLOTS],
+    to_device: 0,
+    to_host: 0,
+});
+
+static HOST_ACCESS_BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn engines() -> MutexGuard<'static, Engines> {
+    ENGINES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Now on `CLOCK_MONOTONIC`, in nanoseconds (the clock every process sees alike).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps until `CLOCK_MONOTONIC` reaches `end_ns`.
+pub fn sleep_until(end_ns: u64) {
+    loop {
+        let now = now_ns();
+        if now >= end_ns {
+            return;
+        }
+        std::thread::sleep(Duration::from_nanos(end_ns - now));
+    }
+}
+
+/// Nanoseconds to move `bytes` at `bps` bytes per second (0: no time).
+fn transfer_ns(bytes: u64, bps: u64) -> u64 {
+    if bps == 0 {
+        0
+    } else {
+        (bytes as u128 * 1_000_000_000 / bps as u128) as u64
+    }
+}
+
+/// Reserves `duration` on the first kernel slot to come free, from `ready` at the earliest;
+/// returns the end.
+pub fn reserve_kernel(duration: Duration, ready: u64) -> u64 {
+    let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX / 4);
+    let slots = (config::kernel_concurrency() as usize).clamp(1, MAX_KERNEL_SLOTS);
+    let mut e = engines();
+    let slot = e.compute[..slots]
+        .iter_mut()
+        .min()
+        .expect("at least one kernel slot");
+    let end = (*slot).max(ready) + ns;
+    *slot = end;
+    end
+}
+
+/// Reserves a copy of `bytes` between the host and the device, from `ready` at the earliest;
+/// `pageable`: the host side is pageable memory (staged by the driver). Returns the end.
+pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool, ready: u64) -> u64 {
+    let rates = config::rates();
+    let (own_rate, other_rate) = match direction {
+        Direction::ToDevice => (rates.to_device, rates.to_host),
+        Direction::ToHost => (rates.to_host, rates.to_device),
+    };
+    let own_rate = if pageable && rates.pageable != 0 {
+        if own_rate == 0 {
+            rates.pageable
+        } else {
+            own_rate.min(rates.pageable)
+        }
+    } else {
+        own_rate
+    };
+    let mut e = engines();
+    let (own, other) = match direction {
+        Direction::ToDevice => (e.to_device, e.to_host),
+        Direction::ToHost => (e.to_host, e.to_device),
+    };
+    let start = own.max(ready);
+    let end = if own_rate == 0 {
+        start
+    } else {
+        // While the other direction is busy, this copy gets what the duplex cap leaves.
+        let shared_rate = if rates.duplex == 0 || other_rate == 0 {
+            own_rate
+        } else {
+            rates.duplex.saturating_sub(other_rate).clamp(1, own_rate)
+        };
+        let overlap_ns = other.saturating_sub(start);
+        let shared_bytes =
+            ((overlap_ns as u128 * shared_rate as u128 / 1_000_000_000) as u64).min(bytes);
+        start + transfer_ns(shared_bytes, shared_rate) + transfer_ns(bytes - shared_bytes, own_rate)
+    };
+    match direction {
+        Direction::ToDevice => e.to_device = end,
+        Direction::ToHost => e.to_host = end,
+    }
+    end
+}
+
+/// The end of a copy or memset of `bytes` within device memory, starting at `ready` (device
+/// bandwidth is not a queue here: streams copying on the device at once each get it whole).
+pub fn device_transfer_end(bytes: u64, ready: u64) -> u64 {
+    ready + transfer_ns(bytes, config::rates().device)
+}
+
+/// Counts `bytes` a kernel read or wrote in host-located memory and returns how long they
+/// take over the bus.
+pub fn host_access(bytes: u64) -> Duration {
+    HOST_ACCESS_BYTES.fetch_add(bytes, Ordering::Relaxed);
+    Duration::from_nanos(transfer_ns(bytes, config::rates().host_access))
+}
+
+/// Bytes kernels have read or written in host-located memory since the process started.
+pub fn host_access_bytes() -> u64 {
+    HOST_ACCESS_BYTES.load(Ordering::Relaxed)
+}
+
+/// Forgets every reservation (tests that change the settings between cases).
+pub fn reset() {
+    let mut e = engines();
+    e.compute = [0; MAX_KERNEL_SLOTS];
+    e.to_device = 0;
+    e.to_host = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transfer_takes_bytes_over_rate() {
+        assert_eq!(transfer_ns(55_000_000, 55_000_000_000), 1_000_000);
+        assert_eq!(transfer_ns(1 << 30, 0), 0);
+    }
+}
