@@ -156,15 +156,31 @@ impl Drop for WorkDir {
 /// The copy bandwidths of GPU_FACTS.md (GB/s), which `tensile replay` also assumes.
 const PCIE_GBPS: f64 = 55.0;
 
-/// The simulated GPU's settings for a run: capacity, and the copy bandwidth scaled with the
-/// sizes and the time scale so that a copy takes the time the recorded one took, times K.
-/// (The one place that knows the simulator's setting names.)
+/// The simulated card's rates (GB/s) of `TENSILE_SIM_TIMING=h100` (tests/simgpu/README.md), by
+/// setting: both directions alone, both at once, pageable memory, a kernel reading host memory,
+/// copies within the device.
+const H100_RATES: [(&str, f64); 6] = [
+    ("TENSILE_SIM_H2D_GBPS", PCIE_GBPS),
+    ("TENSILE_SIM_D2H_GBPS", PCIE_GBPS),
+    ("TENSILE_SIM_DUPLEX_GBPS", 92.0),
+    ("TENSILE_SIM_PAGEABLE_GBPS", 8.0),
+    ("TENSILE_SIM_HOST_ACCESS_GBPS", 50.0),
+    ("TENSILE_SIM_DEVICE_GBPS", 1500.0),
+];
+
+/// The simulated GPU's settings for a run: capacity, and the H100's rates scaled with the sizes
+/// and the time scale so that a copy takes the time the recorded one took, times K. Kernels take
+/// their stand-in's duration argument (the recorded time times K) on the card's one compute
+/// engine. (The one place that knows the simulator's setting names.)
 fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, String)> {
-    let gbps = PCIE_GBPS / scale as f64 / time_scale;
-    vec![
+    let mut env = vec![
         ("TENSILE_SIM_DEVICE_MEMORY".into(), capacity.to_string()),
-        ("TENSILE_SIM_COPY_GBPS".into(), format!("{gbps}")),
-    ]
+        ("TENSILE_SIM_TIMING".into(), "h100".into()),
+    ];
+    for (name, gbps) in H100_RATES {
+        env.push((name.into(), format!("{}", gbps / scale as f64 / time_scale)));
+    }
+    env
 }
 
 /// What one run of the player reported.
