@@ -25,14 +25,16 @@
 //! never takes this one.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tensile_driver_abi::{
     CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
 };
 
 use super::driver::{Driver, Event, PhysHandle, Stream};
+use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolError};
 use super::page::{Frame, PageTable, ResidencyState, Use};
@@ -150,18 +152,37 @@ struct Inner {
     /// later time finds them resident and at the same physical memory.
     capture_pinned: HashMap<CUdeviceptr, (usize, usize)>,
     stats: MemoryStats,
+    /// Out-of-memory failures by cause (logged once each, counted, summarized at exit).
+    failures: FailureLog,
+    /// Tickets handed out and not yet returned: calls between `prepare_access` and
+    /// `note_access_done`, whose pages are pinned.
+    open_tickets: usize,
+    /// Set (instead of logging a failure) when frames could not be found only because every
+    /// evictable page is pinned: the caller releases the lock, waits for pins to drop and
+    /// retries (see [`MemoryManager::waiting_for_pins`]).
+    pin_stall: Option<PinStall>,
+    /// Threads waiting in [`MemoryManager::waiting_for_pins`]; pin drops notify only then.
+    pin_waiters: usize,
 }
+
+/// What blocked an eviction: frames wanted while every resident page was pinned.
+#[derive(Clone, Copy, Debug)]
+struct PinStall {
+    bytes_needed: usize,
+}
+
+/// How long a request waits for pinned pages to be released before failing, by default.
+pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(10);
 
 /// The memory manager. See the module docs for what it guarantees.
 pub struct MemoryManager {
     inner: Mutex<Inner>,
+    /// Signalled when pins drop or memory is freed while someone waits for pinned pages.
+    pins_released: Condvar,
+    /// Bound on a wait for pinned pages, in milliseconds.
+    pin_wait_ms: AtomicU64,
     base: CUdeviceptr,
     arena_bytes: usize,
-}
-
-fn oom(what: std::fmt::Arguments<'_>) -> CUresult {
-    tracing::error!("tensile: out of memory: {what}");
-    CUDA_ERROR_OUT_OF_MEMORY
 }
 
 impl MemoryManager {
@@ -226,9 +247,15 @@ impl MemoryManager {
             host_runs: BTreeMap::new(),
             capture_pinned: HashMap::new(),
             stats: MemoryStats::default(),
+            failures: FailureLog::default(),
+            open_tickets: 0,
+            pin_stall: None,
+            pin_waiters: 0,
         };
         Ok(Self {
             inner: Mutex::new(inner),
+            pins_released: Condvar::new(),
+            pin_wait_ms: AtomicU64::new(DEFAULT_PIN_WAIT.as_millis() as u64),
             base,
             arena_bytes,
         })
@@ -255,7 +282,7 @@ impl MemoryManager {
     /// Allocates `size` bytes. `stream` is `Some` for stream-ordered allocations
     /// (`cuMemAllocAsync`), `None` for `cuMemAlloc_v2`.
     pub fn alloc(&self, size: usize, stream: Option<Stream>) -> Result<CUdeviceptr, CUresult> {
-        self.lock().alloc(size, stream.unwrap_or(Stream(0)))
+        self.waiting_for_pins(|s| s.alloc(size, stream.unwrap_or(Stream(0))))
     }
 
     /// `cuMemAllocPitch_v2`: `height` rows of `width` bytes, each row starting at a multiple of
@@ -286,7 +313,10 @@ impl MemoryManager {
     ///
     /// Unknown pointers, interior pointers and double frees give `CUDA_ERROR_INVALID_VALUE`.
     pub fn free(&self, ptr: CUdeviceptr, stream: Option<Stream>) -> Result<(), CUresult> {
-        self.lock().free(ptr, stream)
+        let mut s = self.lock();
+        let r = s.free(ptr, stream);
+        self.wake_pin_waiters(s);
+        r
     }
 
     /// Makes every page of `ranges` device-resident for work about to be queued on `stream`
@@ -299,7 +329,7 @@ impl MemoryManager {
         stream: Stream,
         ranges: &[(CUdeviceptr, usize)],
     ) -> Result<AccessTicket, CUresult> {
-        self.lock().prepare_access(stream, ranges)
+        self.waiting_for_pins(|s| s.prepare_access(stream, ranges))
     }
 
     /// Makes every arena allocation `ranges` touch device-resident *now* (the calling thread
@@ -308,7 +338,7 @@ impl MemoryManager {
     /// launched and on which no stream wait or fence can be placed. Nothing is queued on the
     /// capturing stream. Addresses outside the arena are ignored.
     pub fn pin_for_capture(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<(), CUresult> {
-        self.lock().pin_for_capture(ranges)
+        self.waiting_for_pins(|s| s.pin_for_capture(ranges))
     }
 
     /// Whether the allocation starting at `ptr` is pinned for a captured graph.
@@ -319,7 +349,10 @@ impl MemoryManager {
     /// Reports that the work a ticket was for has been queued on its stream: its pages stay
     /// unevictable until that work completes.
     pub fn note_access_done(&self, ticket: AccessTicket) -> Result<(), CUresult> {
-        self.lock().note_access_done(ticket)
+        let mut s = self.lock();
+        let r = s.note_access_done(ticket);
+        self.wake_pin_waiters(s);
+        r
     }
 
     /// `(free, total)` as the budget sees it: total is the budget, free is the budget less
@@ -341,6 +374,66 @@ impl MemoryManager {
         let mut st = s.stats;
         st.host_pool_bytes = s.host.size_bytes() as u64;
         st
+    }
+
+    /// Runs `op` on the state; when it fails only because every evictable page is pinned by
+    /// other threads' in-flight calls, releases the lock, waits for pins to drop (bounded by
+    /// [`Self::set_pin_wait`]) and runs it again. `op` must leave no pin or frame behind when
+    /// it fails (every `Inner` entry point does). After the bound the failure names the pins.
+    fn waiting_for_pins<T>(
+        &self,
+        mut op: impl FnMut(&mut Inner) -> Result<T, CUresult>,
+    ) -> Result<T, CUresult> {
+        let mut s = self.lock();
+        let mut deadline: Option<Instant> = None;
+        loop {
+            s.pin_stall = None;
+            let err = match op(&mut s) {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let Some(stall) = s.pin_stall.take() else {
+                return Err(err);
+            };
+            let now = Instant::now();
+            let wait = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
+            let end = *deadline.get_or_insert(now + wait);
+            if now >= end {
+                return Err(s.fail_pinned(stall, wait));
+            }
+            s.stats.pin_waits += 1;
+            s.pin_waiters += 1;
+            // Re-check at least every few milliseconds: frames also come back through swaps
+            // completing and the maintenance thread, which do not signal.
+            let slice = (end - now).min(Duration::from_millis(2));
+            s = match self.pins_released.wait_timeout(s, slice) {
+                Ok((g, _)) => g,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+            s.pin_waiters -= 1;
+        }
+    }
+
+    /// Releases the lock and wakes the threads waiting for pinned pages, if any (a wake-up is
+    /// a system call: the hot path makes it only when someone waits).
+    fn wake_pin_waiters(&self, s: MutexGuard<'_, Inner>) {
+        let waiters = s.pin_waiters > 0;
+        drop(s);
+        if waiters {
+            self.pins_released.notify_all();
+        }
+    }
+
+    /// Bounds how long a request waits for pages pinned by in-flight calls before failing
+    /// with an error that names them (default [`DEFAULT_PIN_WAIT`]).
+    pub fn set_pin_wait(&self, wait: Duration) {
+        self.pin_wait_ms
+            .store(wait.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Out-of-memory failures so far, by cause.
+    pub fn failure_summary(&self) -> Vec<(FailureCause, u64)> {
+        self.lock().failures.summary()
     }
 
     /// Completes whatever swaps have finished (cheap; callers may call it when idle).
@@ -535,10 +628,19 @@ impl Inner {
             Ok(p) => p,
             Err(SubAllocError::ZeroSize) => return Err(CUDA_ERROR_INVALID_VALUE),
             Err(_) => {
-                return Err(oom(format_args!(
-                    "the {} GiB arena has no room for {size} bytes",
-                    self.sub.frontier() >> 30
-                )))
+                let f = self.sub.fragmentation();
+                return Err(self.failures.record(
+                    FailureCause::Fragmentation,
+                    format_args!(
+                        "the {} arena has no room for {size} bytes ({}): {} free in {} holes, \
+                         the largest {}",
+                        human_bytes(self.cfg.arena_bytes),
+                        human_bytes(size),
+                        human_bytes(f.free_bytes as usize),
+                        f.hole_count,
+                        human_bytes(f.largest_hole as usize)
+                    ),
+                ));
             }
         };
         let a = placed.alloc;
@@ -795,12 +897,17 @@ impl Inner {
                     }
                 }
                 Err(match first {
-                    HostPoolError::CapReached { cap_bytes } => oom(format_args!(
-                        "the pinned host pool is full ({cap_bytes} bytes, TENSILE_HOST_MEMORY)"
-                    )),
-                    HostPoolError::Driver(code) => oom(format_args!(
-                        "the driver refused pinned host memory (error {code})"
-                    )),
+                    HostPoolError::CapReached { cap_bytes } => self.failures.record(
+                        FailureCause::HostPool,
+                        format_args!(
+                            "the pinned host pool is full ({}, TENSILE_HOST_MEMORY)",
+                            human_bytes(cap_bytes)
+                        ),
+                    ),
+                    HostPoolError::Driver(code) => self.failures.record(
+                        FailureCause::HostPool,
+                        format_args!("the driver refused pinned host memory (error {code})"),
+                    ),
                 })
             }
         }
@@ -949,6 +1056,7 @@ impl Inner {
         };
         let resident = self.pin_pages(&ticket);
         if resident {
+            self.open_tickets += 1;
             return Ok(ticket);
         }
         let t0 = Instant::now();
@@ -958,6 +1066,7 @@ impl Inner {
                     self.stats.stalled_launches += 1;
                     self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
                 }
+                self.open_tickets += 1;
                 Ok(ticket)
             }
             Err(e) => {
@@ -1073,13 +1182,17 @@ impl Inner {
             })
             .count();
         if touched > self.dev.budget_frames() {
-            return Err(oom(format_args!(
-                "one access on stream {:#x} needs {} bytes of device memory; the budget is {} \
-                 bytes (TENSILE_DEVICE_MEMORY)",
-                t.stream.0,
-                touched * self.page,
-                self.dev.budget_frames() * self.page
-            )));
+            let (stream, needed) = (t.stream.0, touched * self.page);
+            let budget = self.dev.budget_frames() * self.page;
+            return Err(self.failures.record(
+                FailureCause::Budget,
+                format_args!(
+                    "one access on stream {stream:#x} needs {} of device memory at once; the \
+                     budget is {} (TENSILE_DEVICE_MEMORY)",
+                    human_bytes(needed),
+                    human_bytes(budget)
+                ),
+            ));
         }
         // Finished swap-outs are not completed here: that is VMM work (unmap, map, set
         // access) the launch does not need unless it is short of frames (`acquire_into` then
@@ -1330,20 +1443,25 @@ impl Inner {
                 got.push(d);
                 continue;
             }
-            rounds += 1;
-            if rounds > 4 {
-                return Err(oom(format_args!(
-                    "no evictable device memory: {} bytes needed, every resident page is in \
-                     use by queued or pinned work",
-                    n * self.page
-                )));
-            }
             // Evict enough for the rest (in flight already counts), then wait for it.
             let short = n - got.len();
             let in_flight = self.outgoing.len();
             if short > in_flight {
                 let want = (short - in_flight).max(self.cfg.evict_batch);
                 self.evict(want, short - in_flight)?;
+            }
+            if self.dev.available() > 0 {
+                continue; // dead pages were dropped without a copy
+            }
+            rounds += 1;
+            if self.outgoing.is_empty() || rounds > 4 {
+                // Nothing free, nothing on its way out, and nothing evictable: the resident
+                // pages are pinned by calls in flight on other threads. Not an out-of-memory:
+                // the caller gives back what it holds, waits for pins to drop and retries.
+                self.pin_stall = Some(PinStall {
+                    bytes_needed: n * self.page,
+                });
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
             self.wait_outgoing()?;
         }
@@ -1647,6 +1765,7 @@ impl Inner {
     }
 
     fn note_access_done(&mut self, t: AccessTicket) -> Result<(), CUresult> {
+        self.open_tickets = self.open_tickets.saturating_sub(1);
         let slot = self.fences.slot_of(t.stream);
         // If the fence cannot be recorded, the pages still must not leave before the work:
         // they wait for the stream's next fence instead (recorded on demand by an eviction).
@@ -1670,9 +1789,33 @@ impl Inner {
         result
     }
 
+    /// The failure after a bounded wait for pinned pages: names the pins and who holds them.
+    fn fail_pinned(&mut self, stall: PinStall, waited: Duration) -> CUresult {
+        let pinned = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins > 0 && e.state.device_frame().is_some())
+            .count();
+        let (calls, graphs) = (self.open_tickets, self.capture_pinned.len());
+        let budget = self.dev.budget_frames() * self.page;
+        self.failures.record(
+            FailureCause::PinnedByCalls,
+            format_args!(
+                "{} of device memory needed; {pinned} pages ({}) of the {} budget are pinned \
+                 by {calls} in-flight calls and {graphs} captured-graph allocations, and stayed \
+                 pinned for {:.1} s",
+                human_bytes(stall.bytes_needed),
+                human_bytes(pinned * self.page),
+                human_bytes(budget),
+                waited.as_secs_f64()
+            ),
+        )
+    }
+
     // ---- shutdown ----
 
     fn shutdown(&mut self) {
+        self.failures.log_summary();
         let d = self.driver.clone();
         let _ = d.stream_synchronize(self.swap_in_stream);
         let _ = d.stream_synchronize(self.swap_out_stream);
