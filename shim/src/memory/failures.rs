@@ -116,7 +116,10 @@ mod tests {
         log.record(FailureCause::PinnedByCalls, format_args!("pinned"));
         assert_eq!(
             log.summary(),
-            vec![(FailureCause::HostPool, 3), (FailureCause::PinnedByCalls, 1)]
+            vec![
+                (FailureCause::HostPool, 3),
+                (FailureCause::PinnedByCalls, 1)
+            ]
         );
     }
 

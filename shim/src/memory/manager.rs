@@ -431,6 +431,44 @@ impl MemoryManager {
             .store(wait.as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// Starts swapping out the pages of `ranges` that are on the device and idle (pages still
+    /// used by queued work or pinned are skipped: this never waits). Returns how many pages
+    /// started leaving; they complete in the background, and an access in the meantime
+    /// cancels them at no cost. For a policy that knows what is not needed soon.
+    pub fn start_swap_out(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.lock().start_swap_out(ranges)
+    }
+
+    /// Starts bringing the swapped-out pages of `ranges` back to the device (evicting the
+    /// least recently used pages if it must), without waiting for the copies: the first
+    /// access waits for them on its own stream. Returns how many pages are coming in.
+    pub fn prefetch(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.waiting_for_pins(|s| s.prefetch(ranges))
+    }
+
+    /// The device budget in bytes.
+    pub fn budget(&self) -> usize {
+        let s = self.lock();
+        s.dev.budget_frames() * s.page
+    }
+
+    /// Changes the device budget at run time. Growing takes effect at once; shrinking evicts
+    /// (and waits for the copies out) until the pages on the device fit, waiting for pages
+    /// pinned by in-flight calls like an eviction does. Allocations never fail because of a
+    /// shrink: they are swapped like any other. A budget below one page is
+    /// `CUDA_ERROR_INVALID_VALUE`. Device memory freed by a shrink stays reserved by the
+    /// process (chunks are released at shutdown) but is no longer used.
+    pub fn set_budget(&self, bytes: usize) -> Result<(), CUresult> {
+        let page = self.lock().page;
+        let frames = bytes / page;
+        if frames == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = self.waiting_for_pins(|s| s.set_budget(frames));
+        self.pins_released.notify_all();
+        r
+    }
+
     /// Out-of-memory failures so far, by cause.
     pub fn failure_summary(&self) -> Vec<(FailureCause, u64)> {
         self.lock().failures.summary()
@@ -1472,35 +1510,48 @@ impl Inner {
     /// waiting for their last uses if there are not enough idle ones).
     fn evict(&mut self, want: usize, need: usize) -> Result<(), CUresult> {
         self.fences.poll_all(&*self.driver)?;
-        let (mut idle, mut busy) = self.eviction_candidates(want);
-        if idle.len() + busy.len() < need && !self.incoming.is_empty() {
+        let mut candidates = self.eviction_candidates();
+        if candidates.len() < need && !self.incoming.is_empty() {
             // Pages still arriving hold frames too: let them land, then they can leave.
             self.wait_incoming()?;
-            (idle, busy) = self.eviction_candidates(want);
+            candidates = self.eviction_candidates();
         }
-        let mut victims: Vec<usize> = idle.iter().map(|c| c.1).collect();
-        if victims.len() < need {
-            // Not enough idle pages: wait for the least recently used busy ones.
-            busy.sort_unstable();
-            for &(_, p) in &busy {
-                if victims.len() >= need {
-                    break;
-                }
-                let uses = self
-                    .pages
-                    .get(p)
-                    .map(|e| e.uses.clone())
-                    .unwrap_or_default();
-                for u in uses {
-                    self.fences
-                        .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
-                }
-                let completed = self.fences.completed();
-                if self.pages.get(p).is_some_and(|e| e.is_idle(completed)) {
-                    victims.push(p);
-                }
+        // Oldest first, idle and busy alike: a hot page that happens to be idle right now
+        // stays, a colder page still used by queued work leaves once that work is done. A
+        // busy page is waited for only while fewer than `need` victims are found; beyond
+        // that (the optional part of a batch, or eviction ahead of need) it is skipped.
+        let mut victims: Vec<usize> = Vec::with_capacity(want.max(need));
+        for (_, p, idle) in candidates {
+            if victims.len() >= want.max(need) {
+                break;
+            }
+            if idle {
+                victims.push(p);
+                continue;
+            }
+            if victims.len() >= need {
+                continue;
+            }
+            let uses = self
+                .pages
+                .get(p)
+                .map(|e| e.uses.clone())
+                .unwrap_or_default();
+            for u in uses {
+                self.fences
+                    .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
+            }
+            let completed = self.fences.completed();
+            if self.pages.get(p).is_some_and(|e| e.is_idle(completed)) {
+                victims.push(p);
             }
         }
+        self.swap_out_pages(victims, need)
+    }
+
+    /// Starts the swap-out of `victims` (idle, unpinned `Device` pages); dead ones are dropped
+    /// without a copy. Host frames are required for the first `need` copies only.
+    fn swap_out_pages(&mut self, mut victims: Vec<usize>, need: usize) -> Result<(), CUresult> {
         if victims.is_empty() {
             return Ok(());
         }
@@ -1580,27 +1631,16 @@ impl Inner {
     }
 
     /// Unpinned `Device` pages as (last access, page, idle), least recently used first.
-    /// Unpinned `Device` pages as (last access, page): the `want` least recently used idle
-    /// ones, oldest first (a linear selection, not a sort of the whole table), and all busy
-    /// ones, unsorted.
-    fn eviction_candidates(&self, want: usize) -> (Vec<Aged>, Vec<Aged>) {
+    fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
         let completed = self.fences.completed();
-        let (mut idle, mut busy) = (Vec::new(), Vec::new());
-        for (p, e) in self.pages.iter() {
-            if e.pins == 0 && matches!(e.state, ResidencyState::Device(_)) {
-                if e.is_idle(completed) {
-                    idle.push((e.last_access, p));
-                } else {
-                    busy.push((e.last_access, p));
-                }
-            }
-        }
-        if want > 0 && idle.len() > want {
-            idle.select_nth_unstable(want - 1);
-            idle.truncate(want);
-        }
-        idle.sort_unstable();
-        (idle, busy)
+        let mut aged: Vec<(u64, usize, bool)> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
+            .map(|(p, e)| (e.last_access, p, e.is_idle(completed)))
+            .collect();
+        aged.sort_unstable();
+        aged
     }
 
     /// Waits for the swap-ins in flight and completes them.
@@ -1812,6 +1852,87 @@ impl Inner {
         )
     }
 
+    // ---- verbs for a planned policy ----
+
+    /// Pages of `ranges` (inclusive runs), deduplicated.
+    fn pages_in(&self, ranges: &[(CUdeviceptr, usize)]) -> Vec<usize> {
+        let mut pages: Vec<usize> = ranges
+            .iter()
+            .filter_map(|&(a, len)| self.pages_of(a, len as u64))
+            .flat_map(|(a, b)| a..=b)
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        pages
+    }
+
+    fn start_swap_out(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.fences.poll_all(&*self.driver)?;
+        let completed = self.fences.completed();
+        let victims: Vec<usize> = self
+            .pages_in(ranges)
+            .into_iter()
+            .filter(|&p| {
+                self.pages.get(p).is_some_and(|e| {
+                    matches!(e.state, ResidencyState::Device(_)) && e.is_idle(completed)
+                })
+            })
+            .collect();
+        let before = self.outgoing.len();
+        self.swap_out_pages(victims, 0)?;
+        Ok(self.outgoing.len() - before)
+    }
+
+    fn prefetch(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        let pages = self.pages_in(ranges);
+        let coming: usize = pages
+            .iter()
+            .filter(|&&p| {
+                self.pages
+                    .get(p)
+                    .is_some_and(|e| matches!(e.state, ResidencyState::Host(_)))
+            })
+            .count();
+        if coming == 0 {
+            return Ok(0);
+        }
+        // A ticket on the manager's own swap-in stream: the copies in are queued there and
+        // the first access waits for them on its own stream, as for any page `ToDevice`.
+        self.clock += 1;
+        let ticket = AccessTicket {
+            stream: self.swap_in_stream,
+            runs: runs(&pages),
+        };
+        let _resident = self.pin_pages(&ticket);
+        let r = self.make_resident(&ticket, false);
+        self.unpin(&ticket);
+        r.map(|_| coming)
+    }
+
+    fn set_budget(&mut self, frames: usize) -> Result<(), CUresult> {
+        self.dev.set_budget_frames(frames);
+        for _ in 0..8 {
+            self.poll()?;
+            let over = self.dev.in_use().saturating_sub(frames);
+            if over == 0 {
+                return Ok(());
+            }
+            let out = self.outgoing.len();
+            if over > out {
+                self.evict(over - out, over - out)?;
+            }
+            if self.outgoing.is_empty() {
+                break;
+            }
+            self.wait_outgoing()?;
+        }
+        // What is left over the budget is pinned by calls in flight: wait for them.
+        self.pin_stall = Some(PinStall {
+            bytes_needed: self.dev.in_use().saturating_sub(frames) * self.page,
+        });
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
     // ---- shutdown ----
 
     fn shutdown(&mut self) {
@@ -1849,9 +1970,6 @@ impl Inner {
         let _ = d.stream_destroy(self.swap_out_stream);
     }
 }
-
-/// A page with the access clock of its last access, `(last_access, page)`: sorts LRU-first.
-type Aged = (u64, usize);
 
 /// Page copies `(dst, src)` merged into as few copies as possible: consecutive pages whose
 /// destinations and sources are both contiguous become one (the host pool hands out frames

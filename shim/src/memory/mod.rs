@@ -31,8 +31,8 @@ pub mod cuda;
 
 pub mod driver;
 pub mod extent;
-pub mod fake;
 pub mod failures;
+pub mod fake;
 pub mod fences;
 pub mod frames;
 pub mod manager;
