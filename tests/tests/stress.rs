@@ -84,3 +84,35 @@ fn sixteen_threads_at_a_quarter_of_the_footprint() {
 fn thirty_two_threads_at_a_quarter_of_the_footprint() {
     threads_at_a_quarter_of_the_footprint(32);
 }
+
+/// Benchmark (issue 9): a hot thread's per-call latency while another thread cycles 256 MiB
+/// through a 64 MiB budget, copies modelled at 4 GB/s; natively and under the shim. Prints a
+/// table; asserts only that both runs succeed.
+/// `cargo test --release -p tensile-tests --test stress -- --ignored --nocapture`
+#[test]
+#[ignore = "benchmark: prints a table"]
+fn hot_thread_latency_while_another_swaps() {
+    let run = |shim: bool| {
+        let mut r = Run::new(env!("CARGO_BIN_EXE_wl_hotlatency"))
+            .arg("3")
+            .arg("256")
+            .env("TENSILE_SIM_COPY_GBPS", "4");
+        if shim {
+            r = r
+                .preload(true)
+                .env("TENSILE_POLICY", "lru")
+                .env("TENSILE_DEVICE_MEMORY", "64MiB");
+        }
+        let out = r.output();
+        out.assert_ok(if shim { "under the shim" } else { "natively" });
+        out.stdout
+            .lines()
+            .find(|l| l.starts_with("L "))
+            .unwrap_or_else(|| panic!("no result line: {}", out.stdout))
+            .to_owned()
+    };
+    println!("| run | hot thread: calls in 3 s, p50, p99, worst (µs); cold calls |");
+    println!("| --- | --- |");
+    println!("| native | {} |", run(false));
+    println!("| libtensile, 64 MiB budget | {} |", run(true));
+}

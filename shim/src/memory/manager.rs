@@ -22,7 +22,10 @@
 //! One mutex around all state. The hot path (everything already resident) takes it once,
 //! makes no driver call and allocates one small vector for the ticket. Swapping happens with
 //! the lock held; the host pool has its own lock, taken after this one, and its grower thread
-//! never takes this one.
+//! never takes this one. The one wait made *without* the lock is for pages pinned by other
+//! threads' calls in flight: an operation that finds every evictable page pinned gives back
+//! what it took, waits on `pins_released` (bounded) and starts over
+//! (`MemoryManager::waiting_for_pins`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -159,9 +162,9 @@ struct Inner {
     open_tickets: usize,
     /// Set (instead of logging a failure) when frames could not be found only because every
     /// evictable page is pinned: the caller releases the lock, waits for pins to drop and
-    /// retries (see [`MemoryManager::waiting_for_pins`]).
+    /// retries (see `MemoryManager::waiting_for_pins`).
     pin_stall: Option<PinStall>,
-    /// Threads waiting in [`MemoryManager::waiting_for_pins`]; pin drops notify only then.
+    /// Threads waiting in `MemoryManager::waiting_for_pins`; pin drops notify only then.
     pin_waiters: usize,
 }
 
