@@ -68,7 +68,7 @@ fn main() {
                 s.memset(p, 4, i, PAGE / 4, Some(st));
                 lat.push(t0.elapsed());
                 i += 1;
-                if i % 64 == 0 {
+                if i.is_multiple_of(64) {
                     s.sync_stream(st);
                 }
             }

@@ -59,7 +59,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let mut num = |default: u64| {
         args.next().map_or(default, |a| {
-            a.parse().expect("usage: wl_stress <threads> <rounds> <seed>")
+            a.parse()
+                .expect("usage: wl_stress <threads> <rounds> <seed>")
         })
     };
     let (threads, rounds, seed) = (num(8) as usize, num(4) as usize, num(1));
