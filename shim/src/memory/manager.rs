@@ -166,6 +166,13 @@ struct Inner {
     pin_stall: Option<PinStall>,
     /// Threads waiting in `MemoryManager::waiting_for_pins`; pin drops notify only then.
     pin_waiters: usize,
+    /// Set (instead of waiting with the lock held) when frames will come only from swap-outs
+    /// in flight: the caller gives back what it took, releases the lock, waits for these
+    /// copies' events and retries.
+    copy_waits: Vec<Event>,
+    /// How many more times the current operation may wait for copies without the lock;
+    /// after that it waits with the lock held (bounds the retries).
+    unlocked_copy_waits_left: u32,
 }
 
 /// What blocked an eviction: frames wanted while every resident page was pinned.
@@ -173,6 +180,10 @@ struct Inner {
 struct PinStall {
     bytes_needed: usize,
 }
+
+/// How many times one operation may release the lock to wait for swap-out copies before it
+/// waits with the lock held (each wait is followed by a retry from the start).
+const UNLOCKED_COPY_WAITS: u32 = 16;
 
 /// How long a request waits for pinned pages to be released before failing, by default.
 pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(10);
@@ -254,6 +265,8 @@ impl MemoryManager {
             open_tickets: 0,
             pin_stall: None,
             pin_waiters: 0,
+            copy_waits: Vec::new(),
+            unlocked_copy_waits_left: 0,
         };
         Ok(Self {
             inner: Mutex::new(inner),
@@ -389,13 +402,35 @@ impl MemoryManager {
     ) -> Result<T, CUresult> {
         let mut s = self.lock();
         let mut deadline: Option<Instant> = None;
+        s.unlocked_copy_waits_left = UNLOCKED_COPY_WAITS;
         loop {
             s.pin_stall = None;
-            let err = match op(&mut s) {
-                Ok(v) => return Ok(v),
+            s.copy_waits.clear();
+            let result = op(&mut s);
+            let waits = std::mem::take(&mut s.copy_waits);
+            let err = match result {
+                Ok(v) => {
+                    s.unlocked_copy_waits_left = 0;
+                    return Ok(v);
+                }
                 Err(e) => e,
             };
+            if !waits.is_empty() {
+                // Frames are on their way out: wait for those copies without the lock, so
+                // threads whose data is resident go on meanwhile; then start over. A failed
+                // wait is seen again (and reported) by the retry's completion of the swaps.
+                let driver = s.driver.clone();
+                drop(s);
+                for ev in waits {
+                    if let Err(e) = driver.event_synchronize(ev) {
+                        tracing::debug!(code = e, "waiting for a swap-out copy failed");
+                    }
+                }
+                s = self.lock();
+                continue;
+            }
             let Some(stall) = s.pin_stall.take() else {
+                s.unlocked_copy_waits_left = 0;
                 return Err(err);
             };
             let now = Instant::now();
@@ -1494,6 +1529,19 @@ impl Inner {
             if self.dev.available() > 0 {
                 continue; // dead pages were dropped without a copy
             }
+            if !self.outgoing.is_empty() {
+                // Copies out that have finished give their frames now.
+                self.poll()?;
+                if self.dev.available() > 0 {
+                    continue;
+                }
+                if self.unlocked_copy_waits_left > 0 {
+                    // The rest is in flight: let the caller wait for it without the lock.
+                    self.unlocked_copy_waits_left -= 1;
+                    self.copy_waits = self.outgoing_events();
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+            }
             rounds += 1;
             if self.outgoing.is_empty() || rounds > 4 {
                 // Nothing free, nothing on its way out, and nothing evictable: the resident
@@ -1684,6 +1732,21 @@ impl Inner {
             self.host.give(h);
         }
         self.spare_events.push(ev);
+    }
+
+    /// The events of the swap-outs in flight, each once.
+    fn outgoing_events(&self) -> Vec<Event> {
+        let mut evs: Vec<Event> = self
+            .outgoing
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::ToHost { event, .. }) => Some(event),
+                _ => None,
+            })
+            .collect();
+        evs.sort_unstable();
+        evs.dedup();
+        evs
     }
 
     /// Waits for the swap-outs in flight and completes them.
