@@ -41,7 +41,7 @@ impl Pinned {
 /// queued on `stream` (whose handle is `CU_STREAM_PER_THREAD` for a per-thread default
 /// stream). `Ok(None)`: nothing to do. On error the call must not be forwarded: the code is
 /// what the application gets. `what` names the call for the one log line an access larger
-/// than the whole budget gets.
+/// than the whole budget gets (other causes the manager logs itself).
 #[inline]
 pub fn pin(
     rt: &'static Runtime,
@@ -64,9 +64,9 @@ pub fn pin(
     {
         Ok(ticket) => Ok(Some(Pinned { managed, ticket })),
         Err(code) => {
-            if code == CUDA_ERROR_OUT_OF_MEMORY {
-                let bytes = arena_bytes(managed, ranges);
-                let (_, budget) = managed.mm.mem_get_info();
+            let bytes = arena_bytes(managed, ranges);
+            let budget = managed.mm.budget() as u64;
+            if code == CUDA_ERROR_OUT_OF_MEMORY && bytes > budget {
                 tracing::error!(
                     "tensile: {} needs {} bytes ({} MiB) of managed memory at once, more than \
                      the device budget of {} MiB: CUDA_ERROR_OUT_OF_MEMORY",
@@ -74,6 +74,14 @@ pub fn pin(
                     bytes,
                     bytes >> 20,
                     budget >> 20
+                );
+            } else {
+                // Any other cause (host pool, pins, fragmentation) the manager has logged,
+                // once per cause; a line per failed call here would be a flood.
+                tracing::debug!(
+                    "tensile: {} touching {bytes} bytes of managed memory failed with error \
+                     {code}",
+                    what()
                 );
             }
             Err(code)

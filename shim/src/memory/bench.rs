@@ -96,7 +96,30 @@ fn hot_paths() {
     for t in tickets {
         mm.note_access_done(t).unwrap();
     }
+    // The launch hook's cost for resident data at 1,000 live allocations (issue 9).
+    let live: Vec<_> = (0..1000)
+        .map(|_| mm.alloc(256 << 10, Some(s)).unwrap())
+        .collect();
+    for &b in &live {
+        let t = mm.prepare_access(s, &[(b, 256 << 10)]).unwrap();
+        mm.note_access_done(t).unwrap();
+    }
+    let live_ns = time(
+        "prepare_access + note, 1 resident tensor, 1,000 live allocations",
+        200_000,
+        || {
+            let t = mm.prepare_access(s, &[(live[500], 256 << 10)]).unwrap();
+            mm.note_access_done(t).unwrap();
+        },
+    );
+    for b in live {
+        mm.free(b, Some(s)).unwrap();
+    }
     let _ = Stream(0);
+    assert!(
+        live_ns < 20_000.0,
+        "resident access at 1,000 live took {live_ns} ns"
+    );
     // Generous: catches an accidental driver call or a quadratic loop, not noise.
     assert!(ns < 20_000.0, "resident prepare_access took {ns} ns");
 }

@@ -62,6 +62,17 @@ impl DevicePool {
         self.budget_frames
     }
 
+    /// Changes the budget. Frames already created over a smaller budget stay created, but
+    /// [`Self::take`] hands out none while the frames in use reach the budget.
+    pub fn set_budget_frames(&mut self, frames: usize) {
+        self.budget_frames = frames;
+    }
+
+    /// Frames owned by pages (created and not free).
+    pub fn in_use(&self) -> usize {
+        self.frames.len() - self.free.len()
+    }
+
     /// Frames created so far (free or not): the device memory the process holds.
     pub fn created_frames(&self) -> usize {
         self.frames.len()
@@ -73,12 +84,15 @@ impl DevicePool {
 
     /// Frames still obtainable without evicting anything: free ones plus unused budget.
     pub fn available(&self) -> usize {
-        self.free.len() + self.budget_frames.saturating_sub(self.frames.len())
+        self.budget_frames.saturating_sub(self.in_use())
     }
 
     /// A free frame, creating a chunk if the budget has room. `Ok(None)` when the budget is
     /// used up (or the card refused more memory, which then becomes the budget).
     pub fn take(&mut self, driver: &dyn Driver) -> Result<Option<DevFrame>, CUresult> {
+        if self.in_use() >= self.budget_frames {
+            return Ok(None);
+        }
         if let Some(f) = self.free.pop() {
             return Ok(Some(f));
         }

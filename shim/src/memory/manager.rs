@@ -22,17 +22,22 @@
 //! One mutex around all state. The hot path (everything already resident) takes it once,
 //! makes no driver call and allocates one small vector for the ticket. Swapping happens with
 //! the lock held; the host pool has its own lock, taken after this one, and its grower thread
-//! never takes this one.
+//! never takes this one. The one wait made *without* the lock is for pages pinned by other
+//! threads' calls in flight: an operation that finds every evictable page pinned gives back
+//! what it took, waits on `pins_released` (bounded) and starts over
+//! (`MemoryManager::waiting_for_pins`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tensile_driver_abi::{
     CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
 };
 
 use super::driver::{Driver, Event, PhysHandle, Stream};
+use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolError};
 use super::page::{Frame, PageTable, ResidencyState, Use};
@@ -150,18 +155,48 @@ struct Inner {
     /// later time finds them resident and at the same physical memory.
     capture_pinned: HashMap<CUdeviceptr, (usize, usize)>,
     stats: MemoryStats,
+    /// Out-of-memory failures by cause (logged once each, counted, summarized at exit).
+    failures: FailureLog,
+    /// Tickets handed out and not yet returned: calls between `prepare_access` and
+    /// `note_access_done`, whose pages are pinned.
+    open_tickets: usize,
+    /// Set (instead of logging a failure) when frames could not be found only because every
+    /// evictable page is pinned: the caller releases the lock, waits for pins to drop and
+    /// retries (see `MemoryManager::waiting_for_pins`).
+    pin_stall: Option<PinStall>,
+    /// Threads waiting in `MemoryManager::waiting_for_pins`; pin drops notify only then.
+    pin_waiters: usize,
+    /// Set (instead of waiting with the lock held) when frames will come only from swap-outs
+    /// in flight: the caller gives back what it took, releases the lock, waits for these
+    /// copies' events and retries.
+    copy_waits: Vec<Event>,
+    /// How many more times the current operation may wait for copies without the lock;
+    /// after that it waits with the lock held (bounds the retries).
+    unlocked_copy_waits_left: u32,
 }
+
+/// What blocked an eviction: frames wanted while every resident page was pinned.
+#[derive(Clone, Copy, Debug)]
+struct PinStall {
+    bytes_needed: usize,
+}
+
+/// How many times one operation may release the lock to wait for swap-out copies before it
+/// waits with the lock held (each wait is followed by a retry from the start).
+const UNLOCKED_COPY_WAITS: u32 = 16;
+
+/// How long a request waits for pinned pages to be released before failing, by default.
+pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(10);
 
 /// The memory manager. See the module docs for what it guarantees.
 pub struct MemoryManager {
     inner: Mutex<Inner>,
+    /// Signalled when pins drop or memory is freed while someone waits for pinned pages.
+    pins_released: Condvar,
+    /// Bound on a wait for pinned pages, in milliseconds.
+    pin_wait_ms: AtomicU64,
     base: CUdeviceptr,
     arena_bytes: usize,
-}
-
-fn oom(what: std::fmt::Arguments<'_>) -> CUresult {
-    tracing::error!("tensile: out of memory: {what}");
-    CUDA_ERROR_OUT_OF_MEMORY
 }
 
 impl MemoryManager {
@@ -226,9 +261,17 @@ impl MemoryManager {
             host_runs: BTreeMap::new(),
             capture_pinned: HashMap::new(),
             stats: MemoryStats::default(),
+            failures: FailureLog::default(),
+            open_tickets: 0,
+            pin_stall: None,
+            pin_waiters: 0,
+            copy_waits: Vec::new(),
+            unlocked_copy_waits_left: 0,
         };
         Ok(Self {
             inner: Mutex::new(inner),
+            pins_released: Condvar::new(),
+            pin_wait_ms: AtomicU64::new(DEFAULT_PIN_WAIT.as_millis() as u64),
             base,
             arena_bytes,
         })
@@ -255,7 +298,7 @@ impl MemoryManager {
     /// Allocates `size` bytes. `stream` is `Some` for stream-ordered allocations
     /// (`cuMemAllocAsync`), `None` for `cuMemAlloc_v2`.
     pub fn alloc(&self, size: usize, stream: Option<Stream>) -> Result<CUdeviceptr, CUresult> {
-        self.lock().alloc(size, stream.unwrap_or(Stream(0)))
+        self.waiting_for_pins(|s| s.alloc(size, stream.unwrap_or(Stream(0))))
     }
 
     /// `cuMemAllocPitch_v2`: `height` rows of `width` bytes, each row starting at a multiple of
@@ -286,7 +329,10 @@ impl MemoryManager {
     ///
     /// Unknown pointers, interior pointers and double frees give `CUDA_ERROR_INVALID_VALUE`.
     pub fn free(&self, ptr: CUdeviceptr, stream: Option<Stream>) -> Result<(), CUresult> {
-        self.lock().free(ptr, stream)
+        let mut s = self.lock();
+        let r = s.free(ptr, stream);
+        self.wake_pin_waiters(s);
+        r
     }
 
     /// Makes every page of `ranges` device-resident for work about to be queued on `stream`
@@ -299,7 +345,7 @@ impl MemoryManager {
         stream: Stream,
         ranges: &[(CUdeviceptr, usize)],
     ) -> Result<AccessTicket, CUresult> {
-        self.lock().prepare_access(stream, ranges)
+        self.waiting_for_pins(|s| s.prepare_access(stream, ranges))
     }
 
     /// Makes every arena allocation `ranges` touch device-resident *now* (the calling thread
@@ -308,7 +354,7 @@ impl MemoryManager {
     /// launched and on which no stream wait or fence can be placed. Nothing is queued on the
     /// capturing stream. Addresses outside the arena are ignored.
     pub fn pin_for_capture(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<(), CUresult> {
-        self.lock().pin_for_capture(ranges)
+        self.waiting_for_pins(|s| s.pin_for_capture(ranges))
     }
 
     /// Whether the allocation starting at `ptr` is pinned for a captured graph.
@@ -319,7 +365,10 @@ impl MemoryManager {
     /// Reports that the work a ticket was for has been queued on its stream: its pages stay
     /// unevictable until that work completes.
     pub fn note_access_done(&self, ticket: AccessTicket) -> Result<(), CUresult> {
-        self.lock().note_access_done(ticket)
+        let mut s = self.lock();
+        let r = s.note_access_done(ticket);
+        self.wake_pin_waiters(s);
+        r
     }
 
     /// `(free, total)` as the budget sees it: total is the budget, free is the budget less
@@ -341,6 +390,126 @@ impl MemoryManager {
         let mut st = s.stats;
         st.host_pool_bytes = s.host.size_bytes() as u64;
         st
+    }
+
+    /// Runs `op` on the state; when it fails only because every evictable page is pinned by
+    /// other threads' in-flight calls, releases the lock, waits for pins to drop (bounded by
+    /// [`Self::set_pin_wait`]) and runs it again. `op` must leave no pin or frame behind when
+    /// it fails (every `Inner` entry point does). After the bound the failure names the pins.
+    fn waiting_for_pins<T>(
+        &self,
+        mut op: impl FnMut(&mut Inner) -> Result<T, CUresult>,
+    ) -> Result<T, CUresult> {
+        let mut s = self.lock();
+        let mut deadline: Option<Instant> = None;
+        s.unlocked_copy_waits_left = UNLOCKED_COPY_WAITS;
+        loop {
+            s.pin_stall = None;
+            s.copy_waits.clear();
+            let result = op(&mut s);
+            let waits = std::mem::take(&mut s.copy_waits);
+            let err = match result {
+                Ok(v) => {
+                    s.unlocked_copy_waits_left = 0;
+                    return Ok(v);
+                }
+                Err(e) => e,
+            };
+            if !waits.is_empty() {
+                // Frames are on their way out: wait for those copies without the lock, so
+                // threads whose data is resident go on meanwhile; then start over. A failed
+                // wait is seen again (and reported) by the retry's completion of the swaps.
+                let driver = s.driver.clone();
+                drop(s);
+                for ev in waits {
+                    if let Err(e) = driver.event_synchronize(ev) {
+                        tracing::debug!(code = e, "waiting for a swap-out copy failed");
+                    }
+                }
+                s = self.lock();
+                continue;
+            }
+            let Some(stall) = s.pin_stall.take() else {
+                s.unlocked_copy_waits_left = 0;
+                return Err(err);
+            };
+            let now = Instant::now();
+            let wait = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
+            let end = *deadline.get_or_insert(now + wait);
+            if now >= end {
+                return Err(s.fail_pinned(stall, wait));
+            }
+            s.stats.pin_waits += 1;
+            s.pin_waiters += 1;
+            // Re-check at least every few milliseconds: frames also come back through swaps
+            // completing and the maintenance thread, which do not signal.
+            let slice = (end - now).min(Duration::from_millis(2));
+            s = match self.pins_released.wait_timeout(s, slice) {
+                Ok((g, _)) => g,
+                Err(poisoned) => poisoned.into_inner().0,
+            };
+            s.pin_waiters -= 1;
+        }
+    }
+
+    /// Releases the lock and wakes the threads waiting for pinned pages, if any (a wake-up is
+    /// a system call: the hot path makes it only when someone waits).
+    fn wake_pin_waiters(&self, s: MutexGuard<'_, Inner>) {
+        let waiters = s.pin_waiters > 0;
+        drop(s);
+        if waiters {
+            self.pins_released.notify_all();
+        }
+    }
+
+    /// Bounds how long a request waits for pages pinned by in-flight calls before failing
+    /// with an error that names them (default [`DEFAULT_PIN_WAIT`]).
+    pub fn set_pin_wait(&self, wait: Duration) {
+        self.pin_wait_ms
+            .store(wait.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Starts swapping out the pages of `ranges` that are on the device and idle (pages still
+    /// used by queued work or pinned are skipped: this never waits). Returns how many pages
+    /// started leaving; they complete in the background, and an access in the meantime
+    /// cancels them at no cost. For a policy that knows what is not needed soon.
+    pub fn start_swap_out(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.lock().start_swap_out(ranges)
+    }
+
+    /// Starts bringing the swapped-out pages of `ranges` back to the device (evicting the
+    /// least recently used pages if it must), without waiting for the copies: the first
+    /// access waits for them on its own stream. Returns how many pages are coming in.
+    pub fn prefetch(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.waiting_for_pins(|s| s.prefetch(ranges))
+    }
+
+    /// The device budget in bytes.
+    pub fn budget(&self) -> usize {
+        let s = self.lock();
+        s.dev.budget_frames() * s.page
+    }
+
+    /// Changes the device budget at run time. Growing takes effect at once; shrinking evicts
+    /// (and waits for the copies out) until the pages on the device fit, waiting for pages
+    /// pinned by in-flight calls like an eviction does. Allocations never fail because of a
+    /// shrink: they are swapped like any other. A budget below one page is
+    /// `CUDA_ERROR_INVALID_VALUE`. Device memory freed by a shrink stays reserved by the
+    /// process (chunks are released at shutdown) but is no longer used.
+    pub fn set_budget(&self, bytes: usize) -> Result<(), CUresult> {
+        let page = self.lock().page;
+        let frames = bytes / page;
+        if frames == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = self.waiting_for_pins(|s| s.set_budget(frames));
+        self.pins_released.notify_all();
+        r
+    }
+
+    /// Out-of-memory failures so far, by cause.
+    pub fn failure_summary(&self) -> Vec<(FailureCause, u64)> {
+        self.lock().failures.summary()
     }
 
     /// Completes whatever swaps have finished (cheap; callers may call it when idle).
@@ -535,10 +704,19 @@ impl Inner {
             Ok(p) => p,
             Err(SubAllocError::ZeroSize) => return Err(CUDA_ERROR_INVALID_VALUE),
             Err(_) => {
-                return Err(oom(format_args!(
-                    "the {} GiB arena has no room for {size} bytes",
-                    self.sub.frontier() >> 30
-                )))
+                let f = self.sub.fragmentation();
+                return Err(self.failures.record(
+                    FailureCause::Fragmentation,
+                    format_args!(
+                        "the {} arena has no room for {size} bytes ({}): {} free in {} holes, \
+                         the largest {}",
+                        human_bytes(self.cfg.arena_bytes),
+                        human_bytes(size),
+                        human_bytes(f.free_bytes as usize),
+                        f.hole_count,
+                        human_bytes(f.largest_hole as usize)
+                    ),
+                ));
             }
         };
         let a = placed.alloc;
@@ -795,12 +973,17 @@ impl Inner {
                     }
                 }
                 Err(match first {
-                    HostPoolError::CapReached { cap_bytes } => oom(format_args!(
-                        "the pinned host pool is full ({cap_bytes} bytes, TENSILE_HOST_MEMORY)"
-                    )),
-                    HostPoolError::Driver(code) => oom(format_args!(
-                        "the driver refused pinned host memory (error {code})"
-                    )),
+                    HostPoolError::CapReached { cap_bytes } => self.failures.record(
+                        FailureCause::HostPool,
+                        format_args!(
+                            "the pinned host pool is full ({}, TENSILE_HOST_MEMORY)",
+                            human_bytes(cap_bytes)
+                        ),
+                    ),
+                    HostPoolError::Driver(code) => self.failures.record(
+                        FailureCause::HostPool,
+                        format_args!("the driver refused pinned host memory (error {code})"),
+                    ),
                 })
             }
         }
@@ -949,6 +1132,7 @@ impl Inner {
         };
         let resident = self.pin_pages(&ticket);
         if resident {
+            self.open_tickets += 1;
             return Ok(ticket);
         }
         let t0 = Instant::now();
@@ -958,6 +1142,7 @@ impl Inner {
                     self.stats.stalled_launches += 1;
                     self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
                 }
+                self.open_tickets += 1;
                 Ok(ticket)
             }
             Err(e) => {
@@ -1073,13 +1258,17 @@ impl Inner {
             })
             .count();
         if touched > self.dev.budget_frames() {
-            return Err(oom(format_args!(
-                "one access on stream {:#x} needs {} bytes of device memory; the budget is {} \
-                 bytes (TENSILE_DEVICE_MEMORY)",
-                t.stream.0,
-                touched * self.page,
-                self.dev.budget_frames() * self.page
-            )));
+            let (stream, needed) = (t.stream.0, touched * self.page);
+            let budget = self.dev.budget_frames() * self.page;
+            return Err(self.failures.record(
+                FailureCause::Budget,
+                format_args!(
+                    "one access on stream {stream:#x} needs {} of device memory at once; the \
+                     budget is {} (TENSILE_DEVICE_MEMORY)",
+                    human_bytes(needed),
+                    human_bytes(budget)
+                ),
+            ));
         }
         // Finished swap-outs are not completed here: that is VMM work (unmap, map, set
         // access) the launch does not need unless it is short of frames (`acquire_into` then
@@ -1330,20 +1519,38 @@ impl Inner {
                 got.push(d);
                 continue;
             }
-            rounds += 1;
-            if rounds > 4 {
-                return Err(oom(format_args!(
-                    "no evictable device memory: {} bytes needed, every resident page is in \
-                     use by queued or pinned work",
-                    n * self.page
-                )));
-            }
             // Evict enough for the rest (in flight already counts), then wait for it.
             let short = n - got.len();
             let in_flight = self.outgoing.len();
             if short > in_flight {
                 let want = (short - in_flight).max(self.cfg.evict_batch);
                 self.evict(want, short - in_flight)?;
+            }
+            if self.dev.available() > 0 {
+                continue; // dead pages were dropped without a copy
+            }
+            if !self.outgoing.is_empty() {
+                // Copies out that have finished give their frames now.
+                self.poll()?;
+                if self.dev.available() > 0 {
+                    continue;
+                }
+                if self.unlocked_copy_waits_left > 0 {
+                    // The rest is in flight: let the caller wait for it without the lock.
+                    self.unlocked_copy_waits_left -= 1;
+                    self.copy_waits = self.outgoing_events();
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+            }
+            rounds += 1;
+            if self.outgoing.is_empty() || rounds > 4 {
+                // Nothing free, nothing on its way out, and nothing evictable: the resident
+                // pages are pinned by calls in flight on other threads. Not an out-of-memory:
+                // the caller gives back what it holds, waits for pins to drop and retries.
+                self.pin_stall = Some(PinStall {
+                    bytes_needed: n * self.page,
+                });
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
             self.wait_outgoing()?;
         }
@@ -1354,35 +1561,48 @@ impl Inner {
     /// waiting for their last uses if there are not enough idle ones).
     fn evict(&mut self, want: usize, need: usize) -> Result<(), CUresult> {
         self.fences.poll_all(&*self.driver)?;
-        let (mut idle, mut busy) = self.eviction_candidates(want);
-        if idle.len() + busy.len() < need && !self.incoming.is_empty() {
+        let mut candidates = self.eviction_candidates();
+        if candidates.len() < need && !self.incoming.is_empty() {
             // Pages still arriving hold frames too: let them land, then they can leave.
             self.wait_incoming()?;
-            (idle, busy) = self.eviction_candidates(want);
+            candidates = self.eviction_candidates();
         }
-        let mut victims: Vec<usize> = idle.iter().map(|c| c.1).collect();
-        if victims.len() < need {
-            // Not enough idle pages: wait for the least recently used busy ones.
-            busy.sort_unstable();
-            for &(_, p) in &busy {
-                if victims.len() >= need {
-                    break;
-                }
-                let uses = self
-                    .pages
-                    .get(p)
-                    .map(|e| e.uses.clone())
-                    .unwrap_or_default();
-                for u in uses {
-                    self.fences
-                        .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
-                }
-                let completed = self.fences.completed();
-                if self.pages.get(p).is_some_and(|e| e.is_idle(completed)) {
-                    victims.push(p);
-                }
+        // Oldest first, idle and busy alike: a hot page that happens to be idle right now
+        // stays, a colder page still used by queued work leaves once that work is done. A
+        // busy page is waited for only while fewer than `need` victims are found; beyond
+        // that (the optional part of a batch, or eviction ahead of need) it is skipped.
+        let mut victims: Vec<usize> = Vec::with_capacity(want.max(need));
+        for (_, p, idle) in candidates {
+            if victims.len() >= want.max(need) {
+                break;
+            }
+            if idle {
+                victims.push(p);
+                continue;
+            }
+            if victims.len() >= need {
+                continue;
+            }
+            let uses = self
+                .pages
+                .get(p)
+                .map(|e| e.uses.clone())
+                .unwrap_or_default();
+            for u in uses {
+                self.fences
+                    .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
+            }
+            let completed = self.fences.completed();
+            if self.pages.get(p).is_some_and(|e| e.is_idle(completed)) {
+                victims.push(p);
             }
         }
+        self.swap_out_pages(victims, need)
+    }
+
+    /// Starts the swap-out of `victims` (idle, unpinned `Device` pages); dead ones are dropped
+    /// without a copy. Host frames are required for the first `need` copies only.
+    fn swap_out_pages(&mut self, mut victims: Vec<usize>, need: usize) -> Result<(), CUresult> {
         if victims.is_empty() {
             return Ok(());
         }
@@ -1462,27 +1682,16 @@ impl Inner {
     }
 
     /// Unpinned `Device` pages as (last access, page, idle), least recently used first.
-    /// Unpinned `Device` pages as (last access, page): the `want` least recently used idle
-    /// ones, oldest first (a linear selection, not a sort of the whole table), and all busy
-    /// ones, unsorted.
-    fn eviction_candidates(&self, want: usize) -> (Vec<Aged>, Vec<Aged>) {
+    fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
         let completed = self.fences.completed();
-        let (mut idle, mut busy) = (Vec::new(), Vec::new());
-        for (p, e) in self.pages.iter() {
-            if e.pins == 0 && matches!(e.state, ResidencyState::Device(_)) {
-                if e.is_idle(completed) {
-                    idle.push((e.last_access, p));
-                } else {
-                    busy.push((e.last_access, p));
-                }
-            }
-        }
-        if want > 0 && idle.len() > want {
-            idle.select_nth_unstable(want - 1);
-            idle.truncate(want);
-        }
-        idle.sort_unstable();
-        (idle, busy)
+        let mut aged: Vec<(u64, usize, bool)> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
+            .map(|(p, e)| (e.last_access, p, e.is_idle(completed)))
+            .collect();
+        aged.sort_unstable();
+        aged
     }
 
     /// Waits for the swap-ins in flight and completes them.
@@ -1523,6 +1732,21 @@ impl Inner {
             self.host.give(h);
         }
         self.spare_events.push(ev);
+    }
+
+    /// The events of the swap-outs in flight, each once.
+    fn outgoing_events(&self) -> Vec<Event> {
+        let mut evs: Vec<Event> = self
+            .outgoing
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::ToHost { event, .. }) => Some(event),
+                _ => None,
+            })
+            .collect();
+        evs.sort_unstable();
+        evs.dedup();
+        evs
     }
 
     /// Waits for the swap-outs in flight and completes them.
@@ -1647,6 +1871,7 @@ impl Inner {
     }
 
     fn note_access_done(&mut self, t: AccessTicket) -> Result<(), CUresult> {
+        self.open_tickets = self.open_tickets.saturating_sub(1);
         let slot = self.fences.slot_of(t.stream);
         // If the fence cannot be recorded, the pages still must not leave before the work:
         // they wait for the stream's next fence instead (recorded on demand by an eviction).
@@ -1670,9 +1895,114 @@ impl Inner {
         result
     }
 
+    /// The failure after a bounded wait for pinned pages: names the pins and who holds them.
+    fn fail_pinned(&mut self, stall: PinStall, waited: Duration) -> CUresult {
+        let pinned = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins > 0 && e.state.device_frame().is_some())
+            .count();
+        let (calls, graphs) = (self.open_tickets, self.capture_pinned.len());
+        let budget = self.dev.budget_frames() * self.page;
+        self.failures.record(
+            FailureCause::PinnedByCalls,
+            format_args!(
+                "{} of device memory needed; {pinned} pages ({}) of the {} budget are pinned \
+                 by {calls} in-flight calls and {graphs} captured-graph allocations, and stayed \
+                 pinned for {:.1} s",
+                human_bytes(stall.bytes_needed),
+                human_bytes(pinned * self.page),
+                human_bytes(budget),
+                waited.as_secs_f64()
+            ),
+        )
+    }
+
+    // ---- verbs for a planned policy ----
+
+    /// Pages of `ranges` (inclusive runs), deduplicated.
+    fn pages_in(&self, ranges: &[(CUdeviceptr, usize)]) -> Vec<usize> {
+        let mut pages: Vec<usize> = ranges
+            .iter()
+            .filter_map(|&(a, len)| self.pages_of(a, len as u64))
+            .flat_map(|(a, b)| a..=b)
+            .collect();
+        pages.sort_unstable();
+        pages.dedup();
+        pages
+    }
+
+    fn start_swap_out(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.fences.poll_all(&*self.driver)?;
+        let completed = self.fences.completed();
+        let victims: Vec<usize> = self
+            .pages_in(ranges)
+            .into_iter()
+            .filter(|&p| {
+                self.pages.get(p).is_some_and(|e| {
+                    matches!(e.state, ResidencyState::Device(_)) && e.is_idle(completed)
+                })
+            })
+            .collect();
+        let before = self.outgoing.len();
+        self.swap_out_pages(victims, 0)?;
+        Ok(self.outgoing.len() - before)
+    }
+
+    fn prefetch(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        let pages = self.pages_in(ranges);
+        let coming: usize = pages
+            .iter()
+            .filter(|&&p| {
+                self.pages
+                    .get(p)
+                    .is_some_and(|e| matches!(e.state, ResidencyState::Host(_)))
+            })
+            .count();
+        if coming == 0 {
+            return Ok(0);
+        }
+        // A ticket on the manager's own swap-in stream: the copies in are queued there and
+        // the first access waits for them on its own stream, as for any page `ToDevice`.
+        self.clock += 1;
+        let ticket = AccessTicket {
+            stream: self.swap_in_stream,
+            runs: runs(&pages),
+        };
+        let _resident = self.pin_pages(&ticket);
+        let r = self.make_resident(&ticket, false);
+        self.unpin(&ticket);
+        r.map(|_| coming)
+    }
+
+    fn set_budget(&mut self, frames: usize) -> Result<(), CUresult> {
+        self.dev.set_budget_frames(frames);
+        for _ in 0..8 {
+            self.poll()?;
+            let over = self.dev.in_use().saturating_sub(frames);
+            if over == 0 {
+                return Ok(());
+            }
+            let out = self.outgoing.len();
+            if over > out {
+                self.evict(over - out, over - out)?;
+            }
+            if self.outgoing.is_empty() {
+                break;
+            }
+            self.wait_outgoing()?;
+        }
+        // What is left over the budget is pinned by calls in flight: wait for them.
+        self.pin_stall = Some(PinStall {
+            bytes_needed: self.dev.in_use().saturating_sub(frames) * self.page,
+        });
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
     // ---- shutdown ----
 
     fn shutdown(&mut self) {
+        self.failures.log_summary();
         let d = self.driver.clone();
         let _ = d.stream_synchronize(self.swap_in_stream);
         let _ = d.stream_synchronize(self.swap_out_stream);
@@ -1706,9 +2036,6 @@ impl Inner {
         let _ = d.stream_destroy(self.swap_out_stream);
     }
 }
-
-/// A page with the access clock of its last access, `(last_access, page)`: sorts LRU-first.
-type Aged = (u64, usize);
 
 /// Page copies `(dst, src)` merged into as few copies as possible: consecutive pages whose
 /// destinations and sources are both contiguous become one (the host pool hands out frames

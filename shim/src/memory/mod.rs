@@ -21,6 +21,7 @@
 //! | [`frames`] | device frames within the budget; the pinned host pool |
 //! | [`extent`] | best-fit free extents |
 //! | [`suballoc`] | carving allocations out of the arena, stream-ordered reuse |
+//! | [`failures`] | out-of-memory failures by cause: log once, count, summarize |
 //! | [`fences`] | per-stream fences: which queued work has finished |
 //! | [`manager`] | the manager tying these together |
 //! | [`stats`] | swap statistics |
@@ -30,6 +31,7 @@ pub mod cuda;
 
 pub mod driver;
 pub mod extent;
+pub mod failures;
 pub mod fake;
 pub mod fences;
 pub mod frames;
@@ -50,6 +52,7 @@ mod vmm_count;
 
 pub use budget::{parse_size, BudgetError, SizeSpec};
 pub use driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
+pub use failures::FailureCause;
 pub use manager::{AccessTicket, ManagerConfig, MemoryManager};
 pub use page::{PageTable, ResidencyState};
 pub use stats::MemoryStats;

@@ -20,6 +20,9 @@ pub struct MemoryStats {
     pub pages_evicted: u64,
     /// Pages brought back (host → device).
     pub pages_swapped_in: u64,
+    /// Times a request found every evictable page pinned by other threads' in-flight calls
+    /// and waited (without the lock) for pins to drop.
+    pub pin_waits: u64,
 }
 
 impl From<MemoryStats> for tensile_trace::Stats {

@@ -1189,3 +1189,175 @@ fn regression_a_failed_event_query_keeps_deferred_host_frames() {
     assert_eq!(INJECTABLE[7], FakeCall::EventQuery);
     run_model(ops, 6, Progress::Manual).unwrap();
 }
+
+// ---- concurrency: waiting for pins, age order, verbs for a policy ----
+
+fn on_device(mm: &MemoryManager, p: CUdeviceptr) -> bool {
+    matches!(mm.residency(p), Some(ResidencyState::Device(_)))
+}
+
+#[test]
+fn eviction_waits_for_pages_pinned_by_another_threads_call_then_succeeds() {
+    let (fake, mm) = setup(4, 64, Progress::Immediate);
+    let (s1, s2) = (fake.stream_create().unwrap(), fake.stream_create().unwrap());
+    let a = mm.alloc(4 * PAGE, None).unwrap();
+    write(&fake, &mm, s1, a, pattern(1, 4 * PAGE));
+    let b = mm.alloc(2 * PAGE, None).unwrap();
+    write(&fake, &mm, s2, b, pattern(2, 2 * PAGE));
+    // A call on s1 has every page of `a` pinned (queued, not yet reported)...
+    let pinned = mm.prepare_access(s1, &[(a, 4 * PAGE)]).unwrap();
+    assert!(on_device(&mm, a) && !on_device(&mm, b));
+    std::thread::scope(|sc| {
+        // ...while another thread needs `b` back: no page is evictable, so it waits.
+        let waiter = sc.spawn(|| {
+            let t = mm.prepare_access(s2, &[(b, 2 * PAGE)])?;
+            mm.note_access_done(t)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !waiter.is_finished(),
+            "the access did not wait for the pins"
+        );
+        mm.note_access_done(pinned).unwrap();
+        waiter.join().unwrap().unwrap();
+    });
+    assert!(mm.stats().pin_waits >= 1);
+    assert_eq!(mm.failure_summary(), vec![]);
+    assert_eq!(
+        read(&fake, &mm, s2, b, 2 * PAGE).get().unwrap(),
+        pattern(2, 2 * PAGE)
+    );
+    assert_eq!(
+        read(&fake, &mm, s1, a, 4 * PAGE).get().unwrap(),
+        pattern(1, 4 * PAGE)
+    );
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn eviction_times_out_naming_the_pinned_pages() {
+    let (fake, mm) = setup(4, 64, Progress::Immediate);
+    mm.set_pin_wait(std::time::Duration::from_millis(50));
+    let (s, s2) = (fake.stream_create().unwrap(), fake.stream_create().unwrap());
+    let a = mm.alloc(4 * PAGE, None).unwrap();
+    write(&fake, &mm, s, a, pattern(3, 4 * PAGE));
+    let b = mm.alloc(PAGE, None).unwrap();
+    let pinned = mm.prepare_access(s, &[(a, 4 * PAGE)]).unwrap();
+    let r = std::thread::scope(|sc| sc.spawn(|| mm.prepare_access(s2, &[(b, PAGE)])).join());
+    assert_eq!(r.unwrap().unwrap_err(), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        mm.failure_summary(),
+        vec![(crate::memory::FailureCause::PinnedByCalls, 1)]
+    );
+    // Once the call is reported the same access goes through, and nothing was lost.
+    mm.note_access_done(pinned).unwrap();
+    write(&fake, &mm, s2, b, pattern(4, PAGE));
+    assert_eq!(
+        read(&fake, &mm, s, a, 4 * PAGE).get().unwrap(),
+        pattern(3, 4 * PAGE)
+    );
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn eviction_takes_the_oldest_page_even_if_it_is_still_busy() {
+    let (fake, mm) = setup(4, 64, Progress::Manual);
+    let (s1, s2) = (fake.stream_create().unwrap(), fake.stream_create().unwrap());
+    let [a, b, c, d] = [0, 1, 2, 3].map(|_| mm.alloc(PAGE, None).unwrap());
+    // `c` is used first, by work still queued on s2; then d, b, a, whose work completes.
+    write(&fake, &mm, s2, c, pattern(5, PAGE));
+    for (i, p) in [d, b, a].into_iter().enumerate() {
+        write(&fake, &mm, s1, p, pattern(6 + i as u8, PAGE));
+    }
+    while fake.step(s1) {}
+    mm.poll().unwrap();
+    let e = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s1, e, pattern(9, PAGE));
+    fake.run_all();
+    mm.poll().unwrap();
+    assert!(!on_device(&mm, c), "the oldest (busy) page stayed");
+    assert!(on_device(&mm, a), "the newest page was evicted");
+    for (p, seed) in [(c, 5), (d, 6), (b, 7), (a, 8), (e, 9)] {
+        let r = read(&fake, &mm, s1, p, PAGE);
+        fake.run_all();
+        assert_eq!(r.get().unwrap(), pattern(seed, PAGE));
+    }
+    fake.run_all();
+    mm.poll().unwrap();
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn set_budget_shrinks_by_evicting_and_grows_back() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let ptrs: Vec<CUdeviceptr> = (0..8).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+    }
+    assert_eq!(ptrs.iter().filter(|&&p| on_device(&mm, p)).count(), 8);
+    mm.set_budget(3 * PAGE).unwrap();
+    assert_eq!(mm.budget(), 3 * PAGE);
+    assert!(ptrs.iter().filter(|&&p| on_device(&mm, p)).count() <= 3);
+    // Allocations and accesses go on, swapping within the smaller budget.
+    let more = mm.alloc(2 * PAGE, None).unwrap();
+    write(&fake, &mm, s, more, pattern(42, 2 * PAGE));
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert_eq!(
+            read(&fake, &mm, s, p, PAGE).get().unwrap(),
+            pattern(i as u8, PAGE)
+        );
+        let on = ptrs.iter().filter(|&&q| on_device(&mm, q)).count()
+            + usize::from(on_device(&mm, more))
+            + usize::from(on_device(&mm, more + PAGE as u64));
+        assert!(on <= 3, "{on} pages on the device over a 3-page budget");
+    }
+    assert_eq!(mm.set_budget(PAGE / 2), Err(CUDA_ERROR_INVALID_VALUE));
+    mm.set_budget(16 * PAGE).unwrap();
+    for &p in &ptrs {
+        write(&fake, &mm, s, p, pattern(1, PAGE));
+    }
+    assert_eq!(ptrs.iter().filter(|&&p| on_device(&mm, p)).count(), 8);
+    assert_eq!(
+        read(&fake, &mm, s, more, 2 * PAGE).get().unwrap(),
+        pattern(42, 2 * PAGE)
+    );
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn start_swap_out_and_prefetch_move_the_given_ranges() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let x = mm.alloc(2 * PAGE, None).unwrap();
+    let y = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, x, pattern(11, 2 * PAGE));
+    write(&fake, &mm, s, y, pattern(12, PAGE));
+    assert_eq!(mm.start_swap_out(&[(x, 2 * PAGE)]).unwrap(), 2);
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(x), Some(ResidencyState::Host(_))));
+    assert!(matches!(
+        mm.residency(x + PAGE as u64),
+        Some(ResidencyState::Host(_))
+    ));
+    assert!(on_device(&mm, y), "a page outside the ranges moved");
+    assert_eq!(
+        mm.start_swap_out(&[(x, 2 * PAGE)]).unwrap(),
+        0,
+        "already out"
+    );
+    assert_eq!(mm.prefetch(&[(x, 2 * PAGE)]).unwrap(), 2);
+    mm.poll().unwrap();
+    assert!(on_device(&mm, x) && on_device(&mm, x + PAGE as u64));
+    assert_eq!(mm.stats().stalled_launches, 0);
+    assert_eq!(
+        read(&fake, &mm, s, x, 2 * PAGE).get().unwrap(),
+        pattern(11, 2 * PAGE)
+    );
+    assert_eq!(
+        mm.stats().stalled_launches,
+        0,
+        "the prefetched access stalled"
+    );
+    assert_consistent(&fake, &mm);
+}
