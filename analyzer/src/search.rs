@@ -380,8 +380,14 @@ fn make_room(
         .unwrap_or(spanning[0]);
     let room = u64::from(g.to - last_u);
     let back = rng.below(room.min(16)) as u32;
-    let fetch = g.to - back;
-    evictions.push(Eviction {
+    evictions.push(round_trip(g, g.to - back, period));
+    true
+}
+
+/// The round trip of gap `g`: written out after the access that opens it, read back at
+/// unrolled position `fetch`.
+fn round_trip(g: Gap, fetch: u32, period: u32) -> Eviction {
+    Eviction {
         piece: g.tensor,
         out_after: g.from % period,
         fetch_at: fetch % period,
@@ -389,8 +395,7 @@ fn make_room(
         gap_from: g.from,
         fetch_unrolled: fetch,
         gap_to: g.to,
-    });
-    true
+    }
 }
 
 /// Applies one random mutation to eviction `i`; false if the chosen one does not apply.
@@ -451,16 +456,7 @@ fn add_round_trip(evictions: &mut Vec<Eviction>, gaps: &[Gap], period: u32, rng:
     let room = u64::from(g.to - g.from - 1);
     let reach = if rng.below(2) == 0 { 16 } else { room };
     let back = rng.below(room.min(reach)) as u32;
-    let fetch = g.to - back;
-    evictions.push(Eviction {
-        piece: g.tensor,
-        out_after: g.from % period,
-        fetch_at: fetch % period,
-        needed_by: g.to % period,
-        gap_from: g.from,
-        fetch_unrolled: fetch,
-        gap_to: g.to,
-    });
+    evictions.push(round_trip(g, g.to - back, period));
     true
 }
 

@@ -20,6 +20,8 @@ use std::time::Instant;
 
 use tensile_trace::{Reader, Record, Stats};
 
+use crate::workdir::WorkDir;
+
 const MIB: u64 = 1 << 20;
 
 /// Arguments of `tensile demo`.
@@ -87,34 +89,6 @@ fn real_gpu(workload: &Path) -> bool {
         .stderr(Stdio::null())
         .output()
         .is_ok_and(|o| o.status.success())
-}
-
-/// A scratch directory holding `libcuda.so.1` → the simulator, removed on drop unless kept.
-struct WorkDir {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl WorkDir {
-    fn new(simulator: &Path, keep: bool) -> Result<WorkDir, String> {
-        let path = std::env::temp_dir().join(format!("tensile-demo-{}", std::process::id()));
-        std::fs::create_dir_all(&path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        let dir = WorkDir { path, keep };
-        let link = dir.path.join("libcuda.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(simulator, &link)
-            .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
-        Ok(dir)
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
 }
 
 /// One run of the workload: its digests and how long it took.
@@ -244,7 +218,7 @@ pub fn run(args: DemoArgs) -> Result<(), String> {
     let budget = demo_budget(footprint, args.ratio)?;
     let pieces = find_pieces()?;
     let gpu = !args.simulated && real_gpu(&pieces.workload);
-    let work = WorkDir::new(&pieces.simulator, args.keep)?;
+    let work = WorkDir::new("demo", &pieces.simulator, args.keep)?;
     println!(
         "tensile demo: {} layers, tensors of {} KiB, {} iterations: footprint {}, device budget {} \
          ({:.1}x), on {}",

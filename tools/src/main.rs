@@ -8,6 +8,7 @@ mod replay;
 mod rerun;
 mod run;
 mod trace_info;
+mod workdir;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

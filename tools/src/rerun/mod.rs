@@ -32,6 +32,7 @@ use tensile_analyzer::search::SearchOptions;
 use tensile_analyzer::{analyze, evaluate_many_with, Analysis, Budget, CostModel, PolicyKind};
 use tensile_trace::{Reader, Record, Stats};
 
+use crate::workdir::WorkDir;
 use script::Scaling;
 
 /// Arguments of `tensile rerun`.
@@ -126,31 +127,6 @@ fn find_pieces() -> Result<Pieces, String> {
         ));
     }
     Ok(pieces)
-}
-
-/// A scratch directory (the script, traces, `libcuda.so.1` → the simulator), removed on drop.
-struct WorkDir {
-    path: PathBuf,
-}
-
-impl WorkDir {
-    fn new(simulator: &Path) -> Result<WorkDir, String> {
-        let path = std::env::temp_dir().join(format!("tensile-rerun-{}", std::process::id()));
-        std::fs::create_dir_all(&path)
-            .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
-        let dir = WorkDir { path };
-        let link = dir.path.join("libcuda.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(simulator, &link)
-            .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
-        Ok(dir)
-    }
-}
-
-impl Drop for WorkDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
 }
 
 /// The copy bandwidths of GPU_FACTS.md (GB/s), which `tensile replay` also assumes.
@@ -608,7 +584,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         max_slots: Scaling::slots_for_budget((!policies.is_empty()).then_some(scaled_budget)),
     };
     let script = script::build(&trace, &analysis, &cost, scaling, args.iterations);
-    let work = WorkDir::new(&pieces.simulator)?;
+    let work = WorkDir::new("rerun", &pieces.simulator, false)?;
     let script_path = work.path.join("script.json");
     let text = serde_json::to_string(&script).map_err(|e| e.to_string())?;
     std::fs::write(&script_path, text)
