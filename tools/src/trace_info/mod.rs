@@ -10,6 +10,8 @@ mod model;
 mod native;
 mod timeline;
 
+use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -155,6 +157,72 @@ fn format_name(format: SourceFormat) -> &'static str {
     match format {
         SourceFormat::CaptureV1 => "capture v1",
         SourceFormat::Tensile => "tensile",
+    }
+}
+
+/// `part` as a percentage of `whole` ("-" for none).
+pub(crate) fn pct(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "-".to_string()
+    } else {
+        format!("{:.5}%", 100.0 * part as f64 / whole as f64)
+    }
+}
+
+/// Launches of one kernel and their GPU time (over the launches that have one).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct KernelStats {
+    pub launches: u64,
+    pub gpu_ns: u64,
+    pub timed: u64,
+}
+
+impl KernelStats {
+    pub fn time(&mut self, gpu_ns: u64) {
+        self.gpu_ns += gpu_ns;
+        self.timed += 1;
+    }
+}
+
+/// The report's kernel table: the `top` kernels by GPU time, or by launch count when no launch
+/// has a GPU time; ties in kernel id order.
+pub(crate) fn write_top_kernels<'a>(
+    out: &mut String,
+    kernels: &HashMap<u32, KernelStats>,
+    name: impl Fn(u32) -> Option<&'a str>,
+    top: usize,
+) {
+    let mut kernels: Vec<_> = kernels.iter().collect();
+    let timed = kernels.iter().any(|(_, k)| k.timed > 0);
+    kernels.sort_by(|a, b| {
+        let key = |k: &KernelStats| if timed { k.gpu_ns } else { k.launches };
+        key(b.1).cmp(&key(a.1)).then(a.0.cmp(b.0))
+    });
+    let _ = writeln!(
+        out,
+        "top kernels by {}:",
+        if timed {
+            "GPU time"
+        } else {
+            "launch count (no GPU times recorded)"
+        }
+    );
+    let _ = writeln!(
+        out,
+        "  {:>10} {:>12} {:>10}  name",
+        "launches", "gpu total", "mean"
+    );
+    for (&id, k) in kernels.into_iter().take(top) {
+        let (total, mean) = match k.gpu_ns.checked_div(k.timed) {
+            Some(mean) => (ms(k.gpu_ns), ms(mean)),
+            None => ("-".into(), "-".into()),
+        };
+        let name = name(id).unwrap_or("?");
+        let _ = writeln!(
+            out,
+            "  {:>10} {:>12} {:>10}  {name}",
+            k.launches, total, mean
+        );
     }
 }
 

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use tensile_analyzer::model::{CopyDir, OpKind, Trace};
 
-use super::{bytes, ms};
+use super::{bytes, pct, write_top_kernels, KernelStats};
 
 /// The report of a loaded trace, in the same shape as the native one where the data allows.
 pub fn report(trace: &Trace, top: usize) -> String {
@@ -63,7 +63,7 @@ pub fn report(trace: &Trace, top: usize) -> String {
 
     let mut streams = HashSet::new();
     let mut touched = vec![false; trace.allocations.len()];
-    let mut kernels: HashMap<u32, (u64, u64, u64)> = HashMap::new();
+    let mut kernels: HashMap<u32, KernelStats> = HashMap::new();
     let mut copies: HashMap<CopyDir, (u64, u64)> = HashMap::new();
     let (mut launches, mut resolved, mut memsets) = (0u64, 0u64, 0u64);
     for op in &trace.ops {
@@ -78,10 +78,9 @@ pub fn report(trace: &Trace, top: usize) -> String {
                     }
                 }
                 let k = kernels.entry(kernel).or_default();
-                k.0 += 1;
+                k.launches += 1;
                 if let Some(ns) = op.gpu_ns {
-                    k.1 += ns;
-                    k.2 += 1;
+                    k.time(ns);
                 }
             }
             OpKind::Copy { dir } => {
@@ -92,13 +91,6 @@ pub fn report(trace: &Trace, top: usize) -> String {
             OpKind::Memset => memsets += 1,
         }
     }
-    let pct = |part: u64, whole: u64| {
-        if whole == 0 {
-            "-".to_string()
-        } else {
-            format!("{:.5}%", 100.0 * part as f64 / whole as f64)
-        }
-    };
     let _ = writeln!(
         out,
         "launches: {launches} on {} streams, {} kernels; with a resolved allocation: {}",
@@ -132,33 +124,6 @@ pub fn report(trace: &Trace, top: usize) -> String {
         "swap statistics: none (this format records the program, not libtensile's swapping)"
     );
 
-    let mut kernels: Vec<_> = kernels.into_iter().collect();
-    let timed = kernels.iter().any(|(_, k)| k.2 > 0);
-    kernels.sort_by(|a, b| {
-        let key = |k: &(u64, u64, u64)| if timed { k.1 } else { k.0 };
-        key(&b.1).cmp(&key(&a.1)).then(a.0.cmp(&b.0))
-    });
-    let _ = writeln!(
-        out,
-        "top kernels by {}:",
-        if timed {
-            "GPU time"
-        } else {
-            "launch count (no GPU times recorded)"
-        }
-    );
-    let _ = writeln!(
-        out,
-        "  {:>10} {:>12} {:>10}  name",
-        "launches", "gpu total", "mean"
-    );
-    for (id, (count, gpu_ns, timed)) in kernels.into_iter().take(top) {
-        let name = trace.kernel_name(id).unwrap_or("?");
-        let (total, mean) = match gpu_ns.checked_div(timed) {
-            Some(mean) => (ms(gpu_ns), ms(mean)),
-            None => ("-".into(), "-".into()),
-        };
-        let _ = writeln!(out, "  {count:>10} {total:>12} {mean:>10}  {name}");
-    }
+    write_top_kernels(&mut out, &kernels, |id| trace.kernel_name(id), top);
     out
 }

@@ -11,14 +11,7 @@ use std::fmt::Write as _;
 
 use tensile_trace::{CopyKind, Record, Stats};
 
-use super::{bytes, ms};
-
-#[derive(Default)]
-struct KernelStats {
-    launches: u64,
-    gpu_ns: u64,
-    timed: u64,
-}
+use super::{bytes, ms, pct, write_top_kernels, KernelStats};
 
 /// Running totals over a trace's records.
 #[derive(Default)]
@@ -99,9 +92,7 @@ impl TraceSummary {
             }
             Record::LaunchTime(t) => {
                 if let Some(kernel) = self.kernel_of_launch.remove(&t.seq) {
-                    let stats = self.kernels.entry(kernel).or_default();
-                    stats.gpu_ns += t.gpu_ns;
-                    stats.timed += 1;
+                    self.kernels.entry(kernel).or_default().time(t.gpu_ns);
                 }
             }
             Record::Copy(c) => {
@@ -126,13 +117,6 @@ impl TraceSummary {
     /// The human-readable report.
     pub fn report(&self, top: usize) -> String {
         let mut out = String::new();
-        let pct = |part: u64, whole: u64| {
-            if whole == 0 {
-                "-".to_string()
-            } else {
-                format!("{:.5}%", 100.0 * part as f64 / whole as f64)
-            }
-        };
         let _ = writeln!(
             out,
             "records:  {} over {:.3} s",
@@ -176,38 +160,12 @@ impl TraceSummary {
         }
         let _ = writeln!(out, "memsets: {}; host syncs: {}", self.memsets, self.syncs);
         out.push_str(&stats_report(&self.stats));
-        let mut kernels: Vec<_> = self.kernels.iter().collect();
-        let timed = kernels.iter().any(|(_, k)| k.timed > 0);
-        kernels.sort_by(|a, b| {
-            let key = |k: &KernelStats| if timed { k.gpu_ns } else { k.launches };
-            key(b.1).cmp(&key(a.1)).then(a.0.cmp(b.0))
-        });
-        let _ = writeln!(
-            out,
-            "top kernels by {}:",
-            if timed {
-                "GPU time"
-            } else {
-                "launch count (no GPU times recorded)"
-            }
+        write_top_kernels(
+            &mut out,
+            &self.kernels,
+            |id| self.kernel_names.get(&id).map(String::as_str),
+            top,
         );
-        let _ = writeln!(
-            out,
-            "  {:>10} {:>12} {:>10}  name",
-            "launches", "gpu total", "mean"
-        );
-        for (id, k) in kernels.into_iter().take(top) {
-            let name = self.kernel_names.get(id).map_or("?", String::as_str);
-            let (total, mean) = match k.gpu_ns.checked_div(k.timed) {
-                Some(mean) => (ms(k.gpu_ns), ms(mean)),
-                None => ("-".into(), "-".into()),
-            };
-            let _ = writeln!(
-                out,
-                "  {:>10} {:>12} {:>10}  {name}",
-                k.launches, total, mean
-            );
-        }
         out
     }
 }
