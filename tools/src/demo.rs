@@ -13,14 +13,13 @@
 //! benchmark scripts).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use tensile_trace::{Reader, Record, Stats};
 
-use crate::workdir::WorkDir;
+use crate::workdir::{run_echoing, WorkDir};
 
 const MIB: u64 = 1 << 20;
 
@@ -109,41 +108,27 @@ fn run_workload(
         .arg(args.layers.to_string())
         .arg(args.tensor_kib.to_string())
         .arg(args.iterations.to_string())
-        .env_remove("LD_PRELOAD")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("LD_PRELOAD");
     for (k, v) in env {
         cmd.env(k, v);
     }
     let start = Instant::now();
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", workload.display()))?;
-    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
     let label = label.to_owned();
-    let echo = std::thread::spawn(move || {
-        let mut log = Vec::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(progress) = line.strip_prefix("wl_train: ") {
-                println!("  [{label}] {progress}");
-            } else if let Some(at) = line.find("tensile: ") {
-                // The library's own lines, without the log's timestamp and target; the
-                // allocator and trace notices are not news here.
-                let message = &line[at..];
-                if !message.contains("PYTORCH_CUDA_ALLOC_CONF")
-                    && !message.contains("writing the trace")
-                {
-                    println!("  [{label}] {message}");
-                }
+    let what = format!("{}", workload.display());
+    let (out, log) = run_echoing(cmd, &what, move |line| {
+        if let Some(progress) = line.strip_prefix("wl_train: ") {
+            println!("  [{label}] {progress}");
+        } else if let Some(at) = line.find("tensile: ") {
+            // The library's own lines, without the log's timestamp and target; the allocator
+            // and trace notices are not news here.
+            let message = &line[at..];
+            if !message.contains("PYTORCH_CUDA_ALLOC_CONF")
+                && !message.contains("writing the trace")
+            {
+                println!("  [{label}] {message}");
             }
-            log.push(line);
         }
-        log
-    });
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for the workload: {e}"))?;
-    let log = echo.join().unwrap_or_default();
+    })?;
     if !out.status.success() {
         let tail: Vec<&String> = log.iter().rev().take(20).collect();
         let tail: Vec<&str> = tail.iter().rev().map(|s| s.as_str()).collect();

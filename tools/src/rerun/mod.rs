@@ -19,7 +19,6 @@ pub mod player;
 pub mod script;
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -32,7 +31,7 @@ use tensile_analyzer::search::SearchOptions;
 use tensile_analyzer::{analyze, evaluate_many_with, Analysis, Budget, CostModel, PolicyKind};
 use tensile_trace::{Reader, Record, Stats};
 
-use crate::workdir::WorkDir;
+use crate::workdir::{run_echoing, WorkDir};
 use script::Scaling;
 
 /// Arguments of `tensile rerun`.
@@ -179,9 +178,7 @@ fn run_player(
     if let Some(n) = iterations {
         cmd.arg("--iterations").arg(n.to_string());
     }
-    cmd.env_remove("LD_PRELOAD")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.env_remove("LD_PRELOAD");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -191,25 +188,12 @@ fn run_player(
         // The fault switch models a broken swap: it applies to managed runs only.
         cmd.env_remove(player::FAULT_ENV);
     }
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start the player: {e}"))?;
-    let stderr = child.stderr.take().ok_or("no stderr pipe")?;
     let label = label.to_owned();
-    let echo = std::thread::spawn(move || {
-        let mut log = Vec::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(progress) = line.strip_prefix("rerun-player: ") {
-                eprintln!("  [{label}] {progress}");
-            }
-            log.push(line);
+    let (out, log) = run_echoing(cmd, "the player", move |line| {
+        if let Some(progress) = line.strip_prefix("rerun-player: ") {
+            eprintln!("  [{label}] {progress}");
         }
-        log
-    });
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for the player: {e}"))?;
-    let log = echo.join().unwrap_or_default();
+    })?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json: Option<Value> = stdout
         .lines()
