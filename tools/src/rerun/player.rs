@@ -533,6 +533,25 @@ impl<'a> Player<'a> {
         Ok(slot.as_ref().map(|b| b.ptr).unwrap_or(std::ptr::null_mut()))
     }
 
+    /// Prologue copies (`index` None) share one host buffer: each waits for its copy before the
+    /// next one reuses the buffer.
+    fn wait_if_prologue_buffer(
+        &self,
+        index: Option<usize>,
+        stream: StreamIdx,
+    ) -> Result<(), String> {
+        if index.is_none() {
+            // SAFETY: see `new`.
+            unsafe {
+                check(
+                    (self.d.cuStreamSynchronize)(self.streams[stream as usize]),
+                    "cuStreamSynchronize",
+                )?;
+            }
+        }
+        Ok(())
+    }
+
     fn copy_in(
         &mut self,
         index: Option<usize>,
@@ -576,13 +595,8 @@ impl<'a> Player<'a> {
                 ),
                 "cuMemcpyHtoDAsync",
             )?;
-            if index.is_none() {
-                check(
-                    (self.d.cuStreamSynchronize)(self.streams[stream as usize]),
-                    "cuStreamSynchronize",
-                )?;
-            }
         }
+        self.wait_if_prologue_buffer(index, stream)?;
         // A copy that covers every stamp leaves them all at the new version; one that covers
         // only some leaves the allocation unstamped until a launch writes it whole.
         self.slots[slot as usize].version = if covered == stamps { version } else { 0 };
@@ -610,13 +624,8 @@ impl<'a> Player<'a> {
                 ),
                 "cuMemcpyDtoHAsync",
             )?;
-            if index.is_none() {
-                check(
-                    (self.d.cuStreamSynchronize)(self.streams[stream as usize]),
-                    "cuStreamSynchronize",
-                )?;
-            }
         }
+        self.wait_if_prologue_buffer(index, stream)?;
         Ok(())
     }
 
