@@ -7,10 +7,12 @@
 //! | [`session`] | a workload's driver calls, each printing what the trace must show |
 //! | [`expect`] | the line protocol between workloads and tests |
 //! | [`harness`] | building libtensile.so and the simulated GPU, running workloads |
+//! | [`rng`] | a seeded sequence for workloads that draw sizes and timings |
 //! | [`check`] | reading a trace back and comparing it with the expectations |
 
 pub mod check;
 pub mod driver;
 pub mod expect;
 pub mod harness;
+pub mod rng;
 pub mod session;

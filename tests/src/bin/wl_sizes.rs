@@ -30,6 +30,7 @@ use std::ffi::c_void;
 use tensile_driver_abi::{CUdeviceptr, CUevent, CUstream, CU_EVENT_DISABLE_TIMING};
 use tensile_tests::driver::{check, Lookup};
 use tensile_tests::expect::fnv1a;
+use tensile_tests::rng::Rng;
 use tensile_tests::session::Session;
 
 const PAGE: usize = 2 << 20;
@@ -39,22 +40,6 @@ const KIB: usize = 1 << 10;
 const RUN_OF_1MIB: usize = 128;
 /// Bytes of one stamp: serial (u32), page index (u32).
 const STAMP: usize = 8;
-
-/// splitmix64: a seeded sequence without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// A size from every class; most are small, as in a training step, so thousands stay live
 /// in a footprint of a few hundred MiB.

@@ -14,26 +14,11 @@
 //! Nothing here knows about libtensile.
 
 use tensile_tests::driver::Lookup;
+use tensile_tests::rng::Rng;
 use tensile_tests::session::Session;
 
 const KIB: usize = 1 << 10;
 const BUFFERS: usize = 3;
-
-/// splitmix64: a seeded sequence without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
 
 /// The sizes of every thread's buffers, in words of 4 bytes (the fill's unit).
 fn plan(threads: usize, seed: u64) -> Vec<Vec<usize>> {
