@@ -200,16 +200,10 @@ impl Op {
                 unsafe { copy(space, dst, src, len)? };
             }
             Op::Upload { dst, data } => {
-                // Staged from pageable memory when it was queued: pageable speed.
+                // Staged from pageable memory when it was queued: the staging buffer is
+                // pageable too, so the copy runs at pageable speed.
                 let src = Side::Host(HostPtr(data.as_ptr() as usize));
-                end = match classify(space, dst, src) {
-                    Path::Bus(direction, _) => {
-                        card::reserve_copy(direction, data.len() as u64, true, ready)
-                    }
-                    Path::Device => card::device_transfer_end(data.len() as u64, ready),
-                    Path::Host => ready,
-                };
-                card::sleep_until(end);
+                end = model_transfer(space, dst, src, data.len() as u64, ready);
                 // SAFETY: `src` is our own staging buffer of `data.len()` bytes.
                 unsafe { copy(space, dst, src, data.len() as u64)? };
             }
