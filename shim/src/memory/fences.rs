@@ -130,6 +130,34 @@ impl Fences {
         self.slots[slot].next_seq
     }
 
+    /// An event that completes once fence `seq` of `slot` has, for another stream to wait on
+    /// (`cuStreamWaitEvent`), recording the fence first if it was only promised. `None` when it
+    /// has completed already. Never waits.
+    pub fn event_after(
+        &mut self,
+        driver: &dyn Driver,
+        slot: usize,
+        seq: u64,
+    ) -> Result<Option<Event>, CUresult> {
+        if self.completed.get(slot).is_none_or(|&c| c >= seq) {
+            return Ok(None);
+        }
+        let find = |f: &Self| {
+            f.slots[slot]
+                .in_flight
+                .iter()
+                .find(|(s, _)| *s >= seq)
+                .map(|&(_, e)| e)
+        };
+        if let Some(ev) = find(self) {
+            return Ok(Some(ev));
+        }
+        self.record(driver, slot)?;
+        find(self)
+            .map(Some)
+            .ok_or(tensile_driver_abi::CUDA_ERROR_ILLEGAL_STATE)
+    }
+
     /// Blocks until fence `seq` of `slot` has completed, recording it first if it was only
     /// promised by [`Self::next_seq`].
     pub fn wait(&mut self, driver: &dyn Driver, slot: usize, seq: u64) -> Result<(), CUresult> {

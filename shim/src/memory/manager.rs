@@ -188,6 +188,15 @@ const UNLOCKED_COPY_WAITS: u32 = 16;
 /// How long a request waits for pinned pages to be released before failing, by default.
 pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(10);
 
+/// What a swap-out's copy is ordered after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SwapOrder {
+    /// Nothing: the pages are idle (every recorded use completed).
+    Idle,
+    /// The pages' recorded uses, which the swap-out stream has been made to wait for.
+    AfterUses,
+}
+
 /// The memory manager. See the module docs for what it guarantees.
 pub struct MemoryManager {
     inner: Mutex<Inner>,
@@ -475,6 +484,16 @@ impl MemoryManager {
     /// cancels them at no cost. For a policy that knows what is not needed soon.
     pub fn start_swap_out(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
         self.lock().start_swap_out(ranges)
+    }
+
+    /// Starts swapping out the device-resident pages of `ranges` that no call in flight has
+    /// pinned, ordered on the device after every use recorded so far: the copy stream waits for
+    /// those uses' fences, so a page can leave right after the launch that last needs it was
+    /// queued. Never waits on the host. Returns how many pages started leaving; like
+    /// [`Self::start_swap_out`], an access in the meantime cancels them at no cost. For a
+    /// policy that knows a page's last use before its next one (the plan executor).
+    pub fn swap_out_after_use(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.lock().swap_out_after_use(ranges)
     }
 
     /// Starts bringing the swapped-out pages of `ranges` back to the device (evicting the
@@ -1597,12 +1616,18 @@ impl Inner {
                 victims.push(p);
             }
         }
-        self.swap_out_pages(victims, need)
+        self.swap_out_pages(victims, need, SwapOrder::Idle)
     }
 
-    /// Starts the swap-out of `victims` (idle, unpinned `Device` pages); dead ones are dropped
-    /// without a copy. Host frames are required for the first `need` copies only.
-    fn swap_out_pages(&mut self, mut victims: Vec<usize>, need: usize) -> Result<(), CUresult> {
+    /// Starts the swap-out of `victims` (unpinned `Device` pages, idle unless `order` is
+    /// [`SwapOrder::AfterUses`]); dead ones are dropped without a copy. Host frames are required
+    /// for the first `need` copies only.
+    fn swap_out_pages(
+        &mut self,
+        mut victims: Vec<usize>,
+        need: usize,
+        order: SwapOrder,
+    ) -> Result<(), CUresult> {
         if victims.is_empty() {
             return Ok(());
         }
@@ -1671,7 +1696,10 @@ impl Inner {
             return Err(e);
         }
         for &(p, h) in &copy {
-            let r = self.pages.start_swap_out(p, h, ev, &completed);
+            let r = match order {
+                SwapOrder::Idle => self.pages.start_swap_out(p, h, ev, &completed),
+                SwapOrder::AfterUses => self.pages.start_swap_out_after_uses(p, h, ev),
+            };
             debug_assert!(r.is_ok(), "{r:?}");
             self.outgoing.insert(p);
         }
@@ -1945,7 +1973,53 @@ impl Inner {
             })
             .collect();
         let before = self.outgoing.len();
-        self.swap_out_pages(victims, 0)?;
+        self.swap_out_pages(victims, 0, SwapOrder::Idle)?;
+        Ok(self.outgoing.len() - before)
+    }
+
+    fn swap_out_after_use(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.fences.poll_all(&*self.driver)?;
+        let completed = self.fences.completed().to_vec();
+        // Pinned pages belong to a call in flight (it may still add uses); dead pages that are
+        // still busy are left for the next eviction to drop (a drop needs them idle).
+        let victims: Vec<usize> = self
+            .pages_in(ranges)
+            .into_iter()
+            .filter(|&p| {
+                self.pages.get(p).is_some_and(|e| {
+                    matches!(e.state, ResidencyState::Device(_))
+                        && e.pins == 0
+                        && (e.live > 0 || e.is_idle(&completed))
+                })
+            })
+            .collect();
+        if victims.is_empty() {
+            return Ok(0);
+        }
+        // The copy stream waits (on the device, not here) for the last use of each page on
+        // each stream: one wait per distinct fence.
+        let mut fences: Vec<(u32, u64)> = victims
+            .iter()
+            .filter_map(|&p| self.pages.get(p))
+            .flat_map(|e| e.uses.iter())
+            .filter(|u| {
+                completed
+                    .get(u.stream_slot as usize)
+                    .is_none_or(|&c| c < u.seq)
+            })
+            .map(|u| (u.stream_slot, u.seq))
+            .collect();
+        fences.sort_unstable();
+        // The latest fence of a stream covers its earlier ones (stream order).
+        fences.reverse();
+        fences.dedup_by_key(|&mut (slot, _)| slot);
+        for (slot, seq) in fences {
+            if let Some(ev) = self.fences.event_after(&*self.driver, slot as usize, seq)? {
+                self.driver.stream_wait_event(self.swap_out_stream, ev)?;
+            }
+        }
+        let before = self.outgoing.len();
+        self.swap_out_pages(victims, 0, SwapOrder::AfterUses)?;
         Ok(self.outgoing.len() - before)
     }
 

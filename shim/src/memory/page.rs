@@ -274,6 +274,29 @@ impl PageTable {
         Ok(())
     }
 
+    /// `Device → ToHost` for an unpinned page that queued work may still use: the caller has
+    /// queued the copy to `host` on a stream that waits for every recorded use of the page
+    /// (so the copy reads what that work leaves, and the copy's event completes after it).
+    pub fn start_swap_out_after_uses(
+        &mut self,
+        page: usize,
+        host: HostFrame,
+        event: Event,
+    ) -> Result<(), TransitionError> {
+        let e = self.at(page, "start_swap_out_after_uses")?;
+        let ResidencyState::Device(dev) = e.state else {
+            return Err(Self::wrong(page, e, "start_swap_out_after_uses"));
+        };
+        if e.pins != 0 {
+            return Err(TransitionError::Busy {
+                page,
+                transition: "start_swap_out_after_uses",
+            });
+        }
+        e.state = ResidencyState::ToHost { dev, host, event };
+        Ok(())
+    }
+
     /// `ToHost → Device`: the page is needed again before it left. Returns the host frame
     /// and the copy's event: the frame may be reused only once that event has completed.
     pub fn cancel_swap_out(&mut self, page: usize) -> Result<(HostFrame, Event), TransitionError> {

@@ -1361,3 +1361,64 @@ fn start_swap_out_and_prefetch_move_the_given_ranges() {
     );
     assert_consistent(&fake, &mm);
 }
+
+#[test]
+fn swap_out_after_use_leaves_behind_queued_work_with_its_data() {
+    let (fake, mm) = setup(8, 64, Progress::Manual);
+    let s = fake.stream_create().unwrap();
+    let x = mm.alloc(2 * PAGE, None).unwrap();
+    let y = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, x, pattern(21, 2 * PAGE));
+    write(&fake, &mm, s, y, pattern(22, PAGE));
+    // The writes are queued, not run: the idle-only verb cannot move x, the ordered one can.
+    assert_eq!(mm.start_swap_out(&[(x, 2 * PAGE)]).unwrap(), 0);
+    assert_eq!(mm.swap_out_after_use(&[(x, 2 * PAGE)]).unwrap(), 2);
+    assert_eq!(
+        mm.swap_out_after_use(&[(x, 2 * PAGE)]).unwrap(),
+        0,
+        "already leaving"
+    );
+    // The copy streams were created before `s`: run in creation order, an unordered copy would
+    // read x before the write and carry zeros to the host.
+    fake.run_all();
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(x), Some(ResidencyState::Host(_))));
+    assert!(on_device(&mm, y), "a page outside the range moved");
+    let r = read(&fake, &mm, s, x, 2 * PAGE);
+    fake.run_all();
+    assert!(
+        r.get().unwrap() == pattern(21, 2 * PAGE),
+        "x came back with other bytes than its write left"
+    );
+    mm.poll().unwrap();
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn swap_out_after_use_skips_pinned_pages_and_an_access_cancels_it() {
+    let (fake, mm) = setup(8, 64, Progress::Manual);
+    let (s1, s2) = (fake.stream_create().unwrap(), fake.stream_create().unwrap());
+    let x = mm.alloc(PAGE, None).unwrap();
+    let y = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s1, x, pattern(31, PAGE));
+    write(&fake, &mm, s2, y, pattern(32, PAGE));
+    // A call in flight pins y: it is not taken.
+    let pinned = mm.prepare_access(s2, &[(y, PAGE)]).unwrap();
+    assert_eq!(mm.swap_out_after_use(&[(y, PAGE)]).unwrap(), 0);
+    mm.note_access_done(pinned).unwrap();
+    // x leaves after its write on s1; a write on s2 queued before the copy ran cancels it,
+    // and the second write's data is what stays.
+    assert_eq!(mm.swap_out_after_use(&[(x, PAGE)]).unwrap(), 1);
+    write(&fake, &mm, s2, x, pattern(33, PAGE));
+    fake.run_all();
+    mm.poll().unwrap();
+    assert!(on_device(&mm, x), "the access did not cancel the swap-out");
+    let r = read(&fake, &mm, s1, x, PAGE);
+    fake.run_all();
+    assert!(
+        r.get().unwrap() == pattern(33, PAGE),
+        "x lost the write that cancelled its swap-out"
+    );
+    mm.poll().unwrap();
+    assert_consistent(&fake, &mm);
+}
