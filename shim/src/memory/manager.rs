@@ -526,6 +526,19 @@ impl MemoryManager {
         r
     }
 
+    /// How many device frames eviction ahead of need keeps free or on their way out (the
+    /// least recently used pages leave to make them). A policy that makes room itself (a plan
+    /// executor) sets 0 while it does, so that LRU does not evict what the plan keeps, and puts
+    /// the configured value ([`ManagerConfig::free_reserve_pages`]) back when it stops.
+    pub fn set_free_reserve_pages(&self, pages: usize) {
+        self.lock().cfg.free_reserve_pages = pages;
+    }
+
+    /// The current value of [`Self::set_free_reserve_pages`].
+    pub fn free_reserve_pages(&self) -> usize {
+        self.lock().cfg.free_reserve_pages
+    }
+
     /// Out-of-memory failures so far, by cause.
     pub fn failure_summary(&self) -> Vec<(FailureCause, u64)> {
         self.lock().failures.summary()
