@@ -24,6 +24,7 @@ pub mod exec_plan;
 pub mod import;
 pub mod iteration;
 pub mod model;
+pub mod online;
 pub mod pieces;
 pub mod plan;
 pub mod schedule_bound;
