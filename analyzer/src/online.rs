@@ -226,19 +226,19 @@ impl Learner {
     /// Does the expensive work when it is due (detection, planning: milliseconds to a few
     /// hundred) and returns a new plan when there is one.
     pub fn poll(&mut self) -> Option<ExecPlan> {
-        let due = if self.active.is_some() {
-            self.replan
-        } else {
-            self.launches_learning >= self.next_attempt
-        };
+        // While a plan is out, only a replan is due (and, if it finds nothing, tried again
+        // like a detection).
+        let due =
+            self.launches_learning >= self.next_attempt && (self.active.is_none() || self.replan);
         if !due {
             return None;
         }
-        self.replan = false;
-        if self.active.is_none() {
-            // Next attempt once the launches seen grew by an eighth.
-            self.next_attempt = self.launches_learning + (self.launches_learning / 8).max(16);
-        }
+        // Next attempt, if this one finds nothing: once the launches seen grew by an eighth
+        // (at most a period's worth once one is known).
+        let growth = (self.launches_learning / 8)
+            .min(self.period_ops.map_or(u64::MAX, |p| p as u64))
+            .max(16);
+        self.next_attempt = self.launches_learning + growth;
         let started = Instant::now();
         let trace = self.window.trace();
         let window_ops = trace.ops.len();
@@ -267,6 +267,7 @@ impl Learner {
             plan: started.elapsed() - detected,
             window_ops,
         });
+        self.replan = false;
         match result {
             Ok(plan) => {
                 let launch_ns: Vec<f64> = cycle
@@ -313,6 +314,11 @@ impl Learner {
         self.active.as_ref().map(|a| &a.plan)
     }
 
+    /// Ops in the window.
+    pub fn window_ops(&self) -> usize {
+        self.window.trace().ops.len()
+    }
+
     /// What the last poll that did work cost.
     pub fn last_poll_cost(&self) -> Option<PollCost> {
         self.last_cost
@@ -326,7 +332,8 @@ impl Learner {
         self.options.budget_bytes = bytes;
         if self.active.is_some() {
             self.replan = true;
-        } else if matches!(self.state, LearnerState::NoPlan { .. }) {
+        }
+        if self.active.is_some() || matches!(self.state, LearnerState::NoPlan { .. }) {
             self.next_attempt = self.launches_learning;
         }
     }
@@ -376,8 +383,11 @@ impl Learner {
         if active.since_check >= active.plan.period {
             active.since_check = 0;
             let total: f64 = active.measured_ns.iter().sum();
-            if (total - active.assumed_ns).abs() > self.options.drift * active.assumed_ns {
+            if (total - active.assumed_ns).abs() > self.options.drift * active.assumed_ns
+                && !self.replan
+            {
                 self.replan = true;
+                self.next_attempt = self.launches_learning;
             }
         }
     }

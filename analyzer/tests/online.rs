@@ -359,6 +359,15 @@ fn a_drift_in_measured_time_and_a_budget_change_each_give_a_new_version() {
     );
     assert!(last.version > first.version);
     assert!(last.compute_ns as f64 > first.compute_ns as f64 * 1.3);
+    // Once planned, the window keeps a few iterations (4 of 225 ops, trimmed at twice that);
+    // the replan was made on a trimmed window, and its roles still resolve on the run (in
+    // the two instances before the one it was made from: the trace's last step is cut).
+    assert!(
+        learner.window_ops() <= 2 * 4 * 225,
+        "{}",
+        learner.window_ops()
+    );
+    check_plan("mlp, replanned", &trace, last, &[-1, -2]);
 
     // A smaller budget: the next poll replans, once.
     let before = learner.plan().unwrap().clone();
@@ -367,6 +376,13 @@ fn a_drift_in_measured_time_and_a_budget_change_each_give_a_new_version() {
     assert_eq!(replanned.version, before.version + 1);
     assert_eq!(replanned.budget_bytes, budget / 2);
     assert!(replanned.bytes_out_per_iteration() > before.bytes_out_per_iteration());
+    // Made on the window as trimmed at the end of the trace (fewer ops than the trace had).
+    assert!(
+        learner.window_ops() < trace.ops.len() * 2 / 3,
+        "{}",
+        learner.window_ops()
+    );
+    check_plan("mlp, smaller budget", &trace, &replanned, &[-1, -2]);
     assert_eq!(learner.poll(), None);
 
     // Lost records: learning again, and a plan again from what follows.
