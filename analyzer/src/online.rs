@@ -503,3 +503,53 @@ impl Learner {
         Ok(conversion.plan)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_learner_can_move_to_the_planners_thread() {
+        fn send<T: Send>() {}
+        send::<Learner>();
+    }
+
+    #[test]
+    fn records_it_cannot_place_are_left_out_and_nothing_is_planned_from_noise() {
+        let mut learner = Learner::new(LearnerOptions::for_budget(1 << 30));
+        // A free and a duration of things never seen, launches touching an unknown id.
+        learner.push(&Record::Free(tensile_trace::Free {
+            t_ns: 0,
+            stream: 0,
+            id: 99,
+        }));
+        learner.push(&Record::LaunchTime(tensile_trace::LaunchTime {
+            seq: 5,
+            gpu_ns: 10,
+        }));
+        for seq in 0..200u64 {
+            learner.push(&Record::Launch(tensile_trace::Launch {
+                t_ns: seq,
+                stream: 0,
+                seq,
+                // No repetition: a new kernel every launch.
+                kernel: seq as u32,
+                grid: [1; 3],
+                block: [1; 3],
+                smem: 0,
+                accesses: vec![tensile_trace::Access {
+                    alloc: 77,
+                    param_offset: 0,
+                }],
+            }));
+        }
+        assert_eq!(learner.poll(), None);
+        assert_eq!(learner.state(), LearnerState::Learning { window_ops: 200 });
+        assert!(learner
+            .window
+            .trace()
+            .ops
+            .iter()
+            .all(|op| op.touches.is_empty()));
+    }
+}

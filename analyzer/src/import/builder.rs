@@ -271,3 +271,54 @@ impl TraceBuilder {
         self.trace
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropping_the_oldest_ops_keeps_live_allocations_and_renumbers_the_rest() {
+        let mut b = TraceBuilder::lenient(SourceFormat::Tensile);
+        b.alloc(0, 0, 1, 0x1000, 64).unwrap(); // lives throughout
+        b.alloc(0, 0, 2, 0x2000, 32).unwrap(); // freed before the cut
+        b.launch(1, 0, 10, 7, [1, 2]).unwrap();
+        b.free(2, 2).unwrap();
+        b.launch(3, 0, 11, 8, [1]).unwrap();
+        b.alloc(4, 0, 3, 0x3000, 16).unwrap(); // made after the cut
+        b.launch(5, 0, 12, 9, [1, 3]).unwrap();
+        b.sync(6, SyncScope::Device);
+        b.free(7, 3).unwrap();
+        b.drop_ops_before(2);
+        let t = b.trace();
+        assert_eq!(t.ops.len(), 1);
+        assert_eq!(t.ops[0].seq, 12);
+        let ids: Vec<u64> = t.allocations.iter().map(|a| a.trace_id).collect();
+        assert_eq!(ids, vec![1, 3]);
+        // Allocation 1 now looks made before the first op kept; 3 keeps its place.
+        assert_eq!(t.allocations[0].before_op, 0);
+        assert_eq!(t.allocations[1].before_op, 0);
+        assert_eq!(t.allocations[1].free.map(|f| f.before_op), Some(1));
+        assert_eq!(t.ops[0].touches, vec![0, 1]);
+        assert_eq!(t.syncs.len(), 1);
+        assert_eq!(t.syncs[0].before_op, 1);
+        // Launches and allocations are still found by number and id after the cut; those
+        // dropped are not.
+        assert!(b.duration(12, 500).is_ok());
+        assert!(b.duration(10, 500).is_err());
+        assert!(b.launch(8, 0, 13, 9, [1, 2]).is_ok());
+        assert_eq!(b.trace().ops[1].touches, vec![0]);
+        assert_eq!(b.trace().ops[0].gpu_ns, Some(500));
+    }
+
+    #[test]
+    fn a_strict_builder_refuses_what_a_lenient_one_leaves_out() {
+        let mut strict = TraceBuilder::new(SourceFormat::Tensile);
+        assert!(strict.launch(0, 0, 1, 1, [5]).is_err());
+        strict.launch(0, 0, 2, 1, []).unwrap();
+        assert!(strict.launch(0, 0, 2, 1, []).is_err());
+        let mut lenient = TraceBuilder::lenient(SourceFormat::Tensile);
+        lenient.launch(0, 0, 1, 1, [5]).unwrap();
+        lenient.launch(0, 0, 1, 1, []).unwrap();
+        assert_eq!(lenient.trace().ops.len(), 2);
+    }
+}

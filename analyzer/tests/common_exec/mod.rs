@@ -137,6 +137,8 @@ pub fn check_plan(name: &str, trace: &Trace, plan: &ExecPlan, instances: &[i64])
     let next = plan.anchor_seq + u64::from(plan.period);
     let period = u64::from(plan.period);
     for p in &plan.host_resident {
+        assert_eq!(p.offset % (2 << 20), 0, "{name}: host-resident {p:?}");
+        assert_eq!(p.bytes % (2 << 20), 0, "{name}: host-resident {p:?}");
         let index = resolve(trace, p, next, period).unwrap();
         assert!(trace.allocations[index]
             .free
