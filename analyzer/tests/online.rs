@@ -281,6 +281,33 @@ fn a_plan_comes_by_the_end_of_the_third_iteration_and_resolves_on_the_run() {
     }
 }
 
+/// `tests/data/wl_train.trace.gz`: the shim's own trace of `wl_train proc:12000:0 16 3072 8`
+/// (16 layers of 3 MiB tensors, 8 steps, forward and backward on two streams) run under
+/// `LD_PRELOAD=libtensile.so TENSILE_TRACE=... TENSILE_POLICY=off` on the simulated GPU.
+#[test]
+fn the_shims_own_trace_read_with_its_reader_gives_a_plan_that_resolves_on_the_run() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wl_train.trace.gz");
+    let file = std::fs::File::open(&path).unwrap();
+    let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
+    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
+    let trace = load(&path, LoadOptions::default()).unwrap();
+    let third_ends = detect(&trace).unwrap().spans[2].end;
+    let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+    let plans = feed(&mut learner, &records, 50, |_, _| {});
+    let (at, plan) = plans.first().expect("a plan");
+    println!(
+        "wl_train: plan v{} after {at} ops (third iteration ends at op {third_ends}), {} \
+         launches, {} steps, predicted {:.2} ms",
+        plan.version,
+        plan.period,
+        plan.steps.len(),
+        plan.predicted_step_ns as f64 / 1e6
+    );
+    assert!(*at <= third_ends);
+    assert_eq!(plan.period, launches_per_iteration(&trace));
+    check_plan("wl_train", &trace, plan, &[1, 2]);
+}
+
 #[test]
 fn after_a_change_of_pattern_a_new_plan_comes_within_three_iterations() {
     let mlp = shared("mlp.trace.gz");
