@@ -11,7 +11,9 @@
 //!   *before* the next launch if `p` is a copy or memset (so it is ordered after that op). A
 //!   round trip whose write-out would not come strictly before its read-back in launch terms
 //!   (only ops that are not launches lie between them) is left out, and the plan the
-//!   prediction is made for leaves it out too.
+//!   prediction is made for leaves it out too. So are the moves of a tensor that the span
+//!   allocates but that lives longer than a period (the cycle treats it as persistent): it is
+//!   a new allocation every iteration, and no role names it in all of them.
 //! - **Roles** follow the protocol's definition, not the cycle's: an allocation belongs to the
 //!   iteration of the first launch made after it, and its ordinal counts the allocations of
 //!   that iteration before it, from 0. A step names the allocation of its own launch's
@@ -24,7 +26,7 @@ use serde::Serialize;
 use tensile_protocol::{Action, ExecPlan, Iteration, PieceRef, Role, Step, When};
 
 use crate::cost::{Budget, CostModel};
-use crate::cycle::Cycle;
+use crate::cycle::{Cycle, Tensor};
 use crate::model::{AllocIdx, OpKind, Trace};
 use crate::plan::{Eviction, SwapPlan};
 use crate::sim::{simulate, Policy, SimError, SimOptions};
@@ -34,7 +36,9 @@ use crate::sim::{simulate, Policy, SimError, SimOptions};
 pub struct Conversion {
     /// The plan in the shim's terms.
     pub plan: ExecPlan,
-    /// Round trips that could not be placed on launches (see the module documentation).
+    /// Round trips (and host-resident pieces) left out: those that could not be placed on
+    /// launches, and those of tensors no role names in every iteration (see the module
+    /// documentation).
     pub dropped_round_trips: usize,
     /// The swap plan `plan` carries out (the given one less the dropped round trips): what the
     /// prediction was made for.
@@ -257,6 +261,13 @@ pub fn convert(
         .collect();
     let period = cycle.len() as u32;
     let launches = map.launches;
+    // A tensor the cycle treats as persistent although the span allocates it (it lives longer
+    // than a period) is a new allocation in every iteration: no role names it in all of them,
+    // so the plan leaves it where it is.
+    let unnameable = |t: &Tensor| {
+        t.is_persistent()
+            && span.contains(&(trace.allocations[t.source as usize].before_op as usize))
+    };
 
     // Steps, with a key that orders the steps at one launch point as their ops are ordered.
     let mut steps: Vec<(i64, Step)> = Vec::new();
@@ -266,6 +277,10 @@ pub fn convert(
     for e in &plan.evictions {
         let piece = plan.pieces[e.piece as usize];
         let tensor = &cycle.tensors[piece.tensor as usize];
+        if unnameable(tensor) {
+            dropped += 1;
+            continue;
+        }
         // Positions of a transient tensor's gap counted from its allocation in the span: a gap
         // that starts before the allocation's position was folded from the next iteration.
         let shift = match tensor.alloc_at {
@@ -344,12 +359,18 @@ pub fn convert(
     steps.sort_by_key(|(key, s)| (s.position, s.when, *key));
 
     let mut host_resident = Vec::with_capacity(plan.host_resident.len());
+    executed.host_resident.clear();
     for &id in &plan.host_resident {
         let piece = plan.pieces[id as usize];
         let tensor = &cycle.tensors[piece.tensor as usize];
         if !tensor.is_persistent() {
             return Err(ExecPlanError::HostResidentTransient(piece.tensor));
         }
+        if unnameable(tensor) {
+            dropped += 1;
+            continue;
+        }
+        executed.host_resident.push(id);
         if piece.bytes == 0 {
             continue;
         }
