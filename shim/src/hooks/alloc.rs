@@ -78,9 +78,11 @@ unsafe fn track<F>(
     }
     // SAFETY: on success the driver stored the new pointer through `dptr`.
     let ptr = unsafe { dptr.read() };
-    call.rt
+    let rt = call.rt;
+    let id = rt
         .tracker
-        .allocated(call.rt.recorder.as_ref(), t_ns, stream, ptr, bytes, kind);
+        .allocated(rt.records.as_ref(), t_ns, stream, ptr, bytes, kind);
+    rt.executor.allocated(&rt.tracker, id, ptr, bytes);
 }
 
 /// `cuMemAlloc_v2`.
@@ -228,7 +230,7 @@ fn free_with<F>(
     let r = forward();
     if let Some(range) = tracked {
         call.rt.tracker.end_free(
-            call.rt.recorder.as_ref(),
+            call.rt.records.as_ref(),
             t,
             stream,
             range,
