@@ -220,7 +220,13 @@ fn bench_launch_path(c: &mut Criterion) {
         .collect();
     let handle = |k: usize| 0x5000_0000 + 0x100 * k;
     for (k, p) in params.iter().enumerate() {
-        launch_path(&s.tracker, &Executor::new(Arc::new(Idle)), None, handle(k), p);
+        launch_path(
+            &s.tracker,
+            &Executor::new(Arc::new(Idle)),
+            None,
+            handle(k),
+            p,
+        );
     }
     // Kernel ids are 1.. in the order of first launch above.
     let id_of = |k: usize| k as u32 + 1;

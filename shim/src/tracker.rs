@@ -118,7 +118,14 @@ impl Tracker {
 
     /// Ends a free begun with [`Tracker::begin_free`]: on success it is recorded, on
     /// failure the allocation is live again.
-    pub fn end_free(&self, rec: Option<&RecordSink>, t_ns: u64, stream: u64, range: Range, ok: bool) {
+    pub fn end_free(
+        &self,
+        rec: Option<&RecordSink>,
+        t_ns: u64,
+        stream: u64,
+        range: Range,
+        ok: bool,
+    ) {
         if !ok {
             self.allocs.insert(range);
             return;

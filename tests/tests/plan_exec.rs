@@ -143,10 +143,7 @@ fn simple_plan(t: &Traced) -> ExecPlan {
     let mut ordinal_in: BTreeMap<u64, u32> = BTreeMap::new();
     for a in &t.allocs {
         let it = iteration(a.made_before);
-        let ordinal = *ordinal_in
-            .entry(it)
-            .and_modify(|o| *o += 1)
-            .or_insert(0);
+        let ordinal = *ordinal_in.entry(it).and_modify(|o| *o += 1).or_insert(0);
         let persistent = a.freed_before.is_none_or(|f| f >= launches);
         let role = if persistent {
             Role::Persistent { alloc_id: a.id }

@@ -175,10 +175,7 @@ impl Executor {
         if start == next && next > 0 {
             start += period;
         }
-        let mut roles = RoleTables::new(
-            &plan,
-            iteration_of(plan.anchor_seq, plan.period, start),
-        );
+        let mut roles = RoleTables::new(&plan, iteration_of(plan.anchor_seq, plan.period, start));
         for r in tracker.allocs.snapshot().iter() {
             if roles.wants_persistent(r.id) {
                 roles.note_persistent(Slot {

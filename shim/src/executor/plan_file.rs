@@ -8,7 +8,12 @@ use tensile_protocol::plan::ExecPlan;
 /// Reads and decodes the plan in `path`. The error is one line naming the file and the
 /// cause (missing, unreadable, bad magic, another format version, invalid).
 pub fn read(path: &Path) -> Result<ExecPlan, String> {
-    let cant = |why: String| format!("TENSILE_PLAN={}: cannot use the plan: {why}", path.display());
+    let cant = |why: String| {
+        format!(
+            "TENSILE_PLAN={}: cannot use the plan: {why}",
+            path.display()
+        )
+    };
     let meta = std::fs::metadata(path).map_err(|e| cant(e.to_string()))?;
     if meta.len() > tensile_protocol::plan::MAX_PLAN_BYTES as u64 {
         return Err(cant(format!(
@@ -31,8 +36,10 @@ mod tests {
         let missing = dir.join(format!("tensile-no-such-plan-{}", std::process::id()));
         let e = read(&missing).unwrap_err();
         assert!(
-            e.starts_with(&format!("TENSILE_PLAN={}: cannot use the plan: ", missing.display()))
-                && !e.contains('\n'),
+            e.starts_with(&format!(
+                "TENSILE_PLAN={}: cannot use the plan: ",
+                missing.display()
+            )) && !e.contains('\n'),
             "{e}"
         );
         let junk = dir.join(format!("tensile-junk-plan-{}", std::process::id()));

@@ -12,9 +12,12 @@ use crate::tracker::LaunchShape;
 
 const PAGE: u64 = PAGE_BYTES;
 
+/// One verb call: which verb, on which ranges.
+type Call = (Verb, Vec<(u64, usize)>);
+
 #[derive(Default)]
 struct Recording {
-    calls: Mutex<Vec<(Verb, Vec<(u64, usize)>)>>,
+    calls: Mutex<Vec<Call>>,
 }
 
 impl Mover for Recording {
@@ -90,7 +93,7 @@ fn plan(kernels: Vec<u32>, steps: Vec<Step>) -> ExecPlan {
     }
 }
 
-fn calls(m: &Recording, e: &Executor) -> Vec<(Verb, Vec<(u64, usize)>)> {
+fn calls(m: &Recording, e: &Executor) -> Vec<Call> {
     assert!(e.flush());
     std::mem::take(&mut *m.calls.lock().unwrap())
 }
@@ -272,7 +275,14 @@ fn a_plan_installed_mid_iteration_waits_for_a_whole_iteration() {
     e.install(
         plan(
             vec![1, 2],
-            vec![step(1, When::AfterLaunch, Action::SwapOut, act, 0, 2 * PAGE)],
+            vec![step(
+                1,
+                When::AfterLaunch,
+                Action::SwapOut,
+                act,
+                0,
+                2 * PAGE,
+            )],
         ),
         &t,
     );

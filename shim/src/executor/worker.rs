@@ -120,7 +120,9 @@ fn run(rx: Receiver<Msg>, mover: &dyn Mover, counters: &Counters) {
                 moved.fetch_add(pages as u64, Ordering::Relaxed);
             }
             Err(code) => {
-                counters.steps_failed.fetch_add(job.steps, Ordering::Relaxed);
+                counters
+                    .steps_failed
+                    .fetch_add(job.steps, Ordering::Relaxed);
                 if counters.verb_errors.fetch_add(1, Ordering::Relaxed) == 0 {
                     tracing::warn!(
                         "tensile: the plan's {} of {} range(s) failed with error {code}; \
