@@ -12,8 +12,9 @@
 //!   for the file to be complete.
 //!
 //! [`RecordSink`] is what the hooks hand records to: the trace file (if any) and the record
-//! tap, a bounded queue the in-process planner drains (under `TENSILE_POLICY=plan`). A full
-//! tap drops the record and counts it; it never blocks a hook.
+//! tap, a bounded queue the in-process planner drains (under `TENSILE_POLICY=plan`). The tap
+//! carries records only once its consumer took it ([`RecordSink::take_tap`]): until then no
+//! record is built for it. A full tap drops the record and counts it; it never blocks a hook.
 //!
 //! This module decides nothing about what is recorded; the hooks do.
 
@@ -283,6 +284,8 @@ struct RecordTap {
     tx: Sender<Record>,
     /// Handed out once, to the consumer ([`RecordSink::take_tap`]).
     rx: std::sync::Mutex<Option<channel::Receiver<Record>>>,
+    /// Whether the consumer took it: records flow from then on.
+    live: AtomicBool,
     dropped: AtomicU64,
 }
 
@@ -298,6 +301,7 @@ impl RecordSink {
             RecordTap {
                 tx,
                 rx: std::sync::Mutex::new(Some(rx)),
+                live: AtomicBool::new(false),
                 dropped: AtomicU64::new(0),
             }
         });
@@ -308,10 +312,22 @@ impl RecordSink {
         })
     }
 
+    /// Whether anything takes records now: the trace file, or a tap whose consumer took it.
+    /// The hooks build no record otherwise.
+    #[inline]
+    pub fn is_live(&self) -> bool {
+        self.file.is_some() || self.live_tap().is_some()
+    }
+
+    #[inline]
+    fn live_tap(&self) -> Option<&RecordTap> {
+        self.tap.as_ref().filter(|t| t.live.load(Ordering::Relaxed))
+    }
+
     /// Sends `record` to the trace file and the tap.
     #[inline]
     pub fn record(&self, record: Record) {
-        match (&self.file, &self.tap) {
+        match (&self.file, self.live_tap()) {
             (Some(file), Some(tap)) => {
                 tap.send(record.clone());
                 file.record(record);
@@ -336,10 +352,16 @@ impl RecordSink {
         self.file.as_ref()
     }
 
-    /// The consuming end of the tap; `None` without a tap or once taken.
+    /// The consuming end of the tap; `None` without a tap or once taken. Records flow into
+    /// it from now on (take it before the first launch to see every `Kernel` record: each is
+    /// made once, at the kernel's first launch).
     pub fn take_tap(&self) -> Option<channel::Receiver<Record>> {
         let tap = self.tap.as_ref()?;
-        tap.rx.lock().unwrap_or_else(|e| e.into_inner()).take()
+        let rx = tap.rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if rx.is_some() {
+            tap.live.store(true, Ordering::Relaxed);
+        }
+        rx
     }
 
     /// Records the tap dropped because it was full (or its consumer gone).
@@ -476,12 +498,16 @@ mod tests {
                 id,
             })
         };
+        // Nobody took the tap yet: no record is wanted.
+        assert!(!sink.is_live());
+        sink.record(free(u64::MAX));
+        let rx = sink.take_tap().unwrap();
+        assert!(sink.is_live());
+        assert!(sink.take_tap().is_none(), "the tap is handed out once");
         for id in 0..(TAP_CAPACITY as u64 + 10) {
             sink.record(free(id));
         }
         assert_eq!(sink.tap_dropped(), 10);
-        let rx = sink.take_tap().unwrap();
-        assert!(sink.take_tap().is_none(), "the tap is handed out once");
         let got: Vec<Record> = rx.try_iter().collect();
         assert_eq!(got.len(), TAP_CAPACITY);
         assert_eq!(got[0], free(0));
@@ -493,6 +519,8 @@ mod tests {
         let path = temp("both.trace");
         let rec = Recorder::start(&path, "test".into(), String::new()).unwrap();
         let sink = RecordSink::new(Some(rec), true).unwrap();
+        assert!(sink.is_live(), "the file takes records");
+        let rx = sink.take_tap().unwrap();
         let record = Record::Free(Free {
             t_ns: 3,
             stream: 1,
@@ -500,7 +528,6 @@ mod tests {
         });
         sink.record(record.clone());
         sink.file().unwrap().finish(None);
-        let rx = sink.take_tap().unwrap();
         assert_eq!(rx.try_recv().unwrap(), record);
         let mut reader = Reader::open(&path).unwrap();
         assert_eq!(reader.next().unwrap().unwrap(), record);

@@ -38,8 +38,8 @@ pub struct Runtime {
     pub driver: RealDriver,
     pub tracker: Tracker,
     /// Where the hooks' records go: the trace (`TENSILE_TRACE`) and, under
-    /// `TENSILE_POLICY=plan`, the tap the planner drains. `None`: no records are built.
-    pub records: Option<RecordSink>,
+    /// `TENSILE_POLICY=plan`, the tap the planner drains (see [`Runtime::records`]).
+    records: Option<RecordSink>,
     /// GPU durations of launches, when tracing.
     pub timing: Option<Timing>,
     /// Carries out the plan, when there is one.
@@ -202,10 +202,18 @@ impl Runtime {
     }
 
     /// The consuming end of the record tap (under `TENSILE_POLICY=plan`), for the planner:
-    /// every record the hooks make, in order, until the tap is full (then dropped and
-    /// counted). Handed out once.
+    /// from this call on, every record the hooks make, in order (a full tap drops and
+    /// counts). Handed out once. Until it is taken the hooks build no records for it; take it
+    /// before the application's first launch to see every `Kernel` record.
     pub fn take_record_tap(&self) -> Option<Receiver<Record>> {
         self.records.as_ref().and_then(RecordSink::take_tap)
+    }
+
+    /// Where the hooks send records, if anything takes them now (the trace file, or the tap
+    /// once its consumer took it); `None`: the hooks build no records.
+    #[inline]
+    pub fn records(&self) -> Option<&RecordSink> {
+        self.records.as_ref().filter(|s| s.is_live())
     }
 
     /// The trace file, when tracing.
@@ -228,12 +236,12 @@ impl Runtime {
     /// Trace time of a call made now (0 when no records are made: nothing reads it).
     #[inline]
     pub fn now_ns(&self) -> u64 {
-        self.records.as_ref().map_or(0, RecordSink::now_ns)
+        self.records().map_or(0, RecordSink::now_ns)
     }
 
     /// Collects finished launch times (after the host waited for the device).
     pub fn collect_launch_times(&self) {
-        if let (Some(rec), Some(timing)) = (&self.records, &self.timing) {
+        if let (Some(rec), Some(timing)) = (self.records(), &self.timing) {
             timing.collect(rec);
         }
     }

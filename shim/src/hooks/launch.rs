@@ -75,7 +75,7 @@ unsafe fn launch_with<F>(
     forward: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let rt = call.rt;
-    let rec = rt.records.as_ref();
+    let rec = rt.records();
     let t = rt.now_ns();
     with_scratch(|resolved| {
         // SAFETY: forwarded from the caller.
