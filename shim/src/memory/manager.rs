@@ -526,6 +526,19 @@ impl MemoryManager {
         r
     }
 
+    /// How many device frames eviction ahead of need keeps free or on their way out (the
+    /// least recently used pages leave to make them). A policy that makes room itself (a plan
+    /// executor) sets 0 while it does, so that LRU does not evict what the plan keeps, and puts
+    /// the configured value ([`ManagerConfig::free_reserve_pages`]) back when it stops.
+    pub fn set_free_reserve_pages(&self, pages: usize) {
+        self.lock().cfg.free_reserve_pages = pages;
+    }
+
+    /// The current value of [`Self::set_free_reserve_pages`].
+    pub fn free_reserve_pages(&self) -> usize {
+        self.lock().cfg.free_reserve_pages
+    }
+
     /// Out-of-memory failures so far, by cause.
     pub fn failure_summary(&self) -> Vec<(FailureCause, u64)> {
         self.lock().failures.summary()
@@ -1577,7 +1590,7 @@ impl Inner {
     }
 
     /// Starts swap-outs of up to `want` least recently used unpinned pages (at least `need`,
-    /// waiting for their last uses if there are not enough idle ones).
+    /// ordered after their last uses on the device if there are not enough idle ones).
     fn evict(&mut self, want: usize, need: usize) -> Result<(), CUresult> {
         self.fences.poll_all(&*self.driver)?;
         let mut candidates = self.eviction_candidates();
@@ -1588,20 +1601,30 @@ impl Inner {
         }
         // Oldest first, idle and busy alike: a hot page that happens to be idle right now
         // stays, a colder page still used by queued work leaves once that work is done. A
-        // busy page is waited for only while fewer than `need` victims are found; beyond
-        // that (the optional part of a batch, or eviction ahead of need) it is skipped.
-        let mut victims: Vec<usize> = Vec::with_capacity(want.max(need));
+        // busy page is taken only while fewer than `need` victims are found; beyond that (the
+        // optional part of a batch, or eviction ahead of need) it is skipped. Its copy is
+        // ordered after its uses on the device (the swap-out stream waits for their fences),
+        // so nothing here waits for the application's work with the lock held.
+        let mut idle_victims: Vec<usize> = Vec::with_capacity(want.max(need));
+        let mut busy_victims: Vec<usize> = Vec::new();
         for (_, p, idle) in candidates {
-            if victims.len() >= want.max(need) {
+            let taken = idle_victims.len() + busy_victims.len();
+            if taken >= want.max(need) {
                 break;
             }
             if idle {
-                victims.push(p);
+                idle_victims.push(p);
                 continue;
             }
-            if victims.len() >= need {
+            if taken >= need {
                 continue;
             }
+            let dead = self.pages.get(p).is_some_and(|e| e.live == 0);
+            if !dead {
+                busy_victims.push(p);
+                continue;
+            }
+            // A dead page is dropped, not copied, and a drop needs it idle: wait for it.
             let uses = self
                 .pages
                 .get(p)
@@ -1613,10 +1636,44 @@ impl Inner {
             }
             let completed = self.fences.completed();
             if self.pages.get(p).is_some_and(|e| e.is_idle(completed)) {
-                victims.push(p);
+                idle_victims.push(p);
             }
         }
-        self.swap_out_pages(victims, need, SwapOrder::Idle)
+        let idle_need = need.min(idle_victims.len());
+        let busy_need = need - idle_need;
+        self.swap_out_pages(idle_victims, idle_need, SwapOrder::Idle)?;
+        if busy_victims.is_empty() {
+            return Ok(());
+        }
+        self.order_swap_out_after_uses(&busy_victims)?;
+        self.swap_out_pages(busy_victims, busy_need, SwapOrder::AfterUses)
+    }
+
+    /// Makes the swap-out stream wait (on the device) for every recorded, incomplete use of
+    /// `pages`: one wait per stream, on its latest fence among them.
+    fn order_swap_out_after_uses(&mut self, pages: &[usize]) -> Result<(), CUresult> {
+        let completed = self.fences.completed();
+        let mut fences: Vec<(u32, u64)> = pages
+            .iter()
+            .filter_map(|&p| self.pages.get(p))
+            .flat_map(|e| e.uses.iter())
+            .filter(|u| {
+                completed
+                    .get(u.stream_slot as usize)
+                    .is_none_or(|&c| c < u.seq)
+            })
+            .map(|u| (u.stream_slot, u.seq))
+            .collect();
+        fences.sort_unstable();
+        // The latest fence of a stream covers its earlier ones (stream order).
+        fences.reverse();
+        fences.dedup_by_key(|&mut (slot, _)| slot);
+        for (slot, seq) in fences {
+            if let Some(ev) = self.fences.event_after(&*self.driver, slot as usize, seq)? {
+                self.driver.stream_wait_event(self.swap_out_stream, ev)?;
+            }
+        }
+        Ok(())
     }
 
     /// Starts the swap-out of `victims` (unpinned `Device` pages, idle unless `order` is
@@ -1996,28 +2053,8 @@ impl Inner {
         if victims.is_empty() {
             return Ok(0);
         }
-        // The copy stream waits (on the device, not here) for the last use of each page on
-        // each stream: one wait per distinct fence.
-        let mut fences: Vec<(u32, u64)> = victims
-            .iter()
-            .filter_map(|&p| self.pages.get(p))
-            .flat_map(|e| e.uses.iter())
-            .filter(|u| {
-                completed
-                    .get(u.stream_slot as usize)
-                    .is_none_or(|&c| c < u.seq)
-            })
-            .map(|u| (u.stream_slot, u.seq))
-            .collect();
-        fences.sort_unstable();
-        // The latest fence of a stream covers its earlier ones (stream order).
-        fences.reverse();
-        fences.dedup_by_key(|&mut (slot, _)| slot);
-        for (slot, seq) in fences {
-            if let Some(ev) = self.fences.event_after(&*self.driver, slot as usize, seq)? {
-                self.driver.stream_wait_event(self.swap_out_stream, ev)?;
-            }
-        }
+        // The copy stream waits (on the device, not here) for the last use of each page.
+        self.order_swap_out_after_uses(&victims)?;
         let before = self.outgoing.len();
         self.swap_out_pages(victims, 0, SwapOrder::AfterUses)?;
         Ok(self.outgoing.len() - before)

@@ -1422,3 +1422,33 @@ fn swap_out_after_use_skips_pinned_pages_and_an_access_cancels_it() {
     mm.poll().unwrap();
     assert_consistent(&fake, &mm);
 }
+
+#[test]
+fn without_a_free_reserve_nothing_leaves_ahead_of_need() {
+    let (fake, mm) = setup(4, 64, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let ptrs: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    assert_eq!(mm.free_reserve_pages(), 2);
+    mm.set_free_reserve_pages(0);
+    for (i, &p) in ptrs.iter().enumerate() {
+        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+    }
+    mm.maintain().unwrap();
+    assert_eq!(
+        ptrs.iter().filter(|&&p| on_device(&mm, p)).count(),
+        4,
+        "a page left the full budget with no reserve to keep"
+    );
+    mm.set_free_reserve_pages(2);
+    mm.maintain().unwrap();
+    mm.poll().unwrap();
+    assert_eq!(
+        ptrs.iter().filter(|&&p| on_device(&mm, p)).count(),
+        2,
+        "the reserve of 2 frames was not made"
+    );
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert!(read(&fake, &mm, s, p, PAGE).get().unwrap() == pattern(i as u8, PAGE));
+    }
+    assert_consistent(&fake, &mm);
+}
