@@ -10,16 +10,28 @@
 //! Also measured: an allocation + free pair at 1,000 and 10,000 live allocations (the
 //! index's write path).
 //!
+//! The whole hook around the forward (`launch_path/...`): the scan, the plan executor's
+//! calls before and after, and numbering the launch; with no plan and nothing recorded, with
+//! a plan loaded whose positions have no steps (the position check on every launch), and
+//! with the record tap on (a `Launch` record built and queued per launch, drained by another
+//! thread as the planner would).
+//!
 //! Run: `cargo bench -p tensile-shim --bench launch_hook`.
 
 use std::ffi::c_void;
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use std::sync::Arc;
+
+use tensile_protocol::plan::ExecPlan;
+use tensile_shim::executor::worker::Mover;
+use tensile_shim::executor::Executor;
 use tensile_shim::hooks::launch::with_scratch;
 use tensile_shim::kernels::{Description, Introspection};
 use tensile_shim::params::{ParamInfo, ParamLayout};
-use tensile_shim::tracker::Tracker;
+use tensile_shim::recorder::RecordSink;
+use tensile_shim::tracker::{LaunchShape, Tracker};
 use tensile_trace::AllocKind;
 
 const KERNELS: usize = 64;
@@ -152,5 +164,142 @@ fn bench_launch(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_launch);
+/// A mover that moves nothing (no step runs in these cases).
+struct Idle;
+impl Mover for Idle {
+    fn swap_out(&self, _: &[(u64, usize)]) -> Result<usize, u32> {
+        Ok(0)
+    }
+    fn prefetch(&self, _: &[(u64, usize)]) -> Result<usize, u32> {
+        Ok(0)
+    }
+}
+
+const SHAPE: LaunchShape = LaunchShape {
+    grid: [4, 1, 1],
+    block: [128, 1, 1],
+    shared_mem_bytes: 0,
+    stream: 0x1234,
+};
+
+/// The launch hook's own work around the forward, as `hooks::launch` does it.
+#[inline(never)]
+fn launch_path(
+    t: &Tracker,
+    exec: &Executor,
+    sink: Option<&RecordSink>,
+    f: usize,
+    kernel_params: &[*const c_void; PARAMS],
+) -> u64 {
+    with_scratch(|resolved| {
+        // SAFETY: every entry of `kernel_params` points to an 8-byte value, as the layout says.
+        let kernel = unsafe {
+            t.resolve_launch_with(
+                sink,
+                f as *mut c_void,
+                kernel_params.as_ptr(),
+                std::ptr::null(),
+                resolved,
+                ten_pointer_sized_params,
+            )
+        };
+        exec.before_launch(t, kernel, || false);
+        let seq = t.launched(sink, 0, kernel, SHAPE, &resolved.accesses);
+        exec.after_launch(t, kernel, seq, || false);
+        seq
+    })
+}
+
+fn bench_launch_path(c: &mut Criterion) {
+    let mut group = c.benchmark_group("launch_path");
+    let s = setup(10_000);
+    let params: Vec<[*const c_void; PARAMS]> = s
+        .values
+        .iter()
+        .map(|v| std::array::from_fn(|i| (&v[i] as *const u64).cast()))
+        .collect();
+    let handle = |k: usize| 0x5000_0000 + 0x100 * k;
+    for (k, p) in params.iter().enumerate() {
+        launch_path(
+            &s.tracker,
+            &Executor::new(Arc::new(Idle)),
+            None,
+            handle(k),
+            p,
+        );
+    }
+    // Kernel ids are 1.. in the order of first launch above.
+    let id_of = |k: usize| k as u32 + 1;
+
+    let no_plan = Executor::new(Arc::new(Idle));
+    let mut k = 0usize;
+    group.bench_function("no_plan", |b| {
+        b.iter(|| {
+            k = (k + 1) % KERNELS;
+            black_box(launch_path(
+                &s.tracker,
+                &no_plan,
+                None,
+                handle(k),
+                black_box(&params[k]),
+            ))
+        })
+    });
+
+    // A plan of the bench's own launch order, anchored at the next launch, without steps.
+    let planned = Executor::new(Arc::new(Idle));
+    let anchor = s.tracker.next_launch_seq();
+    let plan = ExecPlan {
+        version: 1,
+        period: KERNELS as u32,
+        kernels: (0..KERNELS).map(|p| id_of((k + 1 + p) % KERNELS)).collect(),
+        anchor_seq: anchor,
+        steps: vec![],
+        host_resident: vec![],
+        budget_bytes: 0,
+        predicted_step_ns: 0,
+        compute_ns: 0,
+    };
+    planned.install(plan, &s.tracker);
+    group.bench_function("plan_loaded_no_steps", |b| {
+        b.iter(|| {
+            k = (k + 1) % KERNELS;
+            black_box(launch_path(
+                &s.tracker,
+                &planned,
+                None,
+                handle(k),
+                black_box(&params[k]),
+            ))
+        })
+    });
+    let stats = planned.stats();
+    assert_eq!(
+        (stats.plans_loaded, stats.mismatches),
+        (1, 0),
+        "the plan followed the launches"
+    );
+
+    let sink = RecordSink::new(None, true).expect("a tap");
+    let tap = sink.take_tap().expect("the tap's receiver");
+    let drain = std::thread::spawn(move || tap.iter().count());
+    group.bench_function("record_tap", |b| {
+        b.iter(|| {
+            k = (k + 1) % KERNELS;
+            black_box(launch_path(
+                &s.tracker,
+                &no_plan,
+                Some(&sink),
+                handle(k),
+                black_box(&params[k]),
+            ))
+        })
+    });
+    println!("record tap: {} records dropped (full)", sink.tap_dropped());
+    drop(sink);
+    let _ = drain.join();
+    group.finish();
+}
+
+criterion_group!(benches, bench_launch, bench_launch_path);
 criterion_main!(benches);

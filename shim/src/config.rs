@@ -1,5 +1,5 @@
 //! libtensile's configuration: `TENSILE_LOG`, `TENSILE_TRACE`, `TENSILE_POLICY`,
-//! `TENSILE_COORDINATOR` and the memory sizes (environment variables are a contract, see
+//! `TENSILE_PLAN`, `TENSILE_COORDINATOR` and the memory sizes (environment variables are a contract, see
 //! ARCHITECTURE.md), parsed once.
 //!
 //! A bad value never stops the application: it becomes a clear one-line problem report
@@ -93,6 +93,9 @@ pub struct Config {
     pub host_memory: Option<SizeSpec>,
     /// `TENSILE_COORDINATOR` (parsed and checked now; the coordinator is a later issue).
     pub coordinator: Coordinator,
+    /// `TENSILE_PLAN`: an encoded plan to execute from the start (`%p` replaced by the pid);
+    /// read when the runtime starts, used under `TENSILE_POLICY=plan`.
+    pub plan_file: Option<PathBuf>,
 }
 
 /// A variable whose value could not be used.
@@ -157,6 +160,12 @@ impl Config {
 
         if let Some(v) = get("TENSILE_TRACE").filter(|v| !v.is_empty()) {
             c.trace = Some(PathBuf::from(
+                v.replace("%p", &std::process::id().to_string()),
+            ));
+        }
+
+        if let Some(v) = get("TENSILE_PLAN").filter(|v| !v.trim().is_empty()) {
+            c.plan_file = Some(PathBuf::from(
                 v.replace("%p", &std::process::id().to_string()),
             ));
         }
@@ -246,6 +255,7 @@ mod tests {
             ("TENSILE_LOG", "tensile_shim=debug"),
             ("TENSILE_TRACE", "/tmp/run-%p.trace"),
             ("TENSILE_POLICY", "LRU"),
+            ("TENSILE_PLAN", "/tmp/job.plan"),
         ]);
         assert!(p.is_empty(), "{p:?}");
         assert_eq!(c.log.as_deref(), Some("tensile_shim=debug"));
@@ -257,7 +267,9 @@ mod tests {
             )))
         );
         assert_eq!(c.policy, Policy::Lru);
+        assert_eq!(c.plan_file, Some(PathBuf::from("/tmp/job.plan")));
         assert_eq!(parse(&[("TENSILE_POLICY", " off ")]).0.policy, Policy::Off);
+        assert_eq!(parse(&[("TENSILE_PLAN", " ")]).0.plan_file, None);
     }
 
     #[test]

@@ -238,6 +238,14 @@ impl KernelRegistry {
         );
     }
 
+    /// The name of the kernel with trace id `id`, if a handle of it is known (a scan: for
+    /// error messages).
+    #[cold]
+    pub fn name_of(&self, id: u32) -> Option<String> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.values().find(|m| m.id == id).map(|m| m.name.clone())
+    }
+
     /// The number of handles currently known.
     pub fn len(&self) -> usize {
         self.map.read().unwrap_or_else(|e| e.into_inner()).len()

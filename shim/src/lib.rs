@@ -5,7 +5,8 @@
 //! points ([`syms`], [`entry`], [`hooks`], [`proc_address`], [`interpose`]), access
 //! tracking ([`alloc_index`], [`params`], [`kernels`], [`tracker`]), the trace recorder
 //! ([`recorder`], [`timing`]), configuration and logging ([`config`], [`log`]) and the process-wide
-//! [`runtime`] tying them together. The memory manager ([`memory`]) is started per context
+//! [`runtime`] tying them together. The plan executor ([`executor`]) decides, per launch,
+//! what the manager moves ahead of need. The memory manager ([`memory`]) is started per context
 //! by [`managed`] over the real driver ([`real_memory`]) and called from the hooks.
 //!
 //! Data path of a launch: the wrapper ([`entry`]) finds the real function for the exact
@@ -17,6 +18,7 @@ pub use tensile_driver_abi as abi;
 pub mod alloc_index;
 pub mod callers;
 pub mod config;
+pub mod executor;
 pub mod hooks;
 pub mod interpose;
 pub mod kernels;

@@ -11,6 +11,11 @@
 //! - [`Recorder::finish`] (called at exit) writes the `Stats` and `End` records and waits
 //!   for the file to be complete.
 //!
+//! [`RecordSink`] is what the hooks hand records to: the trace file (if any) and the record
+//! tap, a bounded queue the in-process planner drains (under `TENSILE_POLICY=plan`). The tap
+//! carries records only once its consumer took it ([`RecordSink::take_tap`]): until then no
+//! record is built for it. A full tap drops the record and counts it; it never blocks a hook.
+//!
 //! This module decides nothing about what is recorded; the hooks do.
 
 use std::fs::File;
@@ -31,6 +36,8 @@ pub const SEND_PATIENCE: Duration = Duration::from_millis(20);
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 /// How long [`Recorder::finish`] waits for the writer to close the file.
 pub const FINISH_PATIENCE: Duration = Duration::from_secs(10);
+/// Records that may wait in the tap for the planner.
+pub const TAP_CAPACITY: usize = 1 << 16;
 
 enum Msg {
     Record(Record),
@@ -262,6 +269,118 @@ fn write_loop(
     }
 }
 
+/// Where the hooks' records go: the trace file, the tap, or both.
+#[derive(Debug)]
+pub struct RecordSink {
+    file: Option<Recorder>,
+    tap: Option<RecordTap>,
+    /// Time 0 of the records when there is no trace file (with one, the file's).
+    start: Instant,
+}
+
+/// The bounded queue of records for the planner.
+#[derive(Debug)]
+struct RecordTap {
+    tx: Sender<Record>,
+    /// Handed out once, to the consumer ([`RecordSink::take_tap`]).
+    rx: std::sync::Mutex<Option<channel::Receiver<Record>>>,
+    /// Whether the consumer took it: records flow from then on.
+    live: AtomicBool,
+    dropped: AtomicU64,
+}
+
+impl RecordSink {
+    /// A sink over the trace file `file` and, if `tap`, a tap of [`TAP_CAPACITY`] records.
+    /// `None` when there is nowhere to send records: the hooks then build none.
+    pub fn new(file: Option<Recorder>, tap: bool) -> Option<RecordSink> {
+        if file.is_none() && !tap {
+            return None;
+        }
+        let tap = tap.then(|| {
+            let (tx, rx) = channel::bounded(TAP_CAPACITY);
+            RecordTap {
+                tx,
+                rx: std::sync::Mutex::new(Some(rx)),
+                live: AtomicBool::new(false),
+                dropped: AtomicU64::new(0),
+            }
+        });
+        Some(RecordSink {
+            file,
+            tap,
+            start: Instant::now(),
+        })
+    }
+
+    /// Whether anything takes records now: the trace file, or a tap whose consumer took it.
+    /// The hooks build no record otherwise.
+    #[inline]
+    pub fn is_live(&self) -> bool {
+        self.file.is_some() || self.live_tap().is_some()
+    }
+
+    #[inline]
+    fn live_tap(&self) -> Option<&RecordTap> {
+        self.tap.as_ref().filter(|t| t.live.load(Ordering::Relaxed))
+    }
+
+    /// Sends `record` to the trace file and the tap.
+    #[inline]
+    pub fn record(&self, record: Record) {
+        match (&self.file, self.live_tap()) {
+            (Some(file), Some(tap)) => {
+                tap.send(record.clone());
+                file.record(record);
+            }
+            (Some(file), None) => file.record(record),
+            (None, Some(tap)) => tap.send(record),
+            (None, None) => {}
+        }
+    }
+
+    /// Nanoseconds since the records' time 0 (the trace's start when tracing).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        match &self.file {
+            Some(file) => file.now_ns(),
+            None => self.start.elapsed().as_nanos() as u64,
+        }
+    }
+
+    /// The trace file, when tracing.
+    pub fn file(&self) -> Option<&Recorder> {
+        self.file.as_ref()
+    }
+
+    /// The consuming end of the tap; `None` without a tap or once taken. Records flow into
+    /// it from now on (take it before the first launch to see every `Kernel` record: each is
+    /// made once, at the kernel's first launch).
+    pub fn take_tap(&self) -> Option<channel::Receiver<Record>> {
+        let tap = self.tap.as_ref()?;
+        let rx = tap.rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if rx.is_some() {
+            tap.live.store(true, Ordering::Relaxed);
+        }
+        rx
+    }
+
+    /// Records the tap dropped because it was full (or its consumer gone).
+    pub fn tap_dropped(&self) -> u64 {
+        self.tap
+            .as_ref()
+            .map_or(0, |t| t.dropped.load(Ordering::Relaxed))
+    }
+}
+
+impl RecordTap {
+    #[inline]
+    fn send(&self, record: Record) {
+        if self.tx.try_send(record).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The command line of this process, arguments separated by spaces.
 pub fn command_line() -> String {
     match std::fs::read("/proc/self/cmdline") {
@@ -365,6 +484,53 @@ mod tests {
         ));
         assert!(!reader.finished_cleanly());
         rec.abandon();
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn the_tap_gets_every_record_until_full_then_counts_drops() {
+        assert!(RecordSink::new(None, false).is_none());
+        let sink = RecordSink::new(None, true).unwrap();
+        let free = |id| {
+            Record::Free(Free {
+                t_ns: 0,
+                stream: 0,
+                id,
+            })
+        };
+        // Nobody took the tap yet: no record is wanted.
+        assert!(!sink.is_live());
+        sink.record(free(u64::MAX));
+        let rx = sink.take_tap().unwrap();
+        assert!(sink.is_live());
+        assert!(sink.take_tap().is_none(), "the tap is handed out once");
+        for id in 0..(TAP_CAPACITY as u64 + 10) {
+            sink.record(free(id));
+        }
+        assert_eq!(sink.tap_dropped(), 10);
+        let got: Vec<Record> = rx.try_iter().collect();
+        assert_eq!(got.len(), TAP_CAPACITY);
+        assert_eq!(got[0], free(0));
+        assert_eq!(got[TAP_CAPACITY - 1], free(TAP_CAPACITY as u64 - 1));
+    }
+
+    #[test]
+    fn with_a_file_and_a_tap_both_get_the_record() {
+        let path = temp("both.trace");
+        let rec = Recorder::start(&path, "test".into(), String::new()).unwrap();
+        let sink = RecordSink::new(Some(rec), true).unwrap();
+        assert!(sink.is_live(), "the file takes records");
+        let rx = sink.take_tap().unwrap();
+        let record = Record::Free(Free {
+            t_ns: 3,
+            stream: 1,
+            id: 42,
+        });
+        sink.record(record.clone());
+        sink.file().unwrap().finish(None);
+        assert_eq!(rx.try_recv().unwrap(), record);
+        let mut reader = Reader::open(&path).unwrap();
+        assert_eq!(reader.next().unwrap().unwrap(), record);
         let _ = std::fs::remove_file(&path);
     }
 

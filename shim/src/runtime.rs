@@ -17,10 +17,14 @@ use std::sync::{Mutex, OnceLock};
 
 use tensile_trace::Stats;
 
+use crossbeam::channel::Receiver;
+use tensile_trace::Record;
+
 use crate::config::{Config, Policy};
+use crate::executor::{self, Executor, ManagerMover};
 use crate::managed::{Managed, MemorySlot};
 use crate::real::RealDriver;
-use crate::recorder::{self, Recorder};
+use crate::recorder::{self, RecordSink, Recorder};
 use crate::timing::Timing;
 use crate::tracker::Tracker;
 
@@ -33,9 +37,13 @@ pub struct Runtime {
     pub config: Config,
     pub driver: RealDriver,
     pub tracker: Tracker,
-    pub recorder: Option<Recorder>,
+    /// Where the hooks' records go: the trace (`TENSILE_TRACE`) and, under
+    /// `TENSILE_POLICY=plan`, the tap the planner drains (see [`Runtime::records`]).
+    records: Option<RecordSink>,
     /// GPU durations of launches, when tracing.
     pub timing: Option<Timing>,
+    /// Carries out the plan, when there is one.
+    pub executor: Executor,
     /// The memory manager (created on the first allocation in a context).
     pub memory: MemorySlot,
     pid: u32,
@@ -165,16 +173,53 @@ impl Runtime {
             }
         });
         let timing = timing.filter(|_| recorder.is_some());
+        let records = RecordSink::new(recorder, config.policy == Policy::Plan);
         let tracker = Tracker::new(driver.introspection);
+        let executor = Executor::new(std::sync::Arc::new(ManagerMover));
+        if let Some(path) = &config.plan_file {
+            if config.policy != Policy::Plan {
+                tracing::warn!(
+                    "tensile: TENSILE_PLAN={} is ignored: plans run under TENSILE_POLICY=plan",
+                    path.display()
+                );
+            } else {
+                match executor::plan_file::read(path) {
+                    Ok(plan) => executor.install(plan, &tracker),
+                    Err(why) => tracing::warn!("tensile: {why}; swapping on demand (lru)"),
+                }
+            }
+        }
         Runtime {
             config,
             driver,
             tracker,
-            recorder,
+            records,
             timing,
+            executor,
             memory: MemorySlot::default(),
             pid: std::process::id(),
         }
+    }
+
+    /// The consuming end of the record tap (under `TENSILE_POLICY=plan`), for the planner:
+    /// from this call on, every record the hooks make, in order (a full tap drops and
+    /// counts). Handed out once. Until it is taken the hooks build no records for it; take it
+    /// before the application's first launch to see every `Kernel` record.
+    pub fn take_record_tap(&self) -> Option<Receiver<Record>> {
+        self.records.as_ref().and_then(RecordSink::take_tap)
+    }
+
+    /// Where the hooks send records, if anything takes them now (the trace file, or the tap
+    /// once its consumer took it); `None`: the hooks build no records.
+    #[inline]
+    pub fn records(&self) -> Option<&RecordSink> {
+        self.records.as_ref().filter(|s| s.is_live())
+    }
+
+    /// The trace file, when tracing.
+    #[inline]
+    pub fn recorder(&self) -> Option<&Recorder> {
+        self.records.as_ref().and_then(RecordSink::file)
     }
 
     /// The memory manager, if one is running.
@@ -188,15 +233,15 @@ impl Runtime {
         self.memory.get_or_create(&self.config, &self.driver)
     }
 
-    /// Trace time of a call made now (0 when not tracing: nothing reads it).
+    /// Trace time of a call made now (0 when no records are made: nothing reads it).
     #[inline]
     pub fn now_ns(&self) -> u64 {
-        self.recorder.as_ref().map_or(0, Recorder::now_ns)
+        self.records().map_or(0, RecordSink::now_ns)
     }
 
     /// Collects finished launch times (after the host waited for the device).
     pub fn collect_launch_times(&self) {
-        if let (Some(rec), Some(timing)) = (&self.recorder, &self.timing) {
+        if let (Some(rec), Some(timing)) = (self.records(), &self.timing) {
             timing.collect(rec);
         }
     }
@@ -240,8 +285,12 @@ impl Runtime {
                 stats.peak_resident_bytes >> 20,
                 stats.host_pool_bytes >> 20,
             ));
+            let exec = self.executor.stats();
+            if exec.plans_loaded > 0 {
+                crate::log::emergency(&exec.to_string());
+            }
         }
-        if let Some(rec) = &self.recorder {
+        if let Some(rec) = self.recorder() {
             rec.finish(Some(stats));
         }
     }
@@ -260,7 +309,7 @@ extern "C" fn at_exit() {
 
 extern "C" fn in_forked_child() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(rec) = RUNTIME.get().and_then(|rt| rt.recorder.as_ref()) {
+        if let Some(rec) = RUNTIME.get().and_then(Runtime::recorder) {
             rec.abandon();
         }
     });

@@ -18,7 +18,7 @@ use tensile_trace::{LaunchTime, Record};
 
 use crate::real::{fn_ptr, RealDriver};
 use crate::real_memory::{PfnExchangeCaptureMode, RelaxedCapture};
-use crate::recorder::Recorder;
+use crate::recorder::RecordSink;
 
 type EventCreate = unsafe extern "C" fn(*mut CUevent, u32) -> CUresult;
 type EventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
@@ -175,7 +175,7 @@ impl Timing {
         stream: CUstream,
         per_thread: bool,
         seq: Option<u64>,
-        rec: &Recorder,
+        rec: &RecordSink,
     ) {
         let pair = started.pair;
         match seq {
@@ -197,7 +197,7 @@ impl Timing {
 
     /// Records the times of every launch whose events have completed, oldest first,
     /// stopping at the first one still running. Never waits.
-    pub fn collect(&self, rec: &Recorder) {
+    pub fn collect(&self, rec: &RecordSink) {
         // An event query is an "unsafe" call during another thread's global-mode capture.
         let _relaxed = RelaxedCapture::enter(self.api.exchange);
         loop {

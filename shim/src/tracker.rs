@@ -16,7 +16,7 @@ use tensile_trace::{
 use crate::alloc_index::{AllocIndex, Range};
 use crate::kernels::{self, Description, Introspection, KernelMeta, KernelRegistry};
 use crate::params::AccessSink;
-use crate::recorder::Recorder;
+use crate::recorder::RecordSink;
 
 /// Everything the process has allocated and launched, as far as the shim saw it.
 #[derive(Debug)]
@@ -56,7 +56,7 @@ impl Tracker {
     /// A successful allocation of `bytes` at `ptr`; returns its id.
     pub fn allocated(
         &self,
-        rec: Option<&Recorder>,
+        rec: Option<&RecordSink>,
         t_ns: u64,
         stream: u64,
         ptr: u64,
@@ -118,7 +118,14 @@ impl Tracker {
 
     /// Ends a free begun with [`Tracker::begin_free`]: on success it is recorded, on
     /// failure the allocation is live again.
-    pub fn end_free(&self, rec: Option<&Recorder>, t_ns: u64, stream: u64, range: Range, ok: bool) {
+    pub fn end_free(
+        &self,
+        rec: Option<&RecordSink>,
+        t_ns: u64,
+        stream: u64,
+        range: Range,
+        ok: bool,
+    ) {
         if !ok {
             self.allocs.insert(range);
             return;
@@ -149,7 +156,7 @@ impl Tracker {
     #[inline]
     pub unsafe fn resolve_launch(
         &self,
-        rec: Option<&Recorder>,
+        rec: Option<&RecordSink>,
         f: *mut c_void,
         kernel_params: *const *const c_void,
         extra: *const *const c_void,
@@ -168,7 +175,7 @@ impl Tracker {
     #[inline]
     pub unsafe fn resolve_launch_with(
         &self,
-        rec: Option<&Recorder>,
+        rec: Option<&RecordSink>,
         f: *mut c_void,
         kernel_params: *const *const c_void,
         extra: *const *const c_void,
@@ -191,27 +198,39 @@ impl Tracker {
         kernel
     }
 
-    /// Records a launch the driver accepted; returns its sequence number.
+    /// Numbers a launch the driver accepted and, with a sink, records it; returns its
+    /// sequence number (`Launch::seq`). Launches are numbered whether or not anything is
+    /// recorded, so that the plan executor's positions and a trace's `seq` are one numbering.
+    #[inline]
     pub fn launched(
         &self,
-        rec: &Recorder,
+        rec: Option<&RecordSink>,
         t_ns: u64,
         kernel: &KernelMeta,
         shape: LaunchShape,
         accesses: &[Access],
     ) -> u64 {
         let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        rec.record(Record::Launch(Launch {
-            t_ns,
-            stream: shape.stream,
-            seq,
-            kernel: kernel.id,
-            grid: shape.grid,
-            block: shape.block,
-            smem: shape.shared_mem_bytes,
-            accesses: accesses.to_vec(),
-        }));
+        if let Some(rec) = rec {
+            rec.record(Record::Launch(Launch {
+                t_ns,
+                stream: shape.stream,
+                seq,
+                kernel: kernel.id,
+                grid: shape.grid,
+                block: shape.block,
+                smem: shape.shared_mem_bytes,
+                accesses: accesses.to_vec(),
+            }));
+        }
         seq
+    }
+
+    /// The number the next accepted launch will get (another thread's launch may take it
+    /// first).
+    #[inline]
+    pub fn next_launch_seq(&self) -> u64 {
+        self.next_seq.load(Ordering::Relaxed)
     }
 
     /// Records a copy the driver accepted; `dst`/`src` are device addresses (`None` for
@@ -219,7 +238,7 @@ impl Tracker {
     #[allow(clippy::too_many_arguments)]
     pub fn copied(
         &self,
-        rec: &Recorder,
+        rec: &RecordSink,
         t_ns: u64,
         stream: u64,
         kind: CopyKind,
@@ -244,7 +263,7 @@ impl Tracker {
     /// Records a memset the driver accepted.
     pub fn memset(
         &self,
-        rec: &Recorder,
+        rec: &RecordSink,
         t_ns: u64,
         stream: u64,
         dst: u64,
@@ -270,7 +289,7 @@ impl Tracker {
         self.peak_bytes.load(Ordering::Relaxed)
     }
 
-    /// Launches recorded so far.
+    /// Launches numbered so far.
     pub fn launches(&self) -> u64 {
         self.next_seq.load(Ordering::Relaxed)
     }

@@ -78,9 +78,11 @@ unsafe fn track<F>(
     }
     // SAFETY: on success the driver stored the new pointer through `dptr`.
     let ptr = unsafe { dptr.read() };
-    call.rt
+    let rt = call.rt;
+    let id = rt
         .tracker
-        .allocated(call.rt.recorder.as_ref(), t_ns, stream, ptr, bytes, kind);
+        .allocated(rt.records(), t_ns, stream, ptr, bytes, kind);
+    rt.executor.allocated(&rt.tracker, id, ptr, bytes);
 }
 
 /// `cuMemAlloc_v2`.
@@ -227,13 +229,9 @@ fn free_with<F>(
     let tracked = call.rt.tracker.begin_free(dptr);
     let r = forward();
     if let Some(range) = tracked {
-        call.rt.tracker.end_free(
-            call.rt.recorder.as_ref(),
-            t,
-            stream,
-            range,
-            r == CUDA_SUCCESS,
-        );
+        call.rt
+            .tracker
+            .end_free(call.rt.records(), t, stream, range, r == CUDA_SUCCESS);
     }
     r
 }

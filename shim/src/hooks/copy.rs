@@ -41,7 +41,7 @@ fn copy_with<F>(call: &Call<F>, d: CopyDesc, forward: impl FnOnce() -> CUresult)
             // A synchronous copy waited for earlier work: collect its launch times.
             call.rt.collect_launch_times();
         }
-        if let Some(rec) = call.rt.recorder.as_ref() {
+        if let Some(rec) = call.rt.records() {
             call.rt.tracker.copied(
                 rec,
                 t,

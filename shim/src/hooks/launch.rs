@@ -1,5 +1,6 @@
-//! Launch hooks: resolve which live allocations a launch's arguments point into, make the
-//! managed ones device-resident, forward the launch, and record it.
+//! Launch hooks: resolve which live allocations a launch's arguments point into, let the
+//! plan executor act before the launch, make the managed ones device-resident, forward the
+//! launch, number and record it, and let the executor act after it.
 //!
 //! This is the hot path (hundreds of thousands of launches per second in training). With
 //! tracing off it allocates nothing: the accesses go into a per-thread buffer that is
@@ -74,7 +75,7 @@ unsafe fn launch_with<F>(
     forward: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let rt = call.rt;
-    let rec = rt.recorder.as_ref();
+    let rec = rt.records();
     let t = rt.now_ns();
     with_scratch(|resolved| {
         // SAFETY: forwarded from the caller.
@@ -88,6 +89,8 @@ unsafe fn launch_with<F>(
             )
         };
         let on = CallStream::new(rt, shape.stream);
+        rt.executor
+            .before_launch(&rt.tracker, kernel, || on.is_capturing());
         let pinned = residency::pin(rt, &on, &resolved.ranges, || {
             format!("the launch of kernel `{}`", kernel.name)
         });
@@ -109,12 +112,16 @@ unsafe fn launch_with<F>(
         if let Some(p) = pinned {
             p.done();
         }
-        if let Some(rec) = rec {
-            let seq =
-                (r == CUDA_SUCCESS).then(|| rt.tracker.launched(rec, t, kernel, shape, accesses));
-            if let Some((timing, started)) = timed {
-                timing.finish(started, stream, per_thread, seq, rec);
-            }
+        // Numbered whether or not anything is recorded: the executor's positions are
+        // the trace's `seq`.
+        let seq = (r == CUDA_SUCCESS).then(|| {
+            let seq = rt.tracker.launched(rec, t, kernel, shape, accesses);
+            rt.executor
+                .after_launch(&rt.tracker, kernel, seq, || on.is_capturing());
+            seq
+        });
+        if let (Some(rec), Some((timing, started))) = (rec, timed) {
+            timing.finish(started, stream, per_thread, seq, rec);
         }
         r
     })

@@ -21,7 +21,7 @@ fn memset_with<F>(
     let what = || format!("{} of {} bytes", call.sym.name(), bytes);
     let r = residency::forward_pinned(call.rt, stream, &[(dst, span)], what, forward);
     if r == CUDA_SUCCESS {
-        if let Some(rec) = call.rt.recorder.as_ref() {
+        if let Some(rec) = call.rt.records() {
             call.rt
                 .tracker
                 .memset(rec, t, stream, dst, bytes as u64, asynchronous);

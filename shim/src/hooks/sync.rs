@@ -11,7 +11,7 @@ fn sync_with<F>(call: &Call<F>, scope: SyncScope, forward: impl FnOnce() -> CUre
     let t = call.rt.now_ns();
     let r = forward();
     if r == CUDA_SUCCESS {
-        if let Some(rec) = call.rt.recorder.as_ref() {
+        if let Some(rec) = call.rt.records() {
             rec.record(Record::Sync(Sync { t_ns: t, scope }));
         }
         // Work the host waited for has finished: its launch times can be read now.

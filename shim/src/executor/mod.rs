@@ -1,0 +1,485 @@
+//! The plan executor: carries out an [`ExecPlan`] as the application launches.
+//!
+//! Policy, not mechanism: this module decides *when* (at which launch) a piece of which
+//! allocation moves; the memory manager moves pages. Per launch, the launch hook calls
+//! [`Executor::before_launch`] before forwarding and [`Executor::after_launch`] once the
+//! driver accepted it:
+//!
+//! - With no plan, each is one relaxed load.
+//! - The launch's number (`Launch::seq`, the tracker's numbering, the same a trace records)
+//!   gives its position in the iteration; the plan's kernel at that position must be the
+//!   launch's kernel. A mismatch drops the plan at once (one log line), and everything is
+//!   swapped on demand until a new plan arrives.
+//! - The steps at the position ([`ExecPlan::step_index`]) are resolved to address ranges
+//!   ([`roles`]) and queued, one job per verb, to the executor's thread ([`worker`]), which
+//!   calls the manager's verbs: a swap-out moves only the pages entirely inside the piece (a
+//!   neighbour sharing a page is never evicted), a prefetch every page the piece overlaps.
+//!   Launches on a capturing stream are checked but trigger nothing (their work runs at the
+//!   graph's launch, not now).
+//! - A plan takes effect at an iteration boundary: at its anchor if that is still ahead, else
+//!   at the next launch at position 0 (one later if that launch is the very next one, since
+//!   allocations of its iteration may predate the plan). Host-resident pieces are swapped
+//!   out once, at the first launch of the plan's first iteration.
+//!
+//! Allocations are reported by the allocation hook ([`Executor::allocated`]) only while a
+//! plan is installed. Frees need no report: a role resolves only to an allocation the
+//! allocation index still holds at the same address under the same id.
+
+pub mod counters;
+pub mod plan_file;
+pub mod roles;
+pub mod worker;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arc_swap::ArcSwapOption;
+use tensile_driver_abi::CUresult;
+use tensile_protocol::plan::{Action, ExecPlan, PieceRef, Step, When};
+
+use crate::kernels::KernelMeta;
+use crate::tracker::Tracker;
+use counters::{Counters, ExecutorStats};
+use roles::{iteration_of, whole_pages, RoleTables, Slot, Unresolved};
+use worker::{Job, Mover, Verb, Worker};
+
+/// The manager's page: a swap-out moves whole pages of this size (aligned to it).
+pub const PAGE_BYTES: u64 = 2 << 20;
+
+/// Where the executor stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutorState {
+    /// No plan was ever installed: on demand.
+    NoPlan,
+    /// Executing plan `version`.
+    Planned { version: u32 },
+    /// Plan `version` was dropped (a launch did not match): on demand until a new one.
+    Fallback { version: u32 },
+}
+
+/// An installed plan, with what the launch path needs precomputed.
+#[derive(Debug)]
+struct Loaded {
+    plan: ExecPlan,
+    /// `index[p]..index[p + 1]`: the steps at position `p`.
+    index: Vec<u32>,
+    /// `index[p]..before_end[p]`: its `BeforeLaunch` steps; the rest are `AfterLaunch`.
+    before_end: Vec<u32>,
+    /// The first launch the plan applies to (position 0).
+    start_seq: u64,
+    /// Host-resident pieces not yet sent out.
+    host_resident_pending: AtomicBool,
+}
+
+impl Loaded {
+    fn new(plan: ExecPlan, start_seq: u64) -> Loaded {
+        let index = plan.step_index();
+        let before_end = index
+            .windows(2)
+            .map(|w| {
+                let steps = &plan.steps[w[0] as usize..w[1] as usize];
+                w[0] + steps
+                    .iter()
+                    .take_while(|s| s.when == When::BeforeLaunch)
+                    .count() as u32
+            })
+            .collect();
+        let host_resident_pending = AtomicBool::new(!plan.host_resident.is_empty());
+        Loaded {
+            plan,
+            index,
+            before_end,
+            start_seq,
+            host_resident_pending,
+        }
+    }
+
+    /// The position of launch `seq` if the plan applies to it.
+    #[inline]
+    fn position(&self, seq: u64) -> Option<u32> {
+        (seq >= self.start_seq).then(|| self.plan.position_of(seq))
+    }
+
+    fn steps(&self, position: u32, when: When) -> &[Step] {
+        let p = position as usize;
+        let (lo, hi) = match when {
+            When::BeforeLaunch => (self.index[p], self.before_end[p]),
+            When::AfterLaunch => (self.before_end[p], self.index[p + 1]),
+        };
+        &self.plan.steps[lo as usize..hi as usize]
+    }
+}
+
+/// The plan executor of the process (see the module documentation).
+pub struct Executor {
+    /// Whether a plan is installed: the launch path's only load without one.
+    active: AtomicBool,
+    plan: ArcSwapOption<Loaded>,
+    /// The role tables of the installed plan. Taken by launches with steps and by
+    /// allocations while a plan is installed; never held across a driver call.
+    roles: Mutex<Option<RoleTables>>,
+    /// Serializes installing and dropping plans.
+    changes: Mutex<()>,
+    last_version: AtomicU32,
+    fallback: AtomicBool,
+    /// Whether a skipped step was logged already.
+    skip_logged: AtomicBool,
+    mover: Arc<dyn Mover>,
+    worker: OnceLock<Option<Worker>>,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("state", &self.state())
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Executor {
+    /// An executor without a plan, whose moves `mover` carries out.
+    pub fn new(mover: Arc<dyn Mover>) -> Executor {
+        Executor {
+            active: AtomicBool::new(false),
+            plan: ArcSwapOption::empty(),
+            roles: Mutex::new(None),
+            changes: Mutex::new(()),
+            last_version: AtomicU32::new(0),
+            fallback: AtomicBool::new(false),
+            skip_logged: AtomicBool::new(false),
+            mover,
+            worker: OnceLock::new(),
+            counters: Arc::new(Counters::default()),
+        }
+    }
+
+    /// Installs `plan` (replacing any other); it takes effect at the next iteration
+    /// boundary (see the module documentation).
+    pub fn install(&self, plan: ExecPlan, tracker: &Tracker) {
+        let worker = self
+            .worker
+            .get_or_init(|| Worker::start(Arc::clone(&self.mover), Arc::clone(&self.counters)));
+        if worker.is_none() {
+            return;
+        }
+        let _change = lock(&self.changes);
+        let next = tracker.next_launch_seq();
+        let period = u64::from(plan.period);
+        let mut start = if plan.anchor_seq >= next {
+            plan.anchor_seq
+        } else {
+            next + (period - u64::from(plan.position_of(next))) % period
+        };
+        if start == next && next > 0 {
+            start += period;
+        }
+        let mut roles = RoleTables::new(&plan, iteration_of(plan.anchor_seq, plan.period, start));
+        for r in tracker.allocs.snapshot().iter() {
+            if roles.wants_persistent(r.id) {
+                roles.note_persistent(Slot {
+                    id: r.id,
+                    ptr: r.start,
+                    bytes: r.len,
+                });
+            }
+        }
+        let version = plan.version;
+        *lock(&self.roles) = Some(roles);
+        self.plan.store(Some(Arc::new(Loaded::new(plan, start))));
+        self.last_version.store(version, Ordering::Relaxed);
+        self.fallback.store(false, Ordering::Relaxed);
+        self.active.store(true, Ordering::Release);
+        self.counters.plans_loaded.fetch_add(1, Ordering::Relaxed);
+        tracing::info!("tensile: plan {version} installed; it applies from launch {start}");
+    }
+
+    /// Where the executor stands.
+    pub fn state(&self) -> ExecutorState {
+        let version = self.last_version.load(Ordering::Relaxed);
+        if self.active.load(Ordering::Relaxed) {
+            ExecutorState::Planned { version }
+        } else if self.fallback.load(Ordering::Relaxed) {
+            ExecutorState::Fallback { version }
+        } else {
+            ExecutorState::NoPlan
+        }
+    }
+
+    /// The counters now.
+    pub fn stats(&self) -> ExecutorStats {
+        self.counters.snapshot()
+    }
+
+    /// Waits (a bounded time) until the moves queued so far have been carried out.
+    pub fn flush(&self) -> bool {
+        match self.worker.get() {
+            Some(Some(w)) => w.flush(std::time::Duration::from_secs(5)),
+            _ => true,
+        }
+    }
+
+    /// An allocation the tracker numbered `id`, at `ptr`, of `bytes`. Cheap without a plan.
+    #[inline]
+    pub fn allocated(&self, tracker: &Tracker, id: u64, ptr: u64, bytes: u64) {
+        if !self.active.load(Ordering::Relaxed) {
+            return;
+        }
+        let next = tracker.next_launch_seq();
+        if let Some(roles) = lock(&self.roles).as_mut() {
+            roles.allocated(next, Slot { id, ptr, bytes });
+        }
+    }
+
+    /// Before launch of `kernel` is forwarded: its `BeforeLaunch` steps, if the kernel is
+    /// the plan's at the position of the next launch number. `capturing` says whether the
+    /// launch's stream is capturing (asked only when there are steps).
+    #[inline]
+    pub fn before_launch(
+        &self,
+        tracker: &Tracker,
+        kernel: &KernelMeta,
+        capturing: impl FnOnce() -> bool,
+    ) {
+        if !self.active.load(Ordering::Relaxed) {
+            return;
+        }
+        self.before_planned(tracker, kernel, capturing);
+    }
+
+    /// Once the launch numbered `seq` was accepted: the position check (a mismatch drops
+    /// the plan), then its `AfterLaunch` steps.
+    #[inline]
+    pub fn after_launch(
+        &self,
+        tracker: &Tracker,
+        kernel: &KernelMeta,
+        seq: u64,
+        capturing: impl FnOnce() -> bool,
+    ) {
+        if !self.active.load(Ordering::Relaxed) {
+            return;
+        }
+        self.after_planned(tracker, kernel, seq, capturing);
+    }
+
+    fn before_planned(
+        &self,
+        tracker: &Tracker,
+        kernel: &KernelMeta,
+        capturing: impl FnOnce() -> bool,
+    ) {
+        let guard = self.plan.load();
+        let Some(loaded) = guard.as_ref() else {
+            return;
+        };
+        // Another thread may take this number first; the check after the launch, on the
+        // number it really got, is the one that counts.
+        let seq = tracker.next_launch_seq();
+        let Some(position) = loaded.position(seq) else {
+            return;
+        };
+        if loaded.plan.kernel_at(position) != Some(kernel.id) {
+            return;
+        }
+        let steps = loaded.steps(position, When::BeforeLaunch);
+        if !steps.is_empty() && !capturing() {
+            self.carry_out(loaded, steps, &[], seq, tracker);
+        }
+    }
+
+    fn after_planned(
+        &self,
+        tracker: &Tracker,
+        kernel: &KernelMeta,
+        seq: u64,
+        capturing: impl FnOnce() -> bool,
+    ) {
+        let guard = self.plan.load();
+        let Some(loaded) = guard.as_ref() else {
+            return;
+        };
+        let Some(position) = loaded.position(seq) else {
+            return;
+        };
+        if loaded.plan.kernel_at(position) != Some(kernel.id) {
+            self.mismatch(loaded, position, seq, kernel, tracker);
+            return;
+        }
+        let steps = loaded.steps(position, When::AfterLaunch);
+        let host_resident: &[PieceRef] = if position == 0
+            && loaded.host_resident_pending.load(Ordering::Relaxed)
+            && loaded.host_resident_pending.swap(false, Ordering::Relaxed)
+        {
+            &loaded.plan.host_resident
+        } else {
+            &[]
+        };
+        if (!steps.is_empty() || !host_resident.is_empty()) && !capturing() {
+            self.carry_out(loaded, steps, host_resident, seq, tracker);
+        }
+    }
+
+    /// Resolves `steps` (and `host_resident` pieces, swapped out) for the launch numbered
+    /// `seq` and queues them, one job per verb.
+    #[cold]
+    fn carry_out(
+        &self,
+        loaded: &Loaded,
+        steps: &[Step],
+        host_resident: &[PieceRef],
+        seq: u64,
+        tracker: &Tracker,
+    ) {
+        let iteration = iteration_of(loaded.plan.anchor_seq, loaded.plan.period, seq);
+        let index = tracker.allocs.snapshot();
+        let is_live = |s: &Slot| {
+            index
+                .find(s.ptr)
+                .is_some_and(|r| r.id == s.id && r.start == s.ptr)
+        };
+        let mut out = Job {
+            verb: Verb::SwapOut,
+            ranges: Vec::new(),
+            steps: 0,
+        };
+        let mut ahead = Job {
+            verb: Verb::Prefetch,
+            ranges: Vec::new(),
+            steps: 0,
+        };
+        let mut skipped = 0u64;
+        {
+            let roles = lock(&self.roles);
+            let Some(roles) = roles.as_ref() else {
+                return;
+            };
+            let moves = steps
+                .iter()
+                .map(|s| (s.action, &s.piece))
+                .chain(host_resident.iter().map(|p| (Action::SwapOut, p)));
+            for (action, piece) in moves {
+                let range = roles.piece_range(piece, iteration, is_live);
+                let placed = match (action, range) {
+                    (Action::SwapOut, Ok((start, len))) => {
+                        whole_pages(start, len, PAGE_BYTES).map(|r| (&mut out, r))
+                    }
+                    (Action::Prefetch, Ok(r)) => Some((&mut ahead, r)),
+                    (_, Err(why)) => {
+                        self.log_skip_once(piece, seq, why);
+                        None
+                    }
+                };
+                match placed {
+                    Some((job, (start, len))) => {
+                        job.ranges.push((start, len as usize));
+                        job.steps += 1;
+                    }
+                    None => skipped += 1,
+                }
+            }
+        }
+        if skipped > 0 {
+            self.counters
+                .steps_skipped
+                .fetch_add(skipped, Ordering::Relaxed);
+        }
+        let Some(Some(worker)) = self.worker.get() else {
+            return;
+        };
+        for job in [out, ahead] {
+            if job.steps == 0 {
+                continue;
+            }
+            let steps = job.steps;
+            if !worker.send(job) {
+                self.counters
+                    .steps_dropped
+                    .fetch_add(steps, Ordering::Relaxed);
+            }
+        }
+    }
+
+    #[cold]
+    fn log_skip_once(&self, piece: &PieceRef, seq: u64, why: Unresolved) {
+        if !self.skip_logged.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "tensile: a plan step at launch {seq} was skipped: {piece:?} does not resolve \
+                 ({why:?}); later skips are only counted"
+            );
+        }
+    }
+
+    /// Drops `loaded` (if it is still the installed plan) after a kernel mismatch.
+    #[cold]
+    fn mismatch(
+        &self,
+        loaded: &Loaded,
+        position: u32,
+        seq: u64,
+        kernel: &KernelMeta,
+        tracker: &Tracker,
+    ) {
+        let _change = lock(&self.changes);
+        let current = self.plan.load();
+        if !current
+            .as_ref()
+            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), loaded))
+        {
+            return; // Another thread dropped or replaced it already.
+        }
+        self.active.store(false, Ordering::Release);
+        self.plan.store(None);
+        *lock(&self.roles) = None;
+        self.fallback.store(true, Ordering::Relaxed);
+        self.counters.mismatches.fetch_add(1, Ordering::Relaxed);
+        self.counters.plans_dropped.fetch_add(1, Ordering::Relaxed);
+        let expected = loaded
+            .plan
+            .kernel_at(position)
+            .map(|id| {
+                tracker
+                    .kernels
+                    .name_of(id)
+                    .unwrap_or_else(|| format!("<kernel {id}, not launched in this process>"))
+            })
+            .unwrap_or_default();
+        tracing::warn!(
+            "tensile: plan {} dropped at launch {seq} (position {position} of {}): expected \
+             kernel `{expected}`, got `{}`; swapping on demand until a new plan",
+            loaded.plan.version,
+            loaded.plan.period,
+            kernel.name
+        );
+    }
+}
+
+/// The memory manager's verbs, on the process's manager (nothing to do before it starts).
+#[derive(Debug, Default)]
+pub struct ManagerMover;
+
+impl Mover for ManagerMover {
+    fn swap_out(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
+        match crate::runtime::existing().and_then(|rt| rt.memory()) {
+            Some(m) => m.mm.swap_out_after_use(ranges),
+            None => Ok(0),
+        }
+    }
+
+    fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
+        match crate::runtime::existing().and_then(|rt| rt.memory()) {
+            Some(m) => m.mm.prefetch(ranges),
+            None => Ok(0),
+        }
+    }
+}
+
+/// Locks `m`; a panic elsewhere cannot leave these tables half-changed in a way that
+/// matters (the worst is a skipped step), so a poisoned lock is still used.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,323 @@
+//! The executor's trigger logic over a real tracker and a recording mover.
+
+use std::sync::Mutex;
+
+use tensile_protocol::plan::{Iteration, Role};
+use tensile_trace::AllocKind;
+
+use super::*;
+use crate::kernels::Introspection;
+use crate::params::ParamLayout;
+use crate::tracker::LaunchShape;
+
+const PAGE: u64 = PAGE_BYTES;
+
+/// One verb call: which verb, on which ranges.
+type Call = (Verb, Vec<(u64, usize)>);
+
+#[derive(Default)]
+struct Recording {
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Mover for Recording {
+    fn swap_out(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((Verb::SwapOut, ranges.to_vec()));
+        Ok(ranges.iter().map(|r| r.1 / PAGE as usize).sum())
+    }
+    fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((Verb::Prefetch, ranges.to_vec()));
+        Ok(ranges.len())
+    }
+}
+
+fn kernel(id: u32, name: &str) -> &'static KernelMeta {
+    Box::leak(Box::new(KernelMeta {
+        id,
+        name: name.into(),
+        layout: ParamLayout::new(vec![]),
+    }))
+}
+
+const SHAPE: LaunchShape = LaunchShape {
+    grid: [1, 1, 1],
+    block: [1, 1, 1],
+    shared_mem_bytes: 0,
+    stream: 0,
+};
+
+/// A launch as the hook makes it: before, number, after.
+fn launch(e: &Executor, t: &Tracker, k: &KernelMeta) -> u64 {
+    e.before_launch(t, k, || false);
+    let seq = t.launched(None, 0, k, SHAPE, &[]);
+    e.after_launch(t, k, seq, || false);
+    seq
+}
+
+fn alloc(e: &Executor, t: &Tracker, ptr: u64, bytes: u64) -> u64 {
+    let id = t.allocated(None, 0, 0, ptr, bytes, AllocKind::Async);
+    e.allocated(t, id, ptr, bytes);
+    id
+}
+
+fn step(position: u32, when: When, action: Action, role: Role, offset: u64, bytes: u64) -> Step {
+    Step {
+        position,
+        when,
+        action,
+        piece: PieceRef {
+            role,
+            offset,
+            bytes,
+        },
+    }
+}
+
+fn plan(kernels: Vec<u32>, steps: Vec<Step>) -> ExecPlan {
+    ExecPlan {
+        version: 7,
+        period: kernels.len() as u32,
+        kernels,
+        anchor_seq: 0,
+        steps,
+        host_resident: vec![],
+        budget_bytes: 0,
+        predicted_step_ns: 0,
+        compute_ns: 0,
+    }
+}
+
+fn calls(m: &Recording, e: &Executor) -> Vec<Call> {
+    assert!(e.flush());
+    std::mem::take(&mut *m.calls.lock().unwrap())
+}
+
+#[test]
+fn steps_run_at_their_positions_on_the_roles_of_each_iteration() {
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let (a, b) = (kernel(1, "a"), kernel(2, "b"));
+    let act = Role::Transient {
+        ordinal: 1,
+        bytes: 6 * PAGE,
+        iteration: Iteration::Current,
+    };
+    // Iteration: a (allocates nothing), b, a. The activation (ordinal 1: the weight is
+    // ordinal 0 in iteration 0, the input in later ones) leaves after position 1 and comes
+    // back before position 2. Its first and last pages are shared with its neighbours: the
+    // swap-out moves the 5 pages in between, the prefetch covers all 7.
+    let p = plan(
+        vec![1, 2, 1],
+        vec![
+            step(1, When::AfterLaunch, Action::SwapOut, act, 0, 6 * PAGE),
+            step(2, When::BeforeLaunch, Action::Prefetch, act, 0, 6 * PAGE),
+        ],
+    );
+    e.install(p, &t);
+    assert_eq!(e.state(), ExecutorState::Planned { version: 7 });
+    let base = 0x7000_0000_0000u64;
+    for it in 0..3u64 {
+        let at = base + it * 0x1_0000_0000;
+        // Iteration 0: the weight (persistent); later ones: that iteration's input.
+        alloc(&e, &t, at, PAGE / 4);
+        let act_at = at + PAGE / 2;
+        alloc(&e, &t, act_at, 6 * PAGE);
+        launch(&e, &t, a);
+        launch(&e, &t, b);
+        assert_eq!(
+            calls(&mover, &e),
+            vec![(Verb::SwapOut, vec![(at + PAGE, 5 * PAGE as usize)])],
+            "iteration {it}"
+        );
+        launch(&e, &t, a);
+        assert_eq!(
+            calls(&mover, &e),
+            vec![(Verb::Prefetch, vec![(act_at, 6 * PAGE as usize)])],
+            "iteration {it}"
+        );
+        // The activation is freed; the next iteration's has another address.
+        let r = t.begin_free(act_at).unwrap();
+        t.end_free(None, 0, 0, r, true);
+    }
+    let s = e.stats();
+    assert_eq!((s.steps_done, s.steps_skipped, s.mismatches), (6, 0, 0));
+    assert_eq!((s.pages_out, s.pages_in), (15, 3));
+}
+
+#[test]
+fn a_kernel_mismatch_drops_the_plan_and_nothing_more_runs() {
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let (a, b, c) = (kernel(1, "a"), kernel(2, "b"), kernel(3, "c"));
+    let w = Role::Persistent { alloc_id: 1 };
+    alloc(&e, &t, 0x7000_0000_0000, 2 * PAGE);
+    e.install(
+        plan(
+            vec![1, 2],
+            vec![step(1, When::AfterLaunch, Action::SwapOut, w, 0, 2 * PAGE)],
+        ),
+        &t,
+    );
+    launch(&e, &t, a);
+    launch(&e, &t, b);
+    assert_eq!(calls(&mover, &e).len(), 1);
+    launch(&e, &t, a);
+    launch(&e, &t, c); // position 1 expects b
+    launch(&e, &t, a);
+    launch(&e, &t, b);
+    assert!(calls(&mover, &e).is_empty());
+    assert_eq!(e.state(), ExecutorState::Fallback { version: 7 });
+    let s = e.stats();
+    assert_eq!(
+        (s.mismatches, s.plans_dropped, s.plans_loaded, s.steps_done),
+        (1, 1, 1, 1)
+    );
+}
+
+#[test]
+fn roles_that_do_not_resolve_are_skipped_and_counted() {
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let a = kernel(1, "a");
+    let steps = vec![
+        // Ordinal 5 never exists.
+        step(
+            0,
+            When::AfterLaunch,
+            Action::Prefetch,
+            Role::Transient {
+                ordinal: 5,
+                bytes: PAGE,
+                iteration: Iteration::Current,
+            },
+            0,
+            PAGE,
+        ),
+        // Ordinal 0 has another size.
+        step(
+            0,
+            When::AfterLaunch,
+            Action::SwapOut,
+            Role::Transient {
+                ordinal: 0,
+                bytes: 4 * PAGE,
+                iteration: Iteration::Current,
+            },
+            0,
+            4 * PAGE,
+        ),
+        // No allocation 99.
+        step(
+            0,
+            When::AfterLaunch,
+            Action::SwapOut,
+            Role::Persistent { alloc_id: 99 },
+            0,
+            PAGE,
+        ),
+        // Ordinal 0 of the previous iteration: iteration 0 has none.
+        step(
+            0,
+            When::AfterLaunch,
+            Action::Prefetch,
+            Role::Transient {
+                ordinal: 0,
+                bytes: 2 * PAGE,
+                iteration: Iteration::Previous,
+            },
+            0,
+            PAGE,
+        ),
+        // Less than a page: nothing whole to swap out.
+        step(
+            0,
+            When::AfterLaunch,
+            Action::SwapOut,
+            Role::Transient {
+                ordinal: 0,
+                bytes: 2 * PAGE,
+                iteration: Iteration::Current,
+            },
+            PAGE / 2,
+            PAGE,
+        ),
+    ];
+    e.install(plan(vec![1], steps), &t);
+    alloc(&e, &t, 0x7000_0000_0000, 2 * PAGE);
+    launch(&e, &t, a);
+    assert!(calls(&mover, &e).is_empty());
+    let s = e.stats();
+    assert_eq!((s.steps_skipped, s.steps_done), (5, 0));
+    assert_eq!(e.state(), ExecutorState::Planned { version: 7 });
+}
+
+#[test]
+fn a_plan_installed_mid_iteration_waits_for_a_whole_iteration() {
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let (a, b) = (kernel(1, "a"), kernel(2, "b"));
+    let act = Role::Transient {
+        ordinal: 0,
+        bytes: 2 * PAGE,
+        iteration: Iteration::Current,
+    };
+    launch(&e, &t, a);
+    e.install(
+        plan(
+            vec![1, 2],
+            vec![step(
+                1,
+                When::AfterLaunch,
+                Action::SwapOut,
+                act,
+                0,
+                2 * PAGE,
+            )],
+        ),
+        &t,
+    );
+    // Launch 1 (position 1, a wrong kernel) is before the plan applies: not checked.
+    launch(&e, &t, a);
+    // Iteration 1 (launches 2, 3) is the first whole one.
+    alloc(&e, &t, 0x7000_0000_0000, 2 * PAGE);
+    launch(&e, &t, a);
+    launch(&e, &t, b);
+    assert_eq!(
+        calls(&mover, &e),
+        vec![(Verb::SwapOut, vec![(0x7000_0000_0000, 2 * PAGE as usize)])]
+    );
+    assert_eq!(e.stats().mismatches, 0);
+}
+
+#[test]
+fn host_resident_pieces_leave_once_at_the_first_iteration() {
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let a = kernel(1, "a");
+    let id = alloc(&e, &t, 0x7000_0000_0000, 4 * PAGE);
+    let mut p = plan(vec![1], vec![]);
+    p.host_resident = vec![PieceRef {
+        role: Role::Persistent { alloc_id: id },
+        offset: 0,
+        bytes: 4 * PAGE,
+    }];
+    e.install(p, &t);
+    for _ in 0..3 {
+        launch(&e, &t, a);
+    }
+    assert_eq!(
+        calls(&mover, &e),
+        vec![(Verb::SwapOut, vec![(0x7000_0000_0000, 4 * PAGE as usize)])]
+    );
+}

@@ -1,0 +1,140 @@
+//! The executor's worker thread: carries out the moves the launch path decided, through
+//! the memory manager's verbs, so that no launch waits for the manager's lock.
+//!
+//! The queue is bounded: a launch path that finds it full drops the move and counts it
+//! (the page is then served on demand, like anything the plan did not foresee). An error
+//! from a verb is counted and logged once; the application never sees it.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crossbeam::channel::{self, Receiver, Sender, TrySendError};
+use tensile_driver_abi::CUresult;
+
+use super::counters::Counters;
+
+/// Moves waiting for the worker, at most.
+pub const QUEUE_CAPACITY: usize = 4096;
+
+/// Which verb a job calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    SwapOut,
+    Prefetch,
+}
+
+/// The mechanism the worker drives: the memory manager's verbs (a fake in tests).
+pub trait Mover: Send + Sync {
+    /// Starts the swap-out of the device-resident pages of `ranges`, after their queued
+    /// uses; returns the pages that started leaving.
+    fn swap_out(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult>;
+    /// Starts bringing every page `ranges` overlap to the device; returns the pages coming.
+    fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult>;
+}
+
+/// The moves of one trigger (one launch, one verb).
+#[derive(Debug)]
+pub struct Job {
+    pub verb: Verb,
+    pub ranges: Vec<(u64, usize)>,
+    /// Plan steps these ranges carry out.
+    pub steps: u64,
+}
+
+enum Msg {
+    Job(Job),
+    /// Answers once every job sent before it is done (tests, and flushing at exit).
+    Flush(Sender<()>),
+}
+
+/// The sending end; the thread runs until every sender is gone.
+#[derive(Debug)]
+pub struct Worker {
+    tx: Sender<Msg>,
+}
+
+impl std::fmt::Debug for Msg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Msg::Job(j) => f.debug_tuple("Job").field(j).finish(),
+            Msg::Flush(_) => f.write_str("Flush"),
+        }
+    }
+}
+
+impl Worker {
+    /// Starts the thread. `None` (logged) if it cannot be spawned: the plan is not executed.
+    pub fn start(mover: Arc<dyn Mover>, counters: Arc<Counters>) -> Option<Worker> {
+        let (tx, rx) = channel::bounded(QUEUE_CAPACITY);
+        match std::thread::Builder::new()
+            .name("tensile-exec".into())
+            .spawn(move || run(rx, mover.as_ref(), &counters))
+        {
+            Ok(_) => Some(Worker { tx }),
+            Err(e) => {
+                tracing::warn!(
+                    "tensile: cannot start the plan executor's thread ({e}); swapping on demand"
+                );
+                None
+            }
+        }
+    }
+
+    /// Queues `job`; `false` if the queue is full (the caller counts the dropped steps).
+    pub fn send(&self, job: Job) -> bool {
+        match self.tx.try_send(Msg::Job(job)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        }
+    }
+
+    /// Waits (at most `patience`) until every job queued before this call is done.
+    pub fn flush(&self, patience: std::time::Duration) -> bool {
+        let (done, wait) = channel::bounded(1);
+        self.tx
+            .send_timeout(Msg::Flush(done), patience)
+            .is_ok_and(|()| wait.recv_timeout(patience).is_ok())
+    }
+}
+
+fn run(rx: Receiver<Msg>, mover: &dyn Mover, counters: &Counters) {
+    for msg in rx {
+        let job = match msg {
+            Msg::Job(job) => job,
+            Msg::Flush(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
+        let result = match job.verb {
+            Verb::SwapOut => mover.swap_out(&job.ranges),
+            Verb::Prefetch => mover.prefetch(&job.ranges),
+        };
+        match result {
+            Ok(pages) => {
+                counters.steps_done.fetch_add(job.steps, Ordering::Relaxed);
+                let moved = match job.verb {
+                    Verb::SwapOut => &counters.pages_out,
+                    Verb::Prefetch => &counters.pages_in,
+                };
+                moved.fetch_add(pages as u64, Ordering::Relaxed);
+            }
+            Err(code) => {
+                counters
+                    .steps_failed
+                    .fetch_add(job.steps, Ordering::Relaxed);
+                if counters.verb_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                    tracing::warn!(
+                        "tensile: the plan's {} of {} range(s) failed with error {code}; \
+                         those pages are served on demand (later failures are counted)",
+                        match job.verb {
+                            Verb::SwapOut => "swap-out",
+                            Verb::Prefetch => "prefetch",
+                        },
+                        job.ranges.len()
+                    );
+                }
+            }
+        }
+    }
+}
