@@ -2,6 +2,8 @@
 //!
 //! - `TENSILE_SIM_DEVICE_MEMORY`: device capacity (`268435456`, `256MiB`, `1GiB`, `1.5GiB`;
 //!   default 16 GiB).
+//! - `TENSILE_SIM_CARD`: the name of a card shared by every process naming it
+//!   ([`crate::shared_card`]); unset or empty: a card of this process's own.
 //! - `TENSILE_SIM_KERNEL_US`: modelled duration of every kernel in microseconds (default 0). A
 //!   kernel whose twin reads its duration from its parameters (`Twin::modelled_duration`, the
 //!   stand-in kernel of `tensile rerun`) takes that instead.
@@ -146,6 +148,14 @@ pub fn load() -> u64 {
     let jitter = env_or("TENSILE_SIM_JITTER_US", 0u64, |v| v.trim().parse().ok());
     JITTER_US.store(jitter, Ordering::Relaxed);
     env_or("TENSILE_SIM_DEVICE_MEMORY", DEFAULT_CAPACITY, parse_bytes)
+}
+
+/// `TENSILE_SIM_CARD`: the shared card to join, if any.
+pub fn card_name() -> Option<String> {
+    std::env::var("TENSILE_SIM_CARD")
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 /// Modelled duration of each kernel (tests may change it at run time).

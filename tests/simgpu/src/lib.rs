@@ -26,6 +26,7 @@ pub mod module;
 pub mod ops;
 pub mod os;
 pub mod pool;
+pub mod shared_card;
 pub mod state;
 pub mod stream;
 

@@ -34,6 +34,7 @@ use tensile_driver_abi::*;
 use tensile_kernels::{AccessKind, DeviceMemory, Fault};
 
 use crate::os::{self, MemFd, PAGE};
+use crate::shared_card::SharedCard;
 
 pub use vmm::GRANULARITY;
 
@@ -120,7 +121,10 @@ struct Inner {
     reservations: BTreeMap<u64, u64>,
     physical: HashMap<u64, Physical>,
     next_handle: u64,
+    /// Device bytes this process has charged (to its own capacity, or to the shared card).
     device_used: u64,
+    /// The card shared with other processes, if any: charges go to it as well.
+    card: Option<&'static SharedCard>,
     /// Recently freed linear ranges, kept reserved (`PROT_NONE`, no memory behind them) so
     /// that their addresses are not handed out again at once: a use after free then faults
     /// deterministically instead of hitting whatever was allocated there next.
@@ -154,14 +158,27 @@ fn os_err(e: i32) -> CUresult {
     }
 }
 
+impl Inner {
+    /// Gives back `bytes` of device memory this process charged.
+    fn uncharge(&mut self, bytes: u64) {
+        self.device_used -= bytes;
+        if let Some(card) = self.card {
+            card.uncharge(bytes);
+        }
+    }
+}
+
 impl AddressSpace {
-    pub fn new(capacity: u64) -> Self {
+    /// A private card of `capacity` bytes, or (with `card`) a share of a card shared with
+    /// other processes, whose capacity is the card's.
+    pub fn new(capacity: u64, card: Option<&'static SharedCard>) -> Self {
         Self {
             inner: RwLock::new(Inner {
                 next_handle: 0x5100,
+                card,
                 ..Inner::default()
             }),
-            capacity,
+            capacity: card.map_or(capacity, |c| c.capacity()),
         }
     }
 
@@ -177,19 +194,34 @@ impl AddressSpace {
         self.capacity
     }
 
-    /// Device bytes in use (linear allocations and device-located physical allocations).
+    /// Device bytes this process uses (linear allocations and device-located physical
+    /// allocations).
     pub fn device_used(&self) -> u64 {
         self.read_lock().device_used
     }
 
-    fn charge(&self, inner: &mut Inner, bytes: u64) -> Result<(), CUresult> {
-        match inner.device_used.checked_add(bytes) {
-            Some(total) if total <= self.capacity => {
-                inner.device_used = total;
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
+    /// Device bytes free on the card: capacity less what this process uses, or on a shared
+    /// card, less what every process on it uses.
+    pub fn device_free(&self) -> u64 {
+        let inner = self.read_lock();
+        match inner.card {
+            Some(card) => card.free_bytes(),
+            None => self.capacity.saturating_sub(inner.device_used),
         }
+    }
+
+    fn charge(&self, inner: &mut Inner, bytes: u64) -> Result<(), CUresult> {
+        let total = inner
+            .device_used
+            .checked_add(bytes)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        match inner.card {
+            Some(card) => card.charge(bytes)?,
+            None if total > self.capacity => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+            None => {}
+        }
+        inner.device_used = total;
+        Ok(())
     }
 
     /// `cuMemAlloc*`: `size` bytes of memory, charged to the device (if `on_device`) rounded
@@ -214,7 +246,7 @@ impl AddressSpace {
         let start = match os::map_anonymous(mapped_len, libc::PROT_READ | libc::PROT_WRITE, 0) {
             Ok(a) => a,
             Err(e) => {
-                inner.device_used -= charged;
+                inner.uncharge(charged);
                 return Err(os_err(e));
             }
         };
@@ -298,7 +330,7 @@ impl AddressSpace {
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         inner.regions.remove(&addr);
-        inner.device_used -= charged;
+        inner.uncharge(charged);
         if os::reset_to_reserved(addr, mapped_len).is_err() {
             os::unmap(addr, mapped_len);
             return Ok((charged, pool));

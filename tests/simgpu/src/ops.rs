@@ -322,7 +322,7 @@ mod tests {
     fn a_launch_with_its_own_modelled_duration_takes_it_instead_of_the_setting() {
         let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         card::reset();
-        let space = AddressSpace::new(1 << 20);
+        let space = AddressSpace::new(1 << 20, None);
         // The setting is 0 (never set in this binary's unit tests).
         assert_eq!(config::kernel_duration(), Duration::ZERO);
         let ready = card::now_ns();
@@ -339,7 +339,7 @@ mod tests {
     fn a_kernel_runs_from_when_it_was_ready_not_from_when_its_worker_got_to_it() {
         let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         card::reset();
-        let space = AddressSpace::new(1 << 20);
+        let space = AddressSpace::new(1 << 20, None);
         let d = Duration::from_millis(80);
         // Ready 80 ms ago (its worker was busy with the simulator's own work): it ends at once.
         let ready = card::now_ns() - 80_000_000;

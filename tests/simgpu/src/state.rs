@@ -39,20 +39,32 @@ pub struct State {
     pub primary: Mutex<Primary>,
 }
 
-static STATE: OnceLock<State> = OnceLock::new();
+static STATE: OnceLock<Result<State, CUresult>> = OnceLock::new();
 
-/// Creates the state on the first call (`cuInit`), reading the configuration.
-pub fn init() -> &'static State {
-    STATE.get_or_init(|| {
+/// Creates the state on the first call (`cuInit`), reading the configuration and joining the
+/// shared card `TENSILE_SIM_CARD` names, if any. A card that cannot be joined is one line on
+/// stderr and `CUDA_ERROR_NO_DEVICE`, from this and every later `cuInit`.
+pub fn init() -> Result<&'static State, CUresult> {
+    let state = STATE.get_or_init(|| {
         let capacity = crate::config::load();
+        let card = match crate::config::card_name() {
+            Some(name) => match crate::shared_card::join(&name, capacity) {
+                Ok(card) => Some(card),
+                Err(why) => {
+                    eprintln!("tensile-simgpu: {why}");
+                    return Err(CUDA_ERROR_NO_DEVICE);
+                }
+            },
+            None => None,
+        };
         let pools = Registry::default();
         let device = CUmemLocation {
             type_: CU_MEM_LOCATION_TYPE_DEVICE,
             id: 0,
         };
         let default_pool = pools.insert(Arc::new(Pool::new(device, 0)));
-        State {
-            space: AddressSpace::new(capacity),
+        Ok(State {
+            space: AddressSpace::new(capacity, card),
             contexts: Registry::default(),
             streams: Registry::default(),
             events: Registry::default(),
@@ -66,11 +78,15 @@ pub fn init() -> &'static State {
             default_pool,
             current_pool: Mutex::new(default_pool),
             primary: Mutex::new(Primary::default()),
-        }
-    })
+        })
+    });
+    state.as_ref().map_err(|e| *e)
 }
 
-/// The state, or `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
+/// The state, or `CUDA_ERROR_NOT_INITIALIZED` before `cuInit` (and after a failed one).
 pub fn get() -> Result<&'static State, CUresult> {
-    STATE.get().ok_or(CUDA_ERROR_NOT_INITIALIZED)
+    match STATE.get() {
+        Some(Ok(state)) => Ok(state),
+        _ => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
 }

@@ -27,7 +27,7 @@ pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        state::init();
+        state::init()?;
         Ok(())
     })
 }

@@ -167,9 +167,8 @@ unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> Result<(), CUresu
     let (f, t) = unsafe { (Out::new(free)?, Out::new(total)?) };
     current_ctx()?;
     let space = &st()?.space;
-    let cap = space.capacity();
-    f.set(cap.saturating_sub(space.device_used()) as usize);
-    t.set(cap as usize);
+    f.set(space.device_free() as usize);
+    t.set(space.capacity() as usize);
     Ok(())
 }
 export!(cuMemGetInfo_v2, mem_get_info, (free: *mut usize, total: *mut usize));

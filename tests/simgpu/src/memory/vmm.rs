@@ -66,7 +66,7 @@ impl Inner {
         if p.maps == 0 && p.refs == 0 {
             let charged = p.charged;
             self.physical.remove(&handle);
-            self.device_used -= charged;
+            self.uncharge(charged);
         }
     }
 
@@ -142,7 +142,7 @@ impl AddressSpace {
         let fd = match MemFd::create(size) {
             Ok(fd) => fd,
             Err(e) => {
-                inner.device_used -= charged;
+                inner.uncharge(charged);
                 return Err(os_err(e));
             }
         };
