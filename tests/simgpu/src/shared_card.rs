@@ -438,7 +438,8 @@ fn sweep(segment: &Segment, keep: Option<usize>) -> usize {
     cleared
 }
 
-/// Takes `fd`'s exclusive flock for the guard's lifetime (closing the descriptor drops it).
+/// Takes `fd`'s exclusive flock. Closing the descriptor does not drop it while the file is
+/// mapped (the mapping holds the open file too): [`unlock_file`] does.
 fn flock_exclusive(fd: &OwnedFd) -> Result<(), String> {
     loop {
         // SAFETY: `fd` is open.
@@ -451,6 +452,12 @@ fn flock_exclusive(fd: &OwnedFd) -> Result<(), String> {
     }
 }
 
+/// Drops `fd`'s flock.
+fn unlock_file(fd: &OwnedFd) {
+    // SAFETY: `fd` is open; unlocking cannot harm anything.
+    unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_UN) };
+}
+
 impl SharedCard {
     fn open(name: &str, capacity: u64) -> Result<SharedCard, String> {
         if !valid_name(name) {
@@ -459,10 +466,17 @@ impl SharedCard {
             ));
         }
         let path = path_of(name);
+        let fd = open_file(&path).map_err(|e| format!("shared card {path}: {e}"))?;
+        flock_exclusive(&fd).map_err(|e| format!("shared card {path}: {e}"))?;
+        let joined = Self::join_locked(&fd, path, capacity);
+        unlock_file(&fd);
+        joined
+    }
+
+    /// Maps and joins the card in `fd`, whose flock the caller holds.
+    fn join_locked(fd: &OwnedFd, path: String, capacity: u64) -> Result<SharedCard, String> {
         let in_file = |e: String| format!("shared card {path}: {e}");
-        let fd = open_file(&path).map_err(in_file)?;
-        flock_exclusive(&fd).map_err(in_file)?;
-        let segment = map_card(&fd, capacity).map_err(in_file)?;
+        let segment = map_card(fd, capacity).map_err(in_file)?;
         let start_time = proc_stat(std::process::id() as i32)
             .map(|(_, start)| start)
             .ok_or_else(|| in_file("cannot read /proc/self/stat".into()))?;
