@@ -153,7 +153,9 @@ pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool, ready: u64
             let overlap_ns = other.saturating_sub(start);
             let shared_bytes =
                 ((overlap_ns as u128 * shared_rate as u128 / 1_000_000_000) as u64).min(bytes);
-            start + transfer_ns(shared_bytes, shared_rate) + transfer_ns(bytes - shared_bytes, own_rate)
+            start
+                + transfer_ns(shared_bytes, shared_rate)
+                + transfer_ns(bytes - shared_bytes, own_rate)
         };
         match direction {
             Direction::ToDevice => e.to_device = end,

@@ -176,7 +176,10 @@ fn lock(segment: &Segment) -> Locked<'_> {
         }
         // Unreachable: the only way to make a robust mutex unrecoverable is to unlock it
         // without `pthread_mutex_consistent` after EOWNERDEAD, which the arm above never does.
-        e => panic!("the shared card's lock failed: {}", std::io::Error::from_raw_os_error(e)),
+        e => panic!(
+            "the shared card's lock failed: {}",
+            std::io::Error::from_raw_os_error(e)
+        ),
     }
     Locked { segment }
 }
@@ -294,7 +297,8 @@ fn open_file(path: &str) -> Result<OwnedFd, String> {
     let flags = libc::O_RDWR | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     loop {
         // SAFETY: a valid NUL-terminated path; plain flags.
-        let fd = unsafe { libc::open(c_path.as_ptr(), flags | libc::O_CREAT | libc::O_EXCL, 0o600) };
+        let fd =
+            unsafe { libc::open(c_path.as_ptr(), flags | libc::O_CREAT | libc::O_EXCL, 0o600) };
         if fd >= 0 {
             // SAFETY: a fresh descriptor nothing else owns.
             return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
@@ -396,8 +400,7 @@ fn map_card(fd: &OwnedFd, capacity: u64) -> Result<&'static Segment, String> {
     if magic != MAGIC {
         return Err("it is not a simulated card (wrong magic); remove it".into());
     }
-    if version != VERSION || header_size as usize != SEGMENT_SIZE || size != SEGMENT_SIZE as u64
-    {
+    if version != VERSION || header_size as usize != SEGMENT_SIZE || size != SEGMENT_SIZE as u64 {
         return Err(format!(
             "it is a card of layout version {version} ({header_size} bytes), this simulator \
              makes version {VERSION} ({SEGMENT_SIZE} bytes); remove it once no process uses it"
@@ -648,7 +651,10 @@ mod tests {
         let (state, start) = proc_stat(pid).expect("own stat");
         assert_ne!(state, 'Z');
         assert!(alive(pid, start));
-        assert!(!alive(pid, start + 1), "a reused pid is not the registered process");
+        assert!(
+            !alive(pid, start + 1),
+            "a reused pid is not the registered process"
+        );
     }
 
     #[test]

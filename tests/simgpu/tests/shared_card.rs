@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use cuda::api::context::*;
 use cuda::api::copy::*;
 use cuda::api::device::*;
+use cuda::api::event::*;
 use cuda::api::memory::*;
 use cuda::shared_card::{self, MAGIC};
 use tensile_driver_abi::*;
@@ -262,14 +263,36 @@ fn serve() {
                     }
                     rc.to_string()
                 }
-                // Copies the prepared buffer to the device; answers the code and the copy's
-                // start and end on CLOCK_MONOTONIC, in ns.
+                // Copies the prepared buffer to the device; answers the code and when the
+                // copy was queued and when it ended on the card (its modelled end, from event
+                // timing, so the host's own work after it does not count), CLOCK_MONOTONIC ns.
                 "upload" => {
                     let (host, dev, bytes) = upload.expect("prepare_upload first");
-                    let start = cuda::card::now_ns();
-                    let rc = cuMemcpyHtoD_v2(dev, host as *const c_void, bytes);
-                    let end = cuda::card::now_ns();
-                    format!("{rc} {start} {end}")
+                    let (mut before, mut after) = (std::ptr::null_mut(), std::ptr::null_mut());
+                    let mut rc = cuEventCreate(&mut before, 0);
+                    if rc == CUDA_SUCCESS {
+                        rc = cuEventCreate(&mut after, 0);
+                    }
+                    let queued = cuda::card::now_ns();
+                    let null = std::ptr::null_mut();
+                    if rc == CUDA_SUCCESS {
+                        rc = cuEventRecord(before, null);
+                    }
+                    if rc == CUDA_SUCCESS {
+                        rc = cuMemcpyHtoDAsync_v2(dev, host as *const c_void, bytes, null);
+                    }
+                    if rc == CUDA_SUCCESS {
+                        rc = cuEventRecord(after, null);
+                    }
+                    if rc == CUDA_SUCCESS {
+                        rc = cuEventSynchronize(after);
+                    }
+                    let mut ms = 0f32;
+                    if rc == CUDA_SUCCESS {
+                        rc = cuEventElapsedTime(&mut ms, before, after);
+                    }
+                    let end = queued + (ms as f64 * 1e6) as u64;
+                    format!("{rc} {queued} {end}")
                 }
                 // Reads the uploaded bytes back and compares them with the pattern.
                 "verify_upload" => {
@@ -302,7 +325,9 @@ fn serve() {
 }
 
 fn pattern(seed: u64, i: u64) -> u64 {
-    (seed ^ i).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17)
+    (seed ^ i)
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .rotate_left(17)
 }
 
 /// In a child, serves commands and returns true; in the parent, false.
@@ -327,7 +352,9 @@ fn two_processes_cannot_both_hold_sixty_percent_until_one_exits() {
     assert_eq!(a.call("init"), CUDA_SUCCESS, "{}", a.stderr());
     assert_eq!(b.call("init"), CUDA_SUCCESS, "{}", b.stderr());
 
-    let mode = std::fs::metadata(card.path()).expect("the card file").mode_bits();
+    let mode = std::fs::metadata(card.path())
+        .expect("the card file")
+        .mode_bits();
     assert_eq!(mode & 0o777, 0o600, "the card file is private");
 
     assert_eq!(a.call(&format!("alloc {SIXTY_PERCENT}")), CUDA_SUCCESS);
@@ -444,6 +471,37 @@ fn a_process_killed_holding_the_cards_lock_does_not_stop_the_others() {
 }
 
 #[test]
+fn processes_starting_at_once_all_join_one_card() {
+    if is_child() {
+        return;
+    }
+    let test = "processes_starting_at_once_all_join_one_card";
+    let card = CardFile::new("race");
+    let mut workers: Vec<Worker> = (0..6)
+        .map(|_| Worker::start(test, Some(&card), CAPACITY, &[]))
+        .collect();
+    // All open the card at once: whoever creates it, the others wait for it to be ready.
+    for w in workers.iter_mut() {
+        w.send("init");
+    }
+    for w in workers.iter_mut() {
+        let rc: CUresult = w.reply("init").parse().unwrap();
+        assert_eq!(rc, CUDA_SUCCESS, "{}", w.stderr());
+    }
+    let tenth = (CAPACITY / 10) & !(MIB - 1);
+    for w in workers.iter_mut() {
+        assert_eq!(w.call(&format!("alloc {tenth}")), CUDA_SUCCESS);
+    }
+    for w in workers.iter_mut() {
+        assert_eq!(w.mem_info(), (CAPACITY - 6 * tenth, CAPACITY), "one card");
+    }
+    for w in workers {
+        let err = w.finish();
+        assert!(err.is_empty(), "nothing on stderr: {err}");
+    }
+}
+
+#[test]
 fn a_joiner_with_another_capacity_uses_the_cards_and_says_so_once() {
     if is_child() {
         return;
@@ -516,9 +574,37 @@ fn a_card_file_that_is_not_a_card_of_this_version_is_refused_in_one_line() {
     assert_eq!(a.call("init"), CUDA_SUCCESS, "{}", a.stderr());
     assert_eq!(a.mem_info(), (CAPACITY, CAPACITY));
     assert!(a.finish().is_empty());
+
+    // A card others may read, or (when this runs as root, which may hand it over) another
+    // user's, is refused too.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(card.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut a = Worker::start(test, Some(&card), CAPACITY, &[]);
+    assert_eq!(
+        a.call("init"),
+        CUDA_ERROR_NO_DEVICE,
+        "a card open to others"
+    );
+    let err = a.finish();
+    assert!(
+        err.lines().count() == 1 && err.contains("mode is 644"),
+        "{err}"
+    );
+    std::fs::set_permissions(card.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(card.path(), Some(65534), None).unwrap();
+        let mut a = Worker::start(test, Some(&card), CAPACITY, &[]);
+        assert_eq!(a.call("init"), CUDA_ERROR_NO_DEVICE, "another user's card");
+        let err = a.finish();
+        assert!(
+            err.lines().count() == 1 && err.contains("belongs to uid 65534"),
+            "{err}"
+        );
+    }
 }
 
-/// Each copy's engine time: the modelled `copy_ns` that ends when its call returned.
+/// Each copy's engine time: the modelled `copy_ns` that ends when the card says it ended.
 fn engine_overlap_ns(a: (u64, u64), b: (u64, u64), copy_ns: u64) -> u64 {
     let (a0, a1) = (a.1.saturating_sub(copy_ns), a.1);
     let (b0, b1) = (b.1.saturating_sub(copy_ns), b.1);
@@ -555,7 +641,10 @@ fn two_processes_copying_at_once_take_turns_on_the_cards_copy_engine() {
             .iter_mut()
             .map(|w| {
                 let reply = w.reply("upload");
-                let v: Vec<u64> = reply.split_whitespace().map(|x| x.parse().unwrap()).collect();
+                let v: Vec<u64> = reply
+                    .split_whitespace()
+                    .map(|x| x.parse().unwrap())
+                    .collect();
                 assert_eq!(v[0], CUDA_SUCCESS as u64, "upload");
                 (v[1], v[2])
             })
