@@ -1,9 +1,9 @@
 //! The card's engines: when each piece of stream work may run and how long it takes.
 //!
-//! The simulated card has one compute engine (a number of kernel slots,
+//! Each simulated device has one compute engine (a number of kernel slots,
 //! [`config::kernel_concurrency`], default 1), one host-to-device copy engine and one
-//! device-to-host copy engine, shared by every stream of the process. Each is a *busy-until*
-//! time on the `CLOCK_MONOTONIC` clock. A stream worker that executes an operation first
+//! device-to-host copy engine, shared by every stream of the process on that device. Each is a
+//! *busy-until* time on the `CLOCK_MONOTONIC` clock. A stream worker that executes an operation first
 //! reserves its interval on the engine it needs (it starts when the engine is free, or when the
 //! operation is ready, whichever is later, and lasts as long as the bandwidths of
 //! [`config::Rates`] say), sleeps until the interval's end, and only then applies the
@@ -55,19 +55,24 @@ pub struct Engines {
     pub to_host: u64,
 }
 
-static ENGINES: Mutex<Engines> = Mutex::new(Engines {
-    compute: [0; MAX_KERNEL_SLOTS],
-    to_device: 0,
-    to_host: 0,
-});
+/// Each device's engines (a private card).
+static ENGINES: [Mutex<Engines>; config::MAX_DEVICES] = [const {
+    Mutex::new(Engines {
+        compute: [0; MAX_KERNEL_SLOTS],
+        to_device: 0,
+        to_host: 0,
+    })
+}; config::MAX_DEVICES];
 
 static HOST_ACCESS_BYTES: AtomicU64 = AtomicU64::new(0);
 
-/// Runs `f` on the engines of this process's card, under their lock.
-fn with_engines<R>(f: impl FnOnce(&mut Engines) -> R) -> R {
-    match crate::shared_card::current() {
+/// Runs `f` on the engines of `device`, under their lock.
+fn with_engines<R>(device: usize, f: impl FnOnce(&mut Engines) -> R) -> R {
+    match crate::shared_card::current(device) {
         Some(card) => card.with_engines(f),
-        None => f(&mut ENGINES.lock().unwrap_or_else(|e| e.into_inner())),
+        None => f(&mut ENGINES[device.min(config::MAX_DEVICES - 1)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())),
     }
 }
 
@@ -102,12 +107,12 @@ fn transfer_ns(bytes: u64, bps: u64) -> u64 {
     }
 }
 
-/// Reserves `duration` on the first kernel slot to come free, from `ready` at the earliest;
-/// returns the end.
-pub fn reserve_kernel(duration: Duration, ready: u64) -> u64 {
+/// Reserves `duration` on the first kernel slot of `device` to come free, from `ready` at the
+/// earliest; returns the end.
+pub fn reserve_kernel(device: usize, duration: Duration, ready: u64) -> u64 {
     let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX / 4);
     let slots = (config::kernel_concurrency() as usize).clamp(1, MAX_KERNEL_SLOTS);
-    with_engines(|e| {
+    with_engines(device, |e| {
         let slot = e.compute[..slots]
             .iter_mut()
             .min()
@@ -118,9 +123,15 @@ pub fn reserve_kernel(duration: Duration, ready: u64) -> u64 {
     })
 }
 
-/// Reserves a copy of `bytes` between the host and the device, from `ready` at the earliest;
+/// Reserves a copy of `bytes` between the host and `device`, from `ready` at the earliest;
 /// `pageable`: the host side is pageable memory (staged by the driver). Returns the end.
-pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool, ready: u64) -> u64 {
+pub fn reserve_copy(
+    device: usize,
+    direction: Direction,
+    bytes: u64,
+    pageable: bool,
+    ready: u64,
+) -> u64 {
     let rates = config::rates();
     let (own_rate, other_rate) = match direction {
         Direction::ToDevice => (rates.to_device, rates.to_host),
@@ -135,7 +146,7 @@ pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool, ready: u64
     } else {
         own_rate
     };
-    with_engines(|e| {
+    with_engines(device, |e| {
         let (own, other) = match direction {
             Direction::ToDevice => (e.to_device, e.to_host),
             Direction::ToHost => (e.to_host, e.to_device),
@@ -183,13 +194,15 @@ pub fn host_access_bytes() -> u64 {
     HOST_ACCESS_BYTES.load(Ordering::Relaxed)
 }
 
-/// Forgets every reservation (tests that change the settings between cases).
+/// Forgets every reservation on every device (tests that change the settings between cases).
 pub fn reset() {
-    with_engines(|e| {
-        e.compute = [0; MAX_KERNEL_SLOTS];
-        e.to_device = 0;
-        e.to_host = 0;
-    });
+    for device in 0..config::MAX_DEVICES {
+        with_engines(device, |e| {
+            e.compute = [0; MAX_KERNEL_SLOTS];
+            e.to_device = 0;
+            e.to_host = 0;
+        });
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! A simulated card shared by processes (`TENSILE_SIM_CARD=NAME`): its capacity, its engines
 //! and who holds how much of its memory live in one shared-memory file,
 //! `/dev/shm/tensile-sim-<uid>-<NAME>`, so that jobs naming the same card compete for it as
-//! they would for one GPU.
+//! they would for one GPU. With several simulated devices (`TENSILE_SIM_DEVICE_COUNT`), device
+//! `d` > 0 is card `NAME.d` ([`device_card_name`]).
 //!
 //! # Layout ([`Segment`])
 //! A header (magic, layout version, segment size), a process-shared robust mutex, and the
@@ -184,30 +185,51 @@ fn lock(segment: &Segment) -> Locked<'_> {
     Locked { segment }
 }
 
-static CARD: OnceLock<&'static SharedCard> = OnceLock::new();
+static CARDS: OnceLock<Vec<&'static SharedCard>> = OnceLock::new();
 
-/// The shared card this process joined at `cuInit`, if any.
-pub fn current() -> Option<&'static SharedCard> {
-    CARD.get().copied()
+/// The shared card of `device` this process joined at `cuInit`, if any.
+pub fn current(device: usize) -> Option<&'static SharedCard> {
+    CARDS.get().and_then(|cards| cards.get(device)).copied()
 }
 
-/// Opens (or creates) card `name` and joins it; `capacity` is this process's
-/// `TENSILE_SIM_DEVICE_MEMORY`, used if it creates the card. The error is one line naming the
-/// file and the cause.
-pub fn join(name: &str, capacity: u64) -> Result<&'static SharedCard, String> {
-    if let Some(card) = current() {
-        return Ok(card);
+/// The card name of `device` on card `name`: device 0's is the name itself (so processes
+/// with one device and with several share it), device `d`'s is `NAME.d`.
+pub fn device_card_name(name: &str, device: usize) -> String {
+    if device == 0 {
+        name.to_string()
+    } else {
+        format!("{name}.{device}")
     }
-    let card: &'static SharedCard = Box::leak(Box::new(SharedCard::open(name, capacity)?));
-    let _ = CARD.set(card);
-    // SAFETY: `leave_at_exit` is an `extern "C" fn()` that never unwinds.
+}
+
+/// Opens (or creates) the cards of `devices` devices on card `name` and joins them;
+/// `capacity` is this process's `TENSILE_SIM_DEVICE_MEMORY`, used for a card it creates. The
+/// error is one line naming the file and the cause.
+pub fn join(name: &str, devices: usize, capacity: u64) -> Result<Vec<&'static SharedCard>, String> {
+    if let Some(cards) = CARDS.get() {
+        return Ok(cards.clone());
+    }
+    let mut cards: Vec<&'static SharedCard> = Vec::with_capacity(devices);
+    for device in 0..devices {
+        match SharedCard::open(&device_card_name(name, device), capacity) {
+            Ok(card) => cards.push(Box::leak(Box::new(card))),
+            Err(why) => {
+                for card in cards {
+                    card.leave();
+                }
+                return Err(why);
+            }
+        }
+    }
+    let _ = CARDS.set(cards);
+    // SAFETY: `leave_at_exit` is an `extern "C" fn()` that catches any panic.
     unsafe { libc::atexit(leave_at_exit) };
-    Ok(current().unwrap_or(card))
+    Ok(CARDS.get().cloned().unwrap_or_default())
 }
 
 extern "C" fn leave_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        if let Some(card) = current() {
+        for card in CARDS.get().into_iter().flatten() {
             card.leave();
         }
     });

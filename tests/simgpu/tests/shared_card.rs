@@ -311,7 +311,7 @@ fn serve() {
                 "hang_holding_lock" => {
                     println!("REPLY 0");
                     std::io::stdout().flush().unwrap();
-                    shared_card::current()
+                    shared_card::current(0)
                         .expect("a shared card")
                         .hang_holding_lock()
                 }
