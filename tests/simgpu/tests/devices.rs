@@ -52,9 +52,11 @@ fn record(stream: CUstream) -> CUevent {
 
 fn elapsed_ms(from: CUevent, to: CUevent) -> f32 {
     let mut ms = 0f32;
-    // SAFETY: live, completed events.
-    ck(unsafe { cuEventSynchronize(to) });
-    ck(unsafe { cuEventElapsedTime(&mut ms, from, to) });
+    // SAFETY: live events and a valid out-pointer.
+    unsafe {
+        ck(cuEventSynchronize(to));
+        ck(cuEventElapsedTime(&mut ms, from, to));
+    }
     ms
 }
 

@@ -48,6 +48,9 @@ impl CardFile {
 impl Drop for CardFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(self.path());
+        let _ = std::fs::remove_file(shared_card::path_of(&shared_card::device_card_name(
+            &self.name, 1,
+        )));
     }
 }
 
@@ -199,6 +202,11 @@ fn serve() {
                         rc = cuCtxCreate_v2(&mut ctx, 0, 0);
                     }
                     rc.to_string()
+                }
+                // A new context on device arg(1), current from now on.
+                "ctx" => {
+                    let mut ctx = std::ptr::null_mut();
+                    cuCtxCreate_v2(&mut ctx, 0, arg(1) as CUdevice).to_string()
                 }
                 "alloc" => {
                     let mut p = 0;
@@ -496,6 +504,45 @@ fn processes_starting_at_once_all_join_one_card() {
         assert_eq!(w.mem_info(), (CAPACITY - 6 * tenth, CAPACITY), "one card");
     }
     for w in workers {
+        let err = w.finish();
+        assert!(err.is_empty(), "nothing on stderr: {err}");
+    }
+}
+
+#[test]
+fn each_device_of_a_shared_card_is_a_card_of_its_own() {
+    if is_child() {
+        return;
+    }
+    let test = "each_device_of_a_shared_card_is_a_card_of_its_own";
+    let card = CardFile::new("devices");
+    let env = [("TENSILE_SIM_DEVICE_COUNT", "2")];
+    let mut a = Worker::start(test, Some(&card), CAPACITY, &env);
+    let mut b = Worker::start(test, Some(&card), CAPACITY, &env);
+    // A process with one device shares device 0 only.
+    let mut c = Worker::start(test, Some(&card), CAPACITY, &[]);
+    for w in [&mut a, &mut b, &mut c] {
+        assert_eq!(w.call("init"), CUDA_SUCCESS, "{}", w.stderr());
+    }
+    let device1 = shared_card::path_of(&shared_card::device_card_name(&card.name, 1));
+    assert!(
+        std::path::Path::new(&device1).exists(),
+        "device 1's card is {device1}"
+    );
+    assert_eq!(a.call("ctx 1"), CUDA_SUCCESS);
+    assert_eq!(a.call(&format!("alloc {SIXTY_PERCENT}")), CUDA_SUCCESS);
+    // B: device 0 is free, device 1 is A's.
+    assert_eq!(b.call(&format!("alloc {SIXTY_PERCENT}")), CUDA_SUCCESS);
+    assert_eq!(b.call("ctx 1"), CUDA_SUCCESS);
+    assert_eq!(b.mem_info(), (CAPACITY - SIXTY_PERCENT, CAPACITY));
+    assert_eq!(
+        b.call(&format!("alloc {SIXTY_PERCENT}")),
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    // C sees B's 60% on device 0, and has no device 1.
+    assert_eq!(c.mem_info(), (CAPACITY - SIXTY_PERCENT, CAPACITY));
+    assert_eq!(c.call("ctx 1"), CUDA_ERROR_INVALID_DEVICE);
+    for w in [a, b, c] {
         let err = w.finish();
         assert!(err.is_empty(), "nothing on stderr: {err}");
     }
