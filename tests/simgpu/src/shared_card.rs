@@ -422,7 +422,13 @@ fn map_card(fd: &OwnedFd, capacity: u64) -> Result<&'static Segment, String> {
     if magic != MAGIC {
         return Err("it is not a simulated card (wrong magic); remove it".into());
     }
-    if version != VERSION || header_size as usize != SEGMENT_SIZE || size != SEGMENT_SIZE as u64 {
+    if version == VERSION && header_size as usize == SEGMENT_SIZE && size != SEGMENT_SIZE as u64 {
+        return Err(format!(
+            "it is {size} bytes, a card of this version {SEGMENT_SIZE}; remove it once no \
+             process uses it"
+        ));
+    }
+    if version != VERSION || header_size as usize != SEGMENT_SIZE {
         return Err(format!(
             "it is a card of layout version {version} ({header_size} bytes), this simulator \
              makes version {VERSION} ({SEGMENT_SIZE} bytes); remove it once no process uses it"

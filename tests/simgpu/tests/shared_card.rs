@@ -622,6 +622,18 @@ fn a_card_file_that_is_not_a_card_of_this_version_is_refused_in_one_line() {
     assert_eq!(a.mem_info(), (CAPACITY, CAPACITY));
     assert!(a.finish().is_empty());
 
+    // A card of this version cut short is refused too (mapping it would fault past its end).
+    let whole = std::fs::read(card.path()).unwrap();
+    write(&card.path(), &whole[..64]);
+    let mut a = Worker::start(test, Some(&card), CAPACITY, &[]);
+    assert_eq!(a.call("init"), CUDA_ERROR_NO_DEVICE, "a truncated card");
+    let err = a.finish();
+    assert!(
+        err.lines().count() == 1 && err.contains("it is 64 bytes"),
+        "{err}"
+    );
+    write(&card.path(), &whole);
+
     // A card others may read, or (when this runs as root, which may hand it over) another
     // user's, is refused too.
     use std::os::unix::fs::PermissionsExt;
