@@ -126,6 +126,7 @@ struct Inner {
     /// Device bytes this process has charged to each device (to its own capacity, or to the
     /// shared card).
     device_used: Vec<u64>,
+    /// The space's devices again, for [`Inner::uncharge`] (which runs under this lock).
     devices: Vec<Device>,
     /// Recently freed linear ranges, kept reserved (`PROT_NONE`, no memory behind them) so
     /// that their addresses are not handed out again at once: a use after free then faults
@@ -210,11 +211,6 @@ impl AddressSpace {
     /// One device of `capacity` bytes of its own (unit tests).
     pub fn single(capacity: u64) -> Self {
         Self::new(vec![Device::new(capacity, None)])
-    }
-
-    /// Devices in the space.
-    pub fn device_count(&self) -> usize {
-        self.devices.len()
     }
 
     fn check_device(&self, device: usize) -> Result<(), CUresult> {

@@ -624,12 +624,6 @@ impl SharedCard {
         state.capacity.saturating_sub(state.used())
     }
 
-    /// Device bytes this process has charged to the card.
-    pub fn charged_here(&self) -> u64 {
-        let mut state = lock(self.segment);
-        self.own(&mut state).map_or(0, |e| e.bytes)
-    }
-
     /// Runs `f` on the card's engines, under its lock.
     pub fn with_engines<R>(&self, f: impl FnOnce(&mut Engines) -> R) -> R {
         let mut state = lock(self.segment);

@@ -10,14 +10,9 @@ use std::sync::Arc;
 
 use tensile_driver_abi::*;
 
-use super::{current_ctx, export, st, Out};
+use super::{check_device, current_ctx, export, st, Out};
 use crate::context::{self as ctxmod, Context};
 use crate::handles::Registry;
-
-/// `dev` as an index into the devices (`CUDA_ERROR_INVALID_DEVICE` if there is none).
-fn check_device(dev: CUdevice) -> Result<usize, CUresult> {
-    st()?.device(dev)
-}
 
 /// `device`'s primary context, created on first use.
 pub fn primary(device: usize) -> Result<Arc<Context>, CUresult> {

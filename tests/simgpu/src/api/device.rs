@@ -4,18 +4,13 @@ use std::ffi::{c_char, c_int, c_uint};
 
 use tensile_driver_abi::*;
 
-use super::{export, guard, st, Out};
+use super::{check_device, export, guard, st, Out};
 use crate::errors;
 use crate::state;
 
 /// The driver version reported (CUDA 13.0, the H100 machine's driver).
 pub const DRIVER_VERSION: i32 = 13000;
 pub const DEVICE_NAME: &str = "Tensile Simulated GPU";
-
-/// `dev` as an index into the devices (`CUDA_ERROR_INVALID_DEVICE` if there is none).
-fn check_device(dev: CUdevice) -> Result<usize, CUresult> {
-    st()?.device(dev)
-}
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {

@@ -360,7 +360,7 @@ unsafe fn kernel_get_attribute(
 ) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(pi) }?;
-    st()?.device(dev)?;
+    super::check_device(dev)?;
     kernel_entry(kernel)?;
     out.set(func_attribute(attr).ok_or(CUDA_ERROR_INVALID_VALUE)?);
     Ok(())

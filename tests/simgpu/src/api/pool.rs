@@ -6,14 +6,9 @@ use std::sync::Arc;
 
 use tensile_driver_abi::*;
 
-use super::{export, st, Out};
+use super::{check_device, export, st, Out};
 use crate::memory::vmm::check_location;
 use crate::pool::{AttrValue, Pool};
-
-/// `dev` as an index into the devices (`CUDA_ERROR_INVALID_DEVICE` if there is none).
-fn check_device(dev: CUdevice) -> Result<usize, CUresult> {
-    st()?.device(dev)
-}
 
 /// The pool behind a handle the application passed (`CUDA_ERROR_INVALID_VALUE` if none).
 fn pool_of(pool: CUmemoryPool) -> Result<Arc<Pool>, CUresult> {
