@@ -18,6 +18,7 @@ mod driver;
 pub mod player;
 pub mod script;
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
@@ -25,6 +26,7 @@ use std::process::{Command, ExitCode, Stdio};
 use serde_json::{json, Value};
 use tensile_analyzer::bound::BoundOptions;
 use tensile_analyzer::cost::{format_bytes, parse_size};
+use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::model::Trace;
 use tensile_analyzer::search::SearchOptions;
@@ -130,6 +132,8 @@ fn find_pieces() -> Result<Pieces, String> {
 
 /// The copy bandwidths of GPU_FACTS.md (GB/s), which `tensile replay` also assumes.
 const PCIE_GBPS: f64 = 55.0;
+/// Both directions at once on the H100 (GPU_FACTS.md), GB/s.
+const PCIE_DUPLEX_GBPS: f64 = 92.0;
 
 /// The simulated card's rates (GB/s) of `TENSILE_SIM_TIMING=h100` (tests/simgpu/README.md), by
 /// setting: both directions alone, both at once, pageable memory, a kernel reading host memory,
@@ -137,7 +141,7 @@ const PCIE_GBPS: f64 = 55.0;
 const H100_RATES: [(&str, f64); 6] = [
     ("TENSILE_SIM_H2D_GBPS", PCIE_GBPS),
     ("TENSILE_SIM_D2H_GBPS", PCIE_GBPS),
-    ("TENSILE_SIM_DUPLEX_GBPS", 92.0),
+    ("TENSILE_SIM_DUPLEX_GBPS", PCIE_DUPLEX_GBPS),
     ("TENSILE_SIM_PAGEABLE_GBPS", 8.0),
     ("TENSILE_SIM_HOST_ACCESS_GBPS", 50.0),
     ("TENSILE_SIM_DEVICE_GBPS", 1500.0),
@@ -158,10 +162,47 @@ fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, Str
     env
 }
 
+/// The settings that make the library's planner price copies as the simulated card runs them
+/// (the H100's bandwidths, scaled like the simulator's): `TENSILE_PLAN_GBPS`.
+fn planner_env(scale: u64, time_scale: f64) -> (String, String) {
+    let rate = |gbps: f64| gbps / scale as f64 / time_scale;
+    (
+        "TENSILE_PLAN_GBPS".into(),
+        format!(
+            "{},{},{}",
+            rate(PCIE_GBPS),
+            rate(PCIE_GBPS),
+            rate(PCIE_DUPLEX_GBPS)
+        ),
+    )
+}
+
 /// What one run of the player reported.
 struct PlayerOutput {
     json: Value,
     stats: Option<Stats>,
+    /// The library's line about the plan executor at exit, as `name value` pairs.
+    executor: Option<BTreeMap<String, u64>>,
+    /// Plans the library's planner announced (`plan N learned: ...` lines).
+    plans_learned: Vec<String>,
+}
+
+/// The `name value` pairs of the library's `plan executor: ...` line, if the log has one.
+fn executor_line(log: &[String]) -> Option<BTreeMap<String, u64>> {
+    let line = log.iter().rev().find_map(|l| {
+        l.find("plan executor: ")
+            .map(|at| &l[at + "plan executor: ".len()..])
+    })?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    Some(
+        words
+            .chunks(2)
+            .filter_map(|kv| match kv {
+                [k, v] => v.parse().ok().map(|v| ((*k).to_owned(), v)),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 /// Starts the player; `label` prefixes its progress lines on stderr.
@@ -221,7 +262,20 @@ fn run_player(
         Some(t) if !stamp_failure => Some(read_stats(t)?),
         _ => None,
     };
-    Ok(PlayerOutput { json, stats })
+    let plans_learned = log
+        .iter()
+        .filter_map(|l| {
+            l.find("plan ")
+                .filter(|_| l.contains(" learned: "))
+                .map(|at| l[at..].to_owned())
+        })
+        .collect();
+    Ok(PlayerOutput {
+        json,
+        stats,
+        executor: executor_line(&log),
+        plans_learned,
+    })
 }
 
 fn read_stats(trace: &Path) -> Result<Stats, String> {
@@ -346,6 +400,10 @@ struct ManagedRun {
     /// Bytes each way over the whole managed run (prologue, N iterations, final check), at
     /// the trace's sizes.
     run_bytes: (u64, u64),
+    /// The plan executor's counters at exit (plan runs).
+    executor: Option<BTreeMap<String, u64>>,
+    /// The plans the library learned, one line each (plan runs).
+    plans_learned: Vec<String>,
 }
 
 /// What every run of one `tensile rerun` shares: where things are, how it is scaled, and the
@@ -408,7 +466,7 @@ impl Session {
             "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
             format_bytes(self.scaled_budget),
             if policy == PolicyKind::Plan {
-                " (the library runs plan as lru for now)"
+                " (learning and planning in the process: TENSILE_COORDINATOR=off)"
             } else {
                 ""
             }
@@ -423,7 +481,19 @@ impl Session {
             "TENSILE_DEVICE_MEMORY".into(),
             self.scaled_budget.to_string(),
         ));
-        env.push(("TENSILE_LOG".into(), "warn".into()));
+        if policy == PolicyKind::Plan {
+            // The planner's announcements are the run's record of when plans came.
+            env.push((
+                "TENSILE_LOG".into(),
+                "warn,tensile_shim::planning=info".into(),
+            ));
+            env.push(("TENSILE_COORDINATOR".into(), "off".into()));
+            if !self.gpu {
+                env.push(planner_env(self.scale, self.time_scale));
+            }
+        } else {
+            env.push(("TENSILE_LOG".into(), "warn".into()));
+        }
         if !self.gpu {
             env.extend(simulator_env(
                 self.scaled_budget,
@@ -458,6 +528,8 @@ impl Session {
                         .unwrap_or("stamp mismatch")
                         .to_owned(),
                 ),
+                executor: full.executor,
+                plans_learned: full.plans_learned,
             });
         }
         // The baseline run plays the prologue and one iteration (the prologue alone when N is
@@ -493,45 +565,51 @@ impl Session {
                 full.stats.as_ref().map_or(0, |s| s.bytes_to_device) * self.scale,
                 full.stats.as_ref().map_or(0, |s| s.bytes_to_host) * self.scale,
             ),
+            executor: full.executor,
+            plans_learned: full.plans_learned,
         })
     }
 }
 
-/// `tensile replay`'s prediction for each policy (`None` where it has none).
+/// `tensile replay`'s prediction for each policy (`None` where it has none). The plan is
+/// predicted in the units the library moves (whole 2 MiB pages, small tensors left in place:
+/// `tensile replay --shim-pages`), since that is the plan the library executes.
 fn predict(
     analysis: &Analysis,
     policies: &[PolicyKind],
     budget: u64,
     cost: &CostModel,
 ) -> Vec<(PolicyKind, Option<Predicted>)> {
-    if policies.is_empty() {
-        return Vec::new();
-    }
-    match evaluate_many_with(
-        &analysis.cycle,
-        policies,
-        Budget::new(budget),
-        cost,
-        &BoundOptions::default(),
-        &SearchOptions::default(),
-    ) {
-        Ok(results) => results
-            .iter()
-            .map(|r| {
-                let p = Predicted {
+    let in_pages = analysis.cycle.clone().with_units(MoveUnits::ShimPages);
+    policies
+        .iter()
+        .map(|&policy| {
+            let cycle = match policy {
+                PolicyKind::Plan => &in_pages,
+                _ => &analysis.cycle,
+            };
+            let predicted = match evaluate_many_with(
+                cycle,
+                &[policy],
+                Budget::new(budget),
+                cost,
+                &BoundOptions::default(),
+                &SearchOptions::default(),
+            ) {
+                Ok(results) => results.first().map(|r| Predicted {
                     step_ns: r.report.step_ns,
                     bytes_h2d: r.report.bytes_h2d,
                     bytes_d2h: r.report.bytes_d2h,
                     stall_ns: r.report.stall_ns,
-                };
-                (r.policy, Some(p))
-            })
-            .collect(),
-        Err((p, e)) => {
-            eprintln!("tensile rerun: no prediction for {}: {e}", policy_name(p));
-            policies.iter().map(|&p| (p, None)).collect()
-        }
-    }
+                }),
+                Err((p, e)) => {
+                    eprintln!("tensile rerun: no prediction for {}: {e}", policy_name(p));
+                    None
+                }
+            };
+            (policy, predicted)
+        })
+        .collect()
 }
 
 /// Runs `tensile rerun`.
@@ -677,6 +755,8 @@ fn run_json(r: &ManagedRun) -> Value {
         "failure": r.failure,
         "run_bytes_h2d": r.run_bytes.0,
         "run_bytes_d2h": r.run_bytes.1,
+        "executor": r.executor,
+        "plans_learned": r.plans_learned,
     })
 }
 
@@ -768,12 +848,36 @@ fn human(
             }
         }
     }
-    if runs.iter().any(|r| r.policy == PolicyKind::Plan) {
+    for r in runs.iter().filter(|r| r.policy == PolicyKind::Plan) {
         let _ = writeln!(
             out,
-            "note: the library runs TENSILE_POLICY=plan as lru for now; the plan row measures \
-             that"
+            "plan       {} plan(s) learned in the process",
+            r.plans_learned.len()
         );
+        for line in &r.plans_learned {
+            let _ = writeln!(out, "           {line}");
+        }
+        match &r.executor {
+            Some(e) => {
+                let get = |k: &str| e.get(k).copied().unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "executor   {} steps done, {} skipped, {} dropped, {} failed; {} mismatches, \
+                     {} plans dropped; {} pages out, {} in",
+                    get("steps_done"),
+                    get("steps_skipped"),
+                    get("steps_dropped"),
+                    get("steps_failed"),
+                    get("mismatches"),
+                    get("plans_dropped"),
+                    get("pages_out"),
+                    get("pages_in")
+                );
+            }
+            None => {
+                let _ = writeln!(out, "executor   no plan ran (swapped on demand throughout)");
+            }
+        }
     }
     out
 }
@@ -795,6 +899,20 @@ mod tests {
             "{err}"
         );
         assert!(check_fits(10 * gib, 4, 3 * gib, true).is_ok());
+    }
+
+    #[test]
+    fn the_executors_exit_line_reads_as_pairs() {
+        let log = vec![
+            "something else".to_owned(),
+            "tensile: plan executor: plans_loaded 2 plans_dropped 1 mismatches 1 steps_done 40"
+                .to_owned(),
+        ];
+        let e = executor_line(&log).unwrap();
+        assert_eq!(e["plans_loaded"], 2);
+        assert_eq!(e["mismatches"], 1);
+        assert_eq!(e["steps_done"], 40);
+        assert_eq!(executor_line(&log[..1]), None);
     }
 
     #[test]
