@@ -22,7 +22,6 @@
 //!
 //! This module decides nothing about what to move; that is the planner's job.
 
-use serde::Serialize;
 use tensile_protocol::{Action, ExecPlan, Iteration, PieceRef, Role, Step, When};
 
 use crate::cost::{Budget, CostModel};
@@ -85,7 +84,7 @@ pub enum ExecPlanError {
 
 /// A point in the launch stream: an unrolled launch position (0 = the span's first launch) and
 /// before or after it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct LaunchPoint {
     launch: u64,
     when: When,
