@@ -22,7 +22,6 @@
 //!
 //! This module decides nothing about what to move; that is the planner's job.
 
-use serde::Serialize;
 use tensile_protocol::{Action, ExecPlan, Iteration, PieceRef, Role, Step, When};
 
 use crate::cost::{Budget, CostModel};
@@ -85,7 +84,7 @@ pub enum ExecPlanError {
 
 /// A point in the launch stream: an unrolled launch position (0 = the span's first launch) and
 /// before or after it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct LaunchPoint {
     launch: u64,
     when: When,
@@ -406,4 +405,149 @@ pub fn convert(
         dropped_round_trips: dropped,
         executed,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Allocation, CopyDir, Op, SourceFormat};
+    use crate::pieces;
+
+    /// Three instances of `L M C L L` (launch, memset, copy, launch, launch); a persistent 4 MiB
+    /// tensor touched by the memset and the last launch.
+    fn trace() -> Trace {
+        let mut t = Trace::new(SourceFormat::Tensile);
+        t.allocations.push(Allocation {
+            trace_id: 5,
+            ptr: 1 << 32,
+            bytes: 4 << 20,
+            stream: 0,
+            t_ns: 0,
+            before_op: 0,
+            free: None,
+        });
+        let mut seq = 100;
+        for _ in 0..3 {
+            for (i, kind) in [
+                OpKind::Launch { kernel: 1 },
+                OpKind::Memset,
+                OpKind::Copy {
+                    dir: CopyDir::HostToDevice,
+                },
+                OpKind::Launch { kernel: 2 },
+                OpKind::Launch { kernel: 3 },
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let launch = matches!(kind, OpKind::Launch { .. });
+                t.ops.push(Op {
+                    kind,
+                    t_ns: 0,
+                    stream: 0,
+                    seq: if launch { seq } else { 0 },
+                    bytes: if launch { 0 } else { 1 << 20 },
+                    touches: if i == 1 || i == 4 { vec![0] } else { vec![] },
+                    gpu_ns: launch.then_some(1_000_000),
+                });
+                seq += u64::from(launch);
+            }
+        }
+        t
+    }
+
+    fn round_trip(gap: (u32, u32), out_after: u32, fetch: u32) -> Eviction {
+        Eviction {
+            piece: 0,
+            out_after,
+            fetch_at: fetch % 5,
+            needed_by: gap.1 % 5,
+            gap_from: gap.0,
+            fetch_unrolled: fetch,
+            gap_to: gap.1,
+        }
+    }
+
+    fn convert_with(evictions: Vec<Eviction>) -> Conversion {
+        // The second instance; the allocation was made before it.
+        convert_span(evictions, 5)
+    }
+
+    fn convert_span(evictions: Vec<Eviction>, start: usize) -> Conversion {
+        let t = trace();
+        let cycle =
+            Cycle::from_span(&t, start..start + 5, start + 5, &CostModel::default()).unwrap();
+        let plan = SwapPlan {
+            period: 5,
+            budget_bytes: 1 << 30,
+            evictions,
+            host_resident: vec![],
+            pieces: pieces::whole(&cycle),
+        };
+        convert(&t, &cycle, &plan, &CostModel::default(), 3).unwrap()
+    }
+
+    fn step(position: u32, when: When, action: Action) -> Step {
+        Step {
+            position,
+            when,
+            action,
+            piece: PieceRef {
+                role: Role::Persistent { alloc_id: 5 },
+                offset: 0,
+                bytes: 4 << 20,
+            },
+        }
+    }
+
+    #[test]
+    fn ops_that_are_not_launches_place_their_steps_on_the_next_launch() {
+        // Out after the memset (op 1): before the launch at op 3 (position 1). Back at op 4:
+        // before position 2. Out after the launch at op 4: after position 2; back at op 0 of
+        // the next iteration: before position 0.
+        let c = convert_with(vec![round_trip((1, 4), 1, 4), round_trip((4, 6), 4, 5)]);
+        assert_eq!(c.dropped_round_trips, 0);
+        let p = &c.plan;
+        assert_eq!((p.version, p.period, p.anchor_seq), (3, 3, 103));
+        assert_eq!(p.kernels, vec![1, 2, 3]);
+        assert_eq!(
+            p.steps,
+            vec![
+                step(0, When::BeforeLaunch, Action::Prefetch),
+                step(1, When::BeforeLaunch, Action::SwapOut),
+                step(2, When::BeforeLaunch, Action::Prefetch),
+                step(2, When::AfterLaunch, Action::SwapOut),
+            ]
+        );
+        // The memset and copy are priced by the cost model; the three launches ran 1 ms each.
+        assert!(p.compute_ns > 3_000_000);
+        assert!(p.predicted_step_ns >= p.compute_ns);
+    }
+
+    #[test]
+    fn a_round_trip_with_no_launch_between_its_copies_is_left_out() {
+        // Out after the memset and back at the copy (op 2): both before position 1.
+        let c = convert_with(vec![round_trip((1, 4), 1, 2), round_trip((4, 6), 4, 5)]);
+        assert_eq!(c.dropped_round_trips, 1);
+        assert_eq!(c.executed.evictions.len(), 1);
+        assert_eq!(c.plan.steps.len(), 2);
+        // A write-out moved later than the access opening its gap (as the search does) is
+        // placed where it was moved: after the copy at op 2, before position 1.
+        let moved = convert_with(vec![round_trip((1, 4), 2, 4)]);
+        assert_eq!(
+            moved.plan.steps[0],
+            step(1, When::BeforeLaunch, Action::SwapOut)
+        );
+    }
+
+    #[test]
+    fn a_tensor_the_span_allocates_that_outlives_a_period_is_left_where_it_is() {
+        // The first instance makes the allocation (before its first op) and it is never freed:
+        // the cycle calls it persistent, but in steady state that would be a new allocation in
+        // every iteration, which no role names.
+        let c = convert_span(vec![round_trip((1, 4), 1, 4), round_trip((4, 6), 4, 5)], 0);
+        assert_eq!(c.dropped_round_trips, 2);
+        assert!(c.plan.steps.is_empty());
+        assert!(c.executed.evictions.is_empty());
+    }
 }

@@ -324,6 +324,48 @@ mod tests {
     }
 
     #[test]
+    fn in_shim_pages_the_partial_last_page_is_a_piece_of_its_own_that_never_moves() {
+        const MIB: u64 = 1 << 20;
+        let c = Cycle::from_parts(
+            &[10, 10],
+            vec![
+                tensor(37 * MIB / 2, vec![0]), // 18.5 MiB
+                tensor(MIB, vec![1]),
+                tensor(3 * MIB / 2, vec![0]),
+                tensor(4 * MIB, vec![1]),
+            ],
+        )
+        .unwrap()
+        .with_units(MoveUnits::ShimPages);
+        let pieces = cut(&c, 8 * MIB);
+        let sizes: Vec<(u32, u64, u64)> = pieces
+            .iter()
+            .map(|p| (p.tensor, p.offset, p.bytes))
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![
+                (0, 0, 8 * MIB),
+                (0, 8 * MIB, 8 * MIB),
+                (0, 16 * MIB, 2 * MIB),
+                (0, 18 * MIB, MIB / 2),
+                (1, 0, MIB),
+                (2, 0, 3 * MIB / 2),
+                (3, 0, 4 * MIB),
+            ]
+        );
+        let s = split(&c, &pieces).unwrap();
+        let movable: Vec<bool> = (0..s.tensors.len() as u32)
+            .map(|t| s.is_movable(t))
+            .collect();
+        assert_eq!(movable, vec![true, true, true, false, false, false, true]);
+        // In bytes, everything moves and a tensor is cut only by the piece size.
+        let bytes = c.clone().with_units(MoveUnits::Bytes);
+        assert_eq!(cut(&bytes, 8 * MIB).len(), 6);
+        assert!((0..4).all(|t| bytes.is_movable(t)));
+    }
+
+    #[test]
     fn piece_size_follows_the_budget_in_whole_pages() {
         assert_eq!(piece_bytes(0), MIN_PIECE_BYTES);
         assert_eq!(piece_bytes(100 << 30), MAX_PIECE_BYTES);
