@@ -226,16 +226,7 @@ pub fn lower_bound_with(
         &excess_moving,
     ));
     let packing = copy_time_ns(min_moved, cost);
-    let schedule = if options.lp_max_variables == 0 {
-        None
-    } else {
-        schedule_bound::ops_per_phase(
-            &live,
-            options.lp_max_variables,
-            options.lp_max_ops_per_phase,
-        )
-        .and_then(|k| schedule_bound::schedule_bound(cycle, &live, &excess_moving, cost, k))
-    };
+    let schedule = schedule_term(cycle, &live, &excess_moving, cost, options);
     let bound = (compute as f64 + best_stall)
         .max(trivial)
         .max(packing)
@@ -251,6 +242,34 @@ pub fn lower_bound_with(
         packing_ns: packing.round() as u64,
         schedule,
     })
+}
+
+/// The schedule LP's bound, when `options` ask for it and it solves.
+#[cfg(feature = "lp")]
+fn schedule_term(
+    cycle: &Cycle,
+    live: &Liveness,
+    excess_moving: &[u64],
+    cost: &CostModel,
+    options: &BoundOptions,
+) -> Option<ScheduleBound> {
+    if options.lp_max_variables == 0 {
+        return None;
+    }
+    schedule_bound::ops_per_phase(live, options.lp_max_variables, options.lp_max_ops_per_phase)
+        .and_then(|k| schedule_bound::schedule_bound(cycle, live, excess_moving, cost, k))
+}
+
+/// Built without the `lp` feature there is no solver: the bound goes without the schedule term.
+#[cfg(not(feature = "lp"))]
+fn schedule_term(
+    _cycle: &Cycle,
+    _live: &Liveness,
+    _excess_moving: &[u64],
+    _cost: &CostModel,
+    _options: &BoundOptions,
+) -> Option<ScheduleBound> {
+    None
 }
 
 /// A lower bound on the bytes any plan moves each way per iteration (docs/planner.md,

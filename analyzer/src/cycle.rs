@@ -111,6 +111,24 @@ pub(crate) fn persistent_tensor(i: u32, bytes: u64, accesses: Vec<u32>) -> Tenso
     }
 }
 
+/// The shim's unit of residency: a page of device memory.
+pub const PAGE_BYTES: u64 = 2 << 20;
+
+/// What a plan may move of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum MoveUnits {
+    /// Any byte range (the planner's own model, `tensile replay`'s default).
+    #[default]
+    Bytes,
+    /// Only whole shim pages ([`PAGE_BYTES`]): what the shim can carry out. Allocations larger
+    /// than half a page start on a page boundary, smaller ones share pages; a swap-out moves
+    /// only the pages entirely inside its range, so it never evicts a neighbour. A tensor (or
+    /// piece) is then movable only if its size is a whole number of pages: tensors of at most
+    /// half a page are never moved, and the partial last page of a larger one stays on the
+    /// device (see [`crate::pieces::cut`], which cuts it off as a piece of its own).
+    ShimPages,
+}
+
 /// A steady-state iteration.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Cycle {
@@ -122,6 +140,8 @@ pub struct Cycle {
     pub span: Range<usize>,
     /// Launches whose duration was not measured (estimated from the kernel's median or default).
     pub estimated_launches: usize,
+    /// What a plan may move of the tensors.
+    pub units: MoveUnits,
 }
 
 impl Cycle {
@@ -133,6 +153,23 @@ impl Cycle {
     /// Whether there are no ops.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// Whether a plan may move tensor `t` (see [`MoveUnits`]).
+    pub fn is_movable(&self, t: TensorId) -> bool {
+        match self.units {
+            MoveUnits::Bytes => true,
+            MoveUnits::ShimPages => self
+                .tensors
+                .get(t as usize)
+                .is_some_and(|t| t.bytes.is_multiple_of(PAGE_BYTES)),
+        }
+    }
+
+    /// The same cycle, with plans limited to `units`.
+    pub fn with_units(mut self, units: MoveUnits) -> Cycle {
+        self.units = units;
+        self
     }
 
     /// Total GPU time of the ops, without any swapping.
@@ -201,6 +238,7 @@ impl Cycle {
             tensors,
             span: 0..p,
             estimated_launches: 0,
+            units: MoveUnits::Bytes,
         })
     }
 
@@ -401,5 +439,6 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
         tensors,
         span,
         estimated_launches,
+        units: MoveUnits::Bytes,
     }
 }

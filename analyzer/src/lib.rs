@@ -11,6 +11,8 @@
 //!    bound on step time for that budget; [`search`]: a local search that improves a plan
 //!    with the simulator as judge.
 //! 6. [`sim`]: replays a cycle under a policy and checks the budget and residency invariants.
+//! 7. [`exec_plan`]: restates a plan in the shim's terms (launch positions, allocation roles),
+//!    and [`online`]: the learner that runs steps 2 to 7 on a live stream of trace records.
 //!
 //! Not here: anything that touches a GPU or the driver (that is the shim's job).
 
@@ -18,9 +20,11 @@ pub mod bound;
 pub mod cost;
 pub mod cycle;
 pub mod evaluate;
+pub mod exec_plan;
 pub mod import;
 pub mod iteration;
 pub mod model;
+pub mod online;
 pub mod pieces;
 pub mod plan;
 pub mod schedule_bound;

@@ -13,7 +13,7 @@
 
 use serde::Serialize;
 
-use crate::cycle::{Cycle, Tensor, TensorId};
+use crate::cycle::{Cycle, MoveUnits, Tensor, TensorId, PAGE_BYTES};
 
 /// Index of a piece in [`crate::plan::SwapPlan::pieces`] (and of the tensor standing for it in
 /// the split cycle).
@@ -31,7 +31,7 @@ pub struct Piece {
 }
 
 /// Smallest piece: the shim's page.
-pub const MIN_PIECE_BYTES: u64 = 2 << 20;
+pub const MIN_PIECE_BYTES: u64 = PAGE_BYTES;
 /// Largest piece. Smaller pieces gain little more on the shared traces (16 MiB: 79.2 ms on the
 /// MLP at 50%, 4 MiB: 78.6 ms) and cost planning time (about twice as much at 4 MiB, and the
 /// planner's time grows with the number of pieces).
@@ -60,13 +60,27 @@ pub fn whole(cycle: &Cycle) -> Vec<Piece> {
 
 /// Cuts every tensor larger than `max_piece` bytes into pieces of `max_piece` (the last one
 /// shorter); smaller tensors stay whole. Pieces of a tensor are consecutive.
+///
+/// With [`MoveUnits::ShimPages`] (`max_piece` is then a whole number of pages) the partial
+/// last page of a tensor larger than a page is a piece of its own, so that every other piece is
+/// a whole number of pages and movable ([`Cycle::is_movable`]); that tail stays on the device.
 pub fn cut(cycle: &Cycle, max_piece: u64) -> Vec<Piece> {
     let max_piece = max_piece.max(1);
     let mut pieces = Vec::with_capacity(cycle.tensors.len());
     for (t, tensor) in cycle.tensors.iter().enumerate() {
+        let whole_pages = tensor.bytes / PAGE_BYTES * PAGE_BYTES;
+        let body_end = match cycle.units {
+            MoveUnits::ShimPages if whole_pages > 0 => whole_pages,
+            _ => tensor.bytes,
+        };
         let mut offset = 0;
         loop {
-            let bytes = (tensor.bytes - offset).min(max_piece);
+            let end = if offset < body_end {
+                body_end
+            } else {
+                tensor.bytes
+            };
+            let bytes = (end - offset).min(max_piece);
             pieces.push(Piece {
                 tensor: t as TensorId,
                 offset,
@@ -191,6 +205,7 @@ pub fn split(cycle: &Cycle, pieces: &[Piece]) -> Result<Cycle, String> {
     }
     split.span = cycle.span.clone();
     split.estimated_launches = cycle.estimated_launches;
+    split.units = cycle.units;
     Ok(split)
 }
 

@@ -287,6 +287,9 @@ pub fn plan_with(
     // Candidate intervals in the sweep frame [start, start + p): each gap shifted by 0 or p.
     let mut events: Vec<(u64, Candidate)> = Vec::new();
     for (gi, g) in live.gaps.iter().enumerate() {
+        if !cycle.is_movable(g.tensor) {
+            continue;
+        }
         // The sweep runs over [start + p, start + 2p); a gap (with `from` in [0, p)) may cover
         // parts of it shifted by 0, p or 2p.
         for shift in [0u64, p as u64, 2 * p as u64] {
@@ -303,7 +306,7 @@ pub fn plan_with(
     }
     events.sort_unstable_by_key(|e| e.0);
     let mut heap: BinaryHeap<Candidate> = BinaryHeap::new();
-    for i in 0..live.idle.len() {
+    for i in (0..live.idle.len()).filter(|&i| cycle.is_movable(live.idle[i])) {
         heap.push(Candidate {
             to: u64::MAX,
             gap: usize::MAX - i,
@@ -421,6 +424,9 @@ pub fn plan_with(
         }
         let mut covering: Vec<(u64, usize, u64)> = Vec::new(); // (to, gap, pos unrolled)
         for (gi, g) in live.gaps.iter().enumerate() {
+            if !cycle.is_movable(g.tensor) {
+                continue;
+            }
             let (from, to) = (u64::from(g.from), u64::from(g.to));
             let at = [pos as u64, (pos + p) as u64]
                 .into_iter()

@@ -29,6 +29,9 @@
 //! flight counts as partly done, where the simulator holds a whole tensor's memory for its
 //! whole copy), and the two engines are not FIFO queues.
 //!
+//! Built only with the `lp` feature (the default): the shim's in-process learner leaves the
+//! solver out, and the bound then goes without this term.
+//!
 //! The LP is solved with Clarabel (an interior-point solver, pure Rust). The value reported is
 //! not the solver's objective but a **certificate** ([`certified_value`]): the solver's dual
 //! vector is clipped to the dual cone, repaired until every reduced cost is provably
@@ -38,16 +41,22 @@
 //! accuracy; a poor dual vector only makes it lower. `TENSILE_LP_VERBOSE=1` in the
 //! environment prints the solver's iterations to stdout (for looking into a slow or failed solve).
 
+#[cfg(feature = "lp")]
 use std::time::Instant;
 
+#[cfg(feature = "lp")]
 use clarabel::algebra::CscMatrix;
+#[cfg(feature = "lp")]
 use clarabel::solver::{
     DefaultSettingsBuilder, DefaultSolver, IPSolver, SolverStatus, SupportedConeT,
 };
 use serde::Serialize;
 
+#[cfg(feature = "lp")]
 use crate::cost::CostModel;
-use crate::cycle::{Cycle, TensorId};
+#[cfg(feature = "lp")]
+use crate::cycle::Cycle;
+use crate::cycle::TensorId;
 use crate::timeline::Liveness;
 
 /// Largest LP (in variables) the bound builds by default: about a second to solve on one core.
@@ -68,6 +77,7 @@ pub struct ScheduleBound {
 
 /// One gap as the LP sees it: its bytes and its first and last phase (unrolled).
 struct GapSpan {
+    #[cfg_attr(not(feature = "lp"), allow(dead_code))]
     bytes: f64,
     /// Unrolled position of the access that opens the gap.
     from: u32,
@@ -99,6 +109,7 @@ impl Phases {
     }
 
     /// Whether unrolled op `s` starts a phase.
+    #[cfg(feature = "lp")]
     fn starts_phase(&self, s: u32) -> bool {
         (s % self.period).is_multiple_of(self.k)
     }
@@ -143,6 +154,7 @@ fn variable_count(ph: &Phases, spans: &[GapSpan]) -> usize {
 }
 
 /// Triplets of a sparse matrix, row by row as constraints are added.
+#[cfg(feature = "lp")]
 #[derive(Default)]
 struct Rows {
     i: Vec<usize>,
@@ -151,6 +163,7 @@ struct Rows {
     rhs: Vec<f64>,
 }
 
+#[cfg(feature = "lp")]
 impl Rows {
     /// Adds the row `sum coef * x[col] (=|<=) rhs`.
     fn push(&mut self, terms: impl IntoIterator<Item = (usize, f64)>, rhs: f64) {
@@ -167,6 +180,7 @@ impl Rows {
 /// Solves the schedule LP for `cycle`, whose ops must have `excess[i]` bytes of touched data off
 /// the device, with phases of `ops_per_phase` ops. `None` when there is nothing to bound (no
 /// excess) or the solver did not reach an optimum (the term is then left out, not guessed).
+#[cfg(feature = "lp")]
 pub fn schedule_bound(
     cycle: &Cycle,
     live: &Liveness,
@@ -358,6 +372,7 @@ pub fn schedule_bound(
 }
 
 /// What a column of the LP is, for repairing a dual vector.
+#[cfg(feature = "lp")]
 #[derive(Debug, Clone, Copy)]
 enum Column {
     /// `tau[k]`, bounded below by the compute of phase `k`.
@@ -371,6 +386,7 @@ enum Column {
 }
 
 /// The structure of the LP the certificate needs beyond the matrix.
+#[cfg(feature = "lp")]
 struct DualShape {
     col_kind: Vec<Column>,
     /// Inequality row of each phase's out-engine and in-engine capacity.
@@ -382,6 +398,7 @@ struct DualShape {
 }
 
 /// A sum with a bound on its floating-point rounding error: `value - error <= exact sum`.
+#[cfg(feature = "lp")]
 #[derive(Default, Clone, Copy)]
 struct Checked {
     value: f64,
@@ -389,6 +406,7 @@ struct Checked {
     terms: u32,
 }
 
+#[cfg(feature = "lp")]
 impl Checked {
     fn add(&mut self, x: f64) {
         self.value += x;
@@ -416,6 +434,7 @@ impl Checked {
 /// row (costs cap times the lift); a tau column left negative (the engine rows took more than its
 /// unit cost) scales `y` down until none is. Every sum is a [`Checked`] one and the lower end of
 /// its error interval is used, so rounding cannot raise the value. `None` if `z` is unusable.
+#[cfg(feature = "lp")]
 fn certified_value(
     a: &CscMatrix<f64>,
     b: &[f64],
@@ -523,6 +542,7 @@ fn certified_value(
     Some(value.lower())
 }
 
+#[cfg(feature = "lp")]
 #[cfg(test)]
 mod tests {
     use super::*;

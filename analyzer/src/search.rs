@@ -172,7 +172,7 @@ pub fn improve(
         .gaps
         .iter()
         .copied()
-        .filter(|g| g.to > g.from + 1)
+        .filter(|g| g.to > g.from + 1 && work_cycle.is_movable(g.tensor))
         .collect();
     let mut rng = Rng::new(options.seed);
     let mut last_gain_at = Duration::ZERO;

@@ -26,6 +26,7 @@ pub mod log;
 pub mod managed;
 pub mod memory;
 pub mod params;
+pub mod planning;
 pub mod proc_address;
 pub mod pytorch;
 pub mod real;

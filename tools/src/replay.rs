@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tensile_analyzer::bound::LowerBound;
 use tensile_analyzer::cost::{format_bytes, parse_size, CostModel};
+use tensile_analyzer::cycle::MoveUnits;
+use tensile_analyzer::exec_plan;
 use tensile_analyzer::import::{load_with_progress, LoadOptions};
 use tensile_analyzer::model::SourceFormat;
 use tensile_analyzer::schedule_bound::{ops_per_phase, DEFAULT_MAX_VARIABLES};
@@ -87,6 +89,16 @@ pub struct ReplayArgs {
     /// Seed of the local search's choices (same seed, same evaluations: same plan).
     #[arg(long, default_value_t = 1)]
     pub search_seed: u64,
+    /// Plan in the units the shim moves: whole 2 MiB pages (tensors of at most 1 MiB and the
+    /// partial last page of a larger one stay on the device), so that the prediction counts
+    /// what the shim will move. Implied by --emit-plan.
+    #[arg(long)]
+    pub shim_pages: bool,
+    /// Write the plan for the budget to this file as the shim executes it (an encoded
+    /// ExecPlan: launch positions, allocations by role), for `TENSILE_PLAN=FILE`. Plans in
+    /// whole pages (--shim-pages); needs the `plan` policy.
+    #[arg(long)]
+    pub emit_plan: Option<PathBuf>,
 }
 
 /// Files at least this large get a progress indicator on a terminal.
@@ -108,6 +120,9 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     if args.plan_out.is_some() && !policies.contains(&PolicyKind::Plan) {
         return Err("--plan-out needs the plan policy (--policy plan)".into());
     }
+    if args.emit_plan.is_some() && !policies.contains(&PolicyKind::Plan) {
+        return Err("--emit-plan needs the plan policy (--policy plan)".into());
+    }
     let cost = CostModel {
         h2d_gbps: args.h2d_gbps,
         d2h_gbps: args.d2h_gbps,
@@ -116,7 +131,11 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     };
     cost.validate()?;
     let trace = load(args)?;
-    let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    let mut analysis =
+        analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    if args.shim_pages || args.emit_plan.is_some() {
+        analysis.cycle = analysis.cycle.with_units(MoveUnits::ShimPages);
+    }
     let peak = analysis.footprint.peak_allocated;
     let budget =
         Budget::new(parse_size(&args.budget, Some(peak)).map_err(|e| format!("--budget {e}"))?);
@@ -165,6 +184,10 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         std::fs::write(path, text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
+    let emitted = match &args.emit_plan {
+        Some(path) => Some(emit_plan(path, &trace, &analysis, &results, &cost)?),
+        None => None,
+    };
     if let Some(path) = &args.timeline {
         let doc = timeline::timeline_json(&analysis.cycle, &results);
         std::fs::write(path, doc.to_string() + "\n")
@@ -185,10 +208,57 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         };
         let mut text = serde_json::to_string_pretty(&out).map_err(|e| e.to_string())?;
         text.push('\n');
+        // The JSON on stdout stays one document; where the plan went is said on stderr.
+        if let Some(line) = emitted {
+            eprintln!("{line}");
+        }
         Ok(text)
     } else {
-        Ok(human(args, &trace, &analysis, budget, &results))
+        let mut text = human(args, &trace, &analysis, budget, &results);
+        if let Some(line) = emitted {
+            text.push_str(&line);
+            text.push('\n');
+        }
+        Ok(text)
     }
+}
+
+/// Writes the plan of `results` as the shim executes it to `path`; returns the line that says
+/// what was written.
+fn emit_plan(
+    path: &std::path::Path,
+    trace: &Trace,
+    analysis: &Analysis,
+    results: &[Evaluation],
+    cost: &CostModel,
+) -> Result<String, String> {
+    let plan = results
+        .iter()
+        .find_map(|r| r.plan.as_ref())
+        .ok_or("no plan was made")?;
+    let conversion = exec_plan::convert(trace, &analysis.cycle, plan, cost, 1)
+        .map_err(|e| format!("--emit-plan: {e}"))?;
+    let exec = &conversion.plan;
+    std::fs::write(path, exec.encode())
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    let dropped = match conversion.dropped_round_trips {
+        0 => String::new(),
+        n => format!(" ({n} round trips between launches left out)"),
+    };
+    Ok(format!(
+        "exec plan  written to {}: version {}, {} launches per iteration from launch {}, {} \
+         steps{dropped}, {} out per iteration, {} host-resident pieces; predicted step {} \
+         (compute {})",
+        path.display(),
+        exec.version,
+        exec.period,
+        exec.anchor_seq,
+        exec.steps.len(),
+        format_bytes(exec.bytes_out_per_iteration()),
+        exec.host_resident.len(),
+        ms(exec.predicted_step_ns),
+        ms(exec.compute_ns),
+    ))
 }
 
 /// The coarsest phases the bound's LP may use: an explicit request for a large LP is
@@ -656,6 +726,43 @@ mod tests {
             "--policy",
             "lru",
             "--plan-out",
+            &p,
+        ]));
+        assert!(lru_only.unwrap_err().contains("needs the plan policy"));
+    }
+
+    #[test]
+    fn emit_plan_writes_an_exec_plan_the_shim_can_decode() {
+        let path = std::env::temp_dir().join(format!("replay-exec-{}.plan", std::process::id()));
+        let p = path.to_string_lossy().into_owned();
+        let out = render(&args(&["--budget", "50%", "--emit-plan", &p])).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let plan = tensile_protocol::ExecPlan::decode(&bytes).unwrap();
+        assert_eq!(plan.version, 1);
+        // The MLP's steady step: 221 launches (and 4 copies).
+        assert_eq!(plan.period, 221);
+        assert!(!plan.steps.is_empty());
+        assert!(plan.predicted_step_ns >= plan.compute_ns);
+        let line = out.lines().find(|l| l.starts_with("exec plan")).unwrap();
+        assert!(line.contains(&p), "{line}");
+        assert!(
+            line.contains(&format!("{} steps", plan.steps.len())),
+            "{line}"
+        );
+        // Whole pages only, and the row of the plan policy is the plan that was written.
+        for s in &plan.steps {
+            assert_eq!(s.piece.offset % (2 << 20), 0);
+            assert_eq!(s.piece.bytes % (2 << 20), 0);
+        }
+        let row = out.lines().find(|l| l.starts_with("plan")).unwrap();
+        assert!(row.contains(&ms(plan.predicted_step_ns)), "{row}\n{line}");
+        let lru_only = render(&args(&[
+            "--budget",
+            "50%",
+            "--policy",
+            "lru",
+            "--emit-plan",
             &p,
         ]));
         assert!(lru_only.unwrap_err().contains("needs the plan policy"));

@@ -17,6 +17,10 @@ pub(crate) struct TraceBuilder {
     trace: Trace,
     by_id: HashMap<u64, AllocIdx>,
     op_by_seq: HashMap<u64, u32>,
+    /// Accesses to unknown allocations are left out instead of refused, and a launch number
+    /// seen again replaces the old one: for a live stream that may have lost records or
+    /// started mid-run (the online learner), where an importer would reject the file.
+    lenient: bool,
 }
 
 impl TraceBuilder {
@@ -25,7 +29,74 @@ impl TraceBuilder {
             trace: Trace::new(format),
             by_id: HashMap::new(),
             op_by_seq: HashMap::new(),
+            lenient: false,
         }
+    }
+
+    /// A builder for a live stream (see `lenient`).
+    pub(crate) fn lenient(format: SourceFormat) -> Self {
+        TraceBuilder {
+            lenient: true,
+            ..TraceBuilder::new(format)
+        }
+    }
+
+    /// The trace so far.
+    pub(crate) fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// Forgets the ops before op `cut` and what only they needed: allocations freed before it
+    /// and host waits before it. Allocations still live at `cut` are kept, as if made just
+    /// before the first op kept; everything is renumbered from there.
+    pub(crate) fn drop_ops_before(&mut self, cut: usize) {
+        let cut = cut.min(self.trace.ops.len());
+        let cut32 = cut as u32;
+        let mut new_index: Vec<Option<AllocIdx>> = Vec::with_capacity(self.trace.allocations.len());
+        let mut kept = Vec::new();
+        for a in self.trace.allocations.drain(..) {
+            if a.free.is_some_and(|f| f.before_op <= cut32) {
+                new_index.push(None);
+                continue;
+            }
+            new_index.push(Some(kept.len() as AllocIdx));
+            kept.push(Allocation {
+                before_op: a.before_op.saturating_sub(cut32),
+                free: a.free.map(|f| FreeEvent {
+                    t_ns: f.t_ns,
+                    before_op: f.before_op - cut32,
+                }),
+                ..a
+            });
+        }
+        self.trace.allocations = kept;
+        self.trace.ops.drain(..cut);
+        for op in &mut self.trace.ops {
+            op.touches = op
+                .touches
+                .iter()
+                .filter_map(|&t| new_index.get(t as usize).copied().flatten())
+                .collect();
+        }
+        self.trace.syncs.retain(|s| s.before_op >= cut32);
+        for s in &mut self.trace.syncs {
+            s.before_op -= cut32;
+        }
+        self.by_id = self
+            .trace
+            .allocations
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (a.trace_id, i as AllocIdx))
+            .collect();
+        self.op_by_seq = self
+            .trace
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| matches!(op.kind, OpKind::Launch { .. }))
+            .map(|(i, op)| (op.seq, i as u32))
+            .collect();
     }
 
     fn next_op(&self) -> u32 {
@@ -99,7 +170,11 @@ impl TraceBuilder {
         let mut touches = Vec::new();
         for id in ids {
             if id != 0 {
-                touches.push(self.lookup(id)?);
+                match self.lookup(id) {
+                    Ok(idx) => touches.push(idx),
+                    Err(_) if self.lenient => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         touches.sort_unstable();
@@ -117,7 +192,7 @@ impl TraceBuilder {
     ) -> Result<(), ModelError> {
         let touches = self.touches(ids)?;
         let op = self.next_op();
-        if self.op_by_seq.insert(seq, op).is_some() {
+        if self.op_by_seq.insert(seq, op).is_some() && !self.lenient {
             return Err(ModelError(format!("launch number {seq} appears twice")));
         }
         self.trace.ops.push(Op {
@@ -194,5 +269,56 @@ impl TraceBuilder {
     pub(crate) fn finish(mut self, complete: bool) -> Trace {
         self.trace.complete = complete;
         self.trace
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropping_the_oldest_ops_keeps_live_allocations_and_renumbers_the_rest() {
+        let mut b = TraceBuilder::lenient(SourceFormat::Tensile);
+        b.alloc(0, 0, 1, 0x1000, 64).unwrap(); // lives throughout
+        b.alloc(0, 0, 2, 0x2000, 32).unwrap(); // freed before the cut
+        b.launch(1, 0, 10, 7, [1, 2]).unwrap();
+        b.free(2, 2).unwrap();
+        b.launch(3, 0, 11, 8, [1]).unwrap();
+        b.alloc(4, 0, 3, 0x3000, 16).unwrap(); // made after the cut
+        b.launch(5, 0, 12, 9, [1, 3]).unwrap();
+        b.sync(6, SyncScope::Device);
+        b.free(7, 3).unwrap();
+        b.drop_ops_before(2);
+        let t = b.trace();
+        assert_eq!(t.ops.len(), 1);
+        assert_eq!(t.ops[0].seq, 12);
+        let ids: Vec<u64> = t.allocations.iter().map(|a| a.trace_id).collect();
+        assert_eq!(ids, vec![1, 3]);
+        // Allocation 1 now looks made before the first op kept; 3 keeps its place.
+        assert_eq!(t.allocations[0].before_op, 0);
+        assert_eq!(t.allocations[1].before_op, 0);
+        assert_eq!(t.allocations[1].free.map(|f| f.before_op), Some(1));
+        assert_eq!(t.ops[0].touches, vec![0, 1]);
+        assert_eq!(t.syncs.len(), 1);
+        assert_eq!(t.syncs[0].before_op, 1);
+        // Launches and allocations are still found by number and id after the cut; those
+        // dropped are not.
+        assert!(b.duration(12, 500).is_ok());
+        assert!(b.duration(10, 500).is_err());
+        assert!(b.launch(8, 0, 13, 9, [1, 2]).is_ok());
+        assert_eq!(b.trace().ops[1].touches, vec![0]);
+        assert_eq!(b.trace().ops[0].gpu_ns, Some(500));
+    }
+
+    #[test]
+    fn a_strict_builder_refuses_what_a_lenient_one_leaves_out() {
+        let mut strict = TraceBuilder::new(SourceFormat::Tensile);
+        assert!(strict.launch(0, 0, 1, 1, [5]).is_err());
+        strict.launch(0, 0, 2, 1, []).unwrap();
+        assert!(strict.launch(0, 0, 2, 1, []).is_err());
+        let mut lenient = TraceBuilder::lenient(SourceFormat::Tensile);
+        lenient.launch(0, 0, 1, 1, [5]).unwrap();
+        lenient.launch(0, 0, 1, 1, []).unwrap();
+        assert_eq!(lenient.trace().ops.len(), 2);
     }
 }

@@ -4,7 +4,7 @@
 //! the project's own binary format), and streams it through the matching importer, reporting
 //! progress as compressed bytes are consumed. Nothing here interprets the trace.
 
-mod builder;
+pub(crate) mod builder;
 mod capture;
 mod error;
 mod native;

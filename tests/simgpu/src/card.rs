@@ -1,9 +1,9 @@
 //! The card's engines: when each piece of stream work may run and how long it takes.
 //!
-//! The simulated card has one compute engine (a number of kernel slots,
+//! Each simulated device has one compute engine (a number of kernel slots,
 //! [`config::kernel_concurrency`], default 1), one host-to-device copy engine and one
-//! device-to-host copy engine, shared by every stream of the process. Each is a *busy-until*
-//! time on the `CLOCK_MONOTONIC` clock. A stream worker that executes an operation first
+//! device-to-host copy engine, shared by every stream of the process on that device. Each is a
+//! *busy-until* time on the `CLOCK_MONOTONIC` clock. A stream worker that executes an operation first
 //! reserves its interval on the engine it needs (it starts when the engine is free, or when the
 //! operation is ready, whichever is later, and lasts as long as the bandwidths of
 //! [`config::Rates`] say), sleeps until the interval's end, and only then applies the
@@ -26,11 +26,12 @@
 //!   its duration; they are counted ([`host_access_bytes`]) so that a tensor the shim left on
 //!   the host shows in time, not only in data.
 //!
-//! The state is one small lock over plain integers ([`Engines`]), so that a later version can
-//! keep it in shared memory and let several processes (jobs) compete for one card's engines.
+//! The state is one small lock over plain integers ([`Engines`]): this process's own, or, on a
+//! card shared by processes (`TENSILE_SIM_CARD`, [`crate::shared_card`]), the one in the
+//! card's shared memory, so that jobs on one card take turns on its engines as streams do.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::config;
@@ -54,16 +55,25 @@ pub struct Engines {
     pub to_host: u64,
 }
 
-static ENGINES: Mutex<Engines> = Mutex::new(Engines {
-    compute: [0; MAX_KERNEL_SLOTS],
-    to_device: 0,
-    to_host: 0,
-});
+/// Each device's engines (a private card).
+static ENGINES: [Mutex<Engines>; config::MAX_DEVICES] = [const {
+    Mutex::new(Engines {
+        compute: [0; MAX_KERNEL_SLOTS],
+        to_device: 0,
+        to_host: 0,
+    })
+}; config::MAX_DEVICES];
 
 static HOST_ACCESS_BYTES: AtomicU64 = AtomicU64::new(0);
 
-fn engines() -> MutexGuard<'static, Engines> {
-    ENGINES.lock().unwrap_or_else(|e| e.into_inner())
+/// Runs `f` on the engines of `device`, under their lock.
+fn with_engines<R>(device: usize, f: impl FnOnce(&mut Engines) -> R) -> R {
+    match crate::shared_card::current(device) {
+        Some(card) => card.with_engines(f),
+        None => f(&mut ENGINES[device.min(config::MAX_DEVICES - 1)]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())),
+    }
 }
 
 /// Now on `CLOCK_MONOTONIC`, in nanoseconds (the clock every process sees alike).
@@ -97,24 +107,31 @@ fn transfer_ns(bytes: u64, bps: u64) -> u64 {
     }
 }
 
-/// Reserves `duration` on the first kernel slot to come free, from `ready` at the earliest;
-/// returns the end.
-pub fn reserve_kernel(duration: Duration, ready: u64) -> u64 {
+/// Reserves `duration` on the first kernel slot of `device` to come free, from `ready` at the
+/// earliest; returns the end.
+pub fn reserve_kernel(device: usize, duration: Duration, ready: u64) -> u64 {
     let ns = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX / 4);
     let slots = (config::kernel_concurrency() as usize).clamp(1, MAX_KERNEL_SLOTS);
-    let mut e = engines();
-    let slot = e.compute[..slots]
-        .iter_mut()
-        .min()
-        .expect("at least one kernel slot");
-    let end = (*slot).max(ready) + ns;
-    *slot = end;
-    end
+    with_engines(device, |e| {
+        let slot = e.compute[..slots]
+            .iter_mut()
+            .min()
+            .expect("at least one kernel slot");
+        let end = (*slot).max(ready) + ns;
+        *slot = end;
+        end
+    })
 }
 
-/// Reserves a copy of `bytes` between the host and the device, from `ready` at the earliest;
+/// Reserves a copy of `bytes` between the host and `device`, from `ready` at the earliest;
 /// `pageable`: the host side is pageable memory (staged by the driver). Returns the end.
-pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool, ready: u64) -> u64 {
+pub fn reserve_copy(
+    device: usize,
+    direction: Direction,
+    bytes: u64,
+    pageable: bool,
+    ready: u64,
+) -> u64 {
     let rates = config::rates();
     let (own_rate, other_rate) = match direction {
         Direction::ToDevice => (rates.to_device, rates.to_host),
@@ -129,31 +146,34 @@ pub fn reserve_copy(direction: Direction, bytes: u64, pageable: bool, ready: u64
     } else {
         own_rate
     };
-    let mut e = engines();
-    let (own, other) = match direction {
-        Direction::ToDevice => (e.to_device, e.to_host),
-        Direction::ToHost => (e.to_host, e.to_device),
-    };
-    let start = own.max(ready);
-    let end = if own_rate == 0 {
-        start
-    } else {
-        // While the other direction is busy, this copy gets what the duplex cap leaves.
-        let shared_rate = if rates.duplex == 0 || other_rate == 0 {
-            own_rate
-        } else {
-            rates.duplex.saturating_sub(other_rate).clamp(1, own_rate)
+    with_engines(device, |e| {
+        let (own, other) = match direction {
+            Direction::ToDevice => (e.to_device, e.to_host),
+            Direction::ToHost => (e.to_host, e.to_device),
         };
-        let overlap_ns = other.saturating_sub(start);
-        let shared_bytes =
-            ((overlap_ns as u128 * shared_rate as u128 / 1_000_000_000) as u64).min(bytes);
-        start + transfer_ns(shared_bytes, shared_rate) + transfer_ns(bytes - shared_bytes, own_rate)
-    };
-    match direction {
-        Direction::ToDevice => e.to_device = end,
-        Direction::ToHost => e.to_host = end,
-    }
-    end
+        let start = own.max(ready);
+        let end = if own_rate == 0 {
+            start
+        } else {
+            // While the other direction is busy, this copy gets what the duplex cap leaves.
+            let shared_rate = if rates.duplex == 0 || other_rate == 0 {
+                own_rate
+            } else {
+                rates.duplex.saturating_sub(other_rate).clamp(1, own_rate)
+            };
+            let overlap_ns = other.saturating_sub(start);
+            let shared_bytes =
+                ((overlap_ns as u128 * shared_rate as u128 / 1_000_000_000) as u64).min(bytes);
+            start
+                + transfer_ns(shared_bytes, shared_rate)
+                + transfer_ns(bytes - shared_bytes, own_rate)
+        };
+        match direction {
+            Direction::ToDevice => e.to_device = end,
+            Direction::ToHost => e.to_host = end,
+        }
+        end
+    })
 }
 
 /// The end of a copy or memset of `bytes` within device memory, starting at `ready` (device
@@ -174,12 +194,15 @@ pub fn host_access_bytes() -> u64 {
     HOST_ACCESS_BYTES.load(Ordering::Relaxed)
 }
 
-/// Forgets every reservation (tests that change the settings between cases).
+/// Forgets every reservation on every device (tests that change the settings between cases).
 pub fn reset() {
-    let mut e = engines();
-    e.compute = [0; MAX_KERNEL_SLOTS];
-    e.to_device = 0;
-    e.to_host = 0;
+    for device in 0..config::MAX_DEVICES {
+        with_engines(device, |e| {
+            e.compute = [0; MAX_KERNEL_SLOTS];
+            e.to_device = 0;
+            e.to_host = 0;
+        });
+    }
 }
 
 #[cfg(test)]

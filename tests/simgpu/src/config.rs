@@ -2,6 +2,10 @@
 //!
 //! - `TENSILE_SIM_DEVICE_MEMORY`: device capacity (`268435456`, `256MiB`, `1GiB`, `1.5GiB`;
 //!   default 16 GiB).
+//! - `TENSILE_SIM_CARD`: the name of a card shared by every process naming it
+//!   ([`crate::shared_card`]); unset or empty: a card of this process's own.
+//! - `TENSILE_SIM_DEVICE_COUNT`: simulated devices, 1 to [`MAX_DEVICES`] (default 1), each
+//!   with `TENSILE_SIM_DEVICE_MEMORY` of its own and engines of its own.
 //! - `TENSILE_SIM_KERNEL_US`: modelled duration of every kernel in microseconds (default 0). A
 //!   kernel whose twin reads its duration from its parameters (`Twin::modelled_duration`, the
 //!   stand-in kernel of `tensile rerun`) takes that instead.
@@ -27,6 +31,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 pub const DEFAULT_CAPACITY: u64 = 16 << 30;
+
+/// The most simulated devices.
+pub const MAX_DEVICES: usize = 8;
+
+static DEVICE_COUNT: AtomicU64 = AtomicU64::new(1);
 
 static KERNEL_NS: AtomicU64 = AtomicU64::new(0);
 static KERNEL_CONCURRENCY: AtomicU64 = AtomicU64::new(1);
@@ -145,7 +154,27 @@ pub fn load() -> u64 {
     set_rates(rates_from_env());
     let jitter = env_or("TENSILE_SIM_JITTER_US", 0u64, |v| v.trim().parse().ok());
     JITTER_US.store(jitter, Ordering::Relaxed);
+    let devices = env_or("TENSILE_SIM_DEVICE_COUNT", 1u64, |v| {
+        v.trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=MAX_DEVICES as u64).contains(n))
+    });
+    DEVICE_COUNT.store(devices, Ordering::Relaxed);
     env_or("TENSILE_SIM_DEVICE_MEMORY", DEFAULT_CAPACITY, parse_bytes)
+}
+
+/// Simulated devices (`TENSILE_SIM_DEVICE_COUNT`, read at `cuInit`).
+pub fn device_count() -> usize {
+    DEVICE_COUNT.load(Ordering::Relaxed) as usize
+}
+
+/// `TENSILE_SIM_CARD`: the shared card to join, if any.
+pub fn card_name() -> Option<String> {
+    std::env::var("TENSILE_SIM_CARD")
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 /// Modelled duration of each kernel (tests may change it at run time).

@@ -20,6 +20,8 @@ use crate::stream::{Dependency, Stream, StreamKind};
 
 pub struct Context {
     pub id: u64,
+    /// The device (ordinal) the context belongs to.
+    pub device: usize,
     pub primary: bool,
     pub flags: AtomicU32,
     /// The sticky error (0 = none), shared with this context's stream workers.
@@ -44,10 +46,12 @@ impl Context {
         primary: bool,
         flags: u32,
         space: &'static AddressSpace,
+        device: usize,
     ) -> Result<Arc<Self>, CUresult> {
         let fault = Arc::new(AtomicU32::new(0));
         let ctx = Arc::new_cyclic(|weak: &Weak<Context>| Context {
             id: NEXT_CTX_ID.fetch_add(1, Ordering::Relaxed),
+            device,
             primary,
             flags: AtomicU32::new(flags),
             fault: fault.clone(),
@@ -58,7 +62,7 @@ impl Context {
             per_thread: Mutex::new(HashMap::new()),
             submit: Mutex::new(()),
         });
-        ctx.legacy.start(space).map_err(thread_error)?;
+        ctx.legacy.start(space, device).map_err(thread_error)?;
         Ok(ctx)
     }
 
@@ -83,6 +87,7 @@ impl Context {
             Arc::downgrade(self),
             self.fault.clone(),
             self.space,
+            self.device,
         )
         .map_err(thread_error)?;
         let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,6 +110,7 @@ impl Context {
             Arc::downgrade(self),
             self.fault.clone(),
             self.space,
+            self.device,
         )
         .map_err(thread_error)?;
         map.insert(me, s.clone());

@@ -10,6 +10,8 @@
 //!   default-stream semantics ([`context`]), events, host functions and stream-ordered frees.
 //! - Kernels are PTX entries run by their CPU twins from `tensile-kernels` ([`module`]).
 //! - `cuGetProcAddress` answers like the driver ([`api::proc`]).
+//! - Several devices (`TENSILE_SIM_DEVICE_COUNT`), and cards shared by processes
+//!   (`TENSILE_SIM_CARD`, [`shared_card`]): jobs naming one card share its capacity and engines.
 //!
 //! See `README.md` for the environment variables and what is NOT simulated.
 
@@ -26,6 +28,7 @@ pub mod module;
 pub mod ops;
 pub mod os;
 pub mod pool;
+pub mod shared_card;
 pub mod state;
 pub mod stream;
 

@@ -34,6 +34,7 @@ use tensile_driver_abi::*;
 use tensile_kernels::{AccessKind, DeviceMemory, Fault};
 
 use crate::os::{self, MemFd, PAGE};
+use crate::shared_card::SharedCard;
 
 pub use vmm::GRANULARITY;
 
@@ -64,6 +65,8 @@ pub enum RegionKind {
         /// to the device (managed memory may exceed it).
         managed: bool,
         mapped_len: u64,
+        /// The device charged (0 when nothing is).
+        device: usize,
         charged: u64,
         pool: Option<usize>,
         free_queued: bool,
@@ -105,7 +108,7 @@ struct Physical {
     fd: MemFd,
     size: u64,
     location: CUmemLocation,
-    /// Device bytes charged against capacity (0 for host-located memory).
+    /// Device bytes charged against `location`'s capacity (0 for host-located memory).
     charged: u64,
     /// References: one from creation (dropped by `cuMemRelease`), one per
     /// `cuMemRetainAllocationHandle`; the memory is freed when these and `maps` reach 0.
@@ -120,7 +123,11 @@ struct Inner {
     reservations: BTreeMap<u64, u64>,
     physical: HashMap<u64, Physical>,
     next_handle: u64,
-    device_used: u64,
+    /// Device bytes this process has charged to each device (to its own capacity, or to the
+    /// shared card).
+    device_used: Vec<u64>,
+    /// The space's devices again, for [`Inner::uncharge`] (which runs under this lock).
+    devices: Vec<Device>,
     /// Recently freed linear ranges, kept reserved (`PROT_NONE`, no memory behind them) so
     /// that their addresses are not handed out again at once: a use after free then faults
     /// deterministically instead of hitting whatever was allocated there next.
@@ -134,11 +141,29 @@ struct Inner {
 const QUARANTINE_BYTES: u64 = 1 << 40;
 const QUARANTINE_RANGES: usize = 8192;
 
+/// One simulated device's memory: its capacity and, on a card shared with other processes,
+/// the card (whose capacity it is; charges go to it as well).
+#[derive(Debug, Clone, Copy)]
+pub struct Device {
+    pub capacity: u64,
+    pub card: Option<&'static SharedCard>,
+}
+
+impl Device {
+    /// A device of `capacity` bytes of its own, or a share of `card`.
+    pub fn new(capacity: u64, card: Option<&'static SharedCard>) -> Self {
+        Self {
+            capacity: card.map_or(capacity, |c| c.capacity()),
+            card,
+        }
+    }
+}
+
 /// The address space. See the module docs for its invariants.
 #[derive(Debug)]
 pub struct AddressSpace {
     inner: RwLock<Inner>,
-    capacity: u64,
+    devices: Vec<Device>,
 }
 
 /// A host pointer taking part in a copy (the simulator trusts the application with these,
@@ -154,14 +179,45 @@ fn os_err(e: i32) -> CUresult {
     }
 }
 
+impl Inner {
+    /// Gives back `bytes` of `device`'s memory this process charged.
+    fn uncharge(&mut self, device: usize, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        self.device_used[device] -= bytes;
+        if let Some(card) = self.devices[device].card {
+            card.uncharge(bytes);
+        }
+    }
+}
+
 impl AddressSpace {
-    pub fn new(capacity: u64) -> Self {
+    /// The memory of `devices` (at least one): one address space for all (unified
+    /// addressing), a capacity for each.
+    pub fn new(devices: Vec<Device>) -> Self {
+        assert!(!devices.is_empty(), "at least one device");
         Self {
             inner: RwLock::new(Inner {
                 next_handle: 0x5100,
+                device_used: vec![0; devices.len()],
+                devices: devices.clone(),
                 ..Inner::default()
             }),
-            capacity,
+            devices,
+        }
+    }
+
+    /// One device of `capacity` bytes of its own (unit tests).
+    pub fn single(capacity: u64) -> Self {
+        Self::new(vec![Device::new(capacity, None)])
+    }
+
+    fn check_device(&self, device: usize) -> Result<(), CUresult> {
+        if device < self.devices.len() {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_DEVICE)
         }
     }
 
@@ -173,33 +229,59 @@ impl AddressSpace {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn capacity(&self) -> u64 {
-        self.capacity
+    /// `device`'s capacity (0 for a device that does not exist).
+    pub fn capacity(&self, device: usize) -> u64 {
+        self.devices.get(device).map_or(0, |d| d.capacity)
     }
 
-    /// Device bytes in use (linear allocations and device-located physical allocations).
-    pub fn device_used(&self) -> u64 {
-        self.read_lock().device_used
+    /// Bytes of `device` this process uses (linear allocations and device-located physical
+    /// allocations).
+    pub fn device_used(&self, device: usize) -> u64 {
+        self.read_lock()
+            .device_used
+            .get(device)
+            .copied()
+            .unwrap_or(0)
     }
 
-    fn charge(&self, inner: &mut Inner, bytes: u64) -> Result<(), CUresult> {
-        match inner.device_used.checked_add(bytes) {
-            Some(total) if total <= self.capacity => {
-                inner.device_used = total;
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_OUT_OF_MEMORY),
+    /// Bytes free on `device`: its capacity less what this process uses, or on a shared card,
+    /// less what every process on it uses.
+    pub fn device_free(&self, device: usize) -> u64 {
+        let inner = self.read_lock();
+        match self.devices.get(device) {
+            Some(Device {
+                card: Some(card), ..
+            }) => card.free_bytes(),
+            Some(d) => d.capacity.saturating_sub(inner.device_used[device]),
+            None => 0,
         }
     }
 
-    /// `cuMemAlloc*`: `size` bytes of memory, charged to the device (if `on_device`) rounded
-    /// up to whole pages. Returns (address, bytes charged).
+    fn charge(&self, inner: &mut Inner, device: usize, bytes: u64) -> Result<(), CUresult> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.check_device(device)?;
+        let total = inner.device_used[device]
+            .checked_add(bytes)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        match self.devices[device].card {
+            Some(card) => card.charge(bytes)?,
+            None if total > self.devices[device].capacity => return Err(CUDA_ERROR_OUT_OF_MEMORY),
+            None => {}
+        }
+        inner.device_used[device] = total;
+        Ok(())
+    }
+
+    /// `cuMemAlloc*`: `size` bytes of memory, charged to `device` (if any) rounded up to whole
+    /// pages. Returns (address, bytes charged).
     pub fn alloc_linear(
         &self,
         size: u64,
         ctx: usize,
         pool: Option<usize>,
-        on_device: bool,
+        device: Option<usize>,
     ) -> Result<(u64, u64), CUresult> {
         if size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -207,14 +289,15 @@ impl AddressSpace {
         let rounded = size
             .checked_next_multiple_of(PAGE)
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-        let charged = if on_device { rounded } else { 0 };
+        let charged = if device.is_some() { rounded } else { 0 };
+        let device = device.unwrap_or(0);
         let mapped_len = rounded.checked_add(PAGE).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?; // + guard
         let mut inner = self.write_lock();
-        self.charge(&mut inner, charged)?;
+        self.charge(&mut inner, device, charged)?;
         let start = match os::map_anonymous(mapped_len, libc::PROT_READ | libc::PROT_WRITE, 0) {
             Ok(a) => a,
             Err(e) => {
-                inner.device_used -= charged;
+                inner.uncharge(device, charged);
                 return Err(os_err(e));
             }
         };
@@ -223,6 +306,7 @@ impl AddressSpace {
         let kind = RegionKind::Linear {
             managed: false,
             mapped_len,
+            device,
             charged,
             pool,
             free_queued: false,
@@ -240,7 +324,7 @@ impl AddressSpace {
 
     /// `cuMemAllocManaged`: linear memory the host may use too, not charged to the device.
     pub fn alloc_managed(&self, size: u64, ctx: usize) -> Result<u64, CUresult> {
-        let (start, _) = self.alloc_linear(size, ctx, None, false)?;
+        let (start, _) = self.alloc_linear(size, ctx, None, None)?;
         if let Some(Region {
             kind: RegionKind::Linear { managed, .. },
             ..
@@ -283,22 +367,23 @@ impl AddressSpace {
     /// allocation starting at `addr`. Returns (charged bytes, pool).
     pub fn free_linear(&self, addr: u64, queued: bool) -> Result<(u64, Option<usize>), CUresult> {
         let mut inner = self.write_lock();
-        let (mapped_len, charged, pool) = match inner.regions.get(&addr) {
+        let (mapped_len, device, charged, pool) = match inner.regions.get(&addr) {
             Some(Region {
                 kind:
                     RegionKind::Linear {
                         mapped_len,
+                        device,
                         charged,
                         pool,
                         free_queued,
                         ..
                     },
                 ..
-            }) if *free_queued == queued => (*mapped_len, *charged, *pool),
+            }) if *free_queued == queued => (*mapped_len, *device, *charged, *pool),
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         inner.regions.remove(&addr);
-        inner.device_used -= charged;
+        inner.uncharge(device, charged);
         if os::reset_to_reserved(addr, mapped_len).is_err() {
             os::unmap(addr, mapped_len);
             return Ok((charged, pool));
@@ -413,6 +498,23 @@ impl AddressSpace {
                 .get(&handle)
                 .is_some_and(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE),
             _ => false,
+        }
+    }
+
+    /// The device whose memory `addr` is (a linear allocation charged to it, or a mapping of
+    /// memory located on it); None for host memory and untracked addresses.
+    pub fn device_of(&self, addr: u64) -> Option<usize> {
+        let inner = self.read_lock();
+        match find(&inner, addr).map(|r| r.kind) {
+            Some(RegionKind::Linear {
+                device, charged, ..
+            }) if charged > 0 => Some(device),
+            Some(RegionKind::Mapped { handle, .. }) => inner
+                .physical
+                .get(&handle)
+                .filter(|p| p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
+                .map(|p| p.location.id as usize),
+            _ => None,
         }
     }
 

@@ -132,10 +132,17 @@ unsafe fn copy(space: &AddressSpace, dst: Side, src: Side, len: u64) -> Result<(
 }
 
 impl Op {
-    /// Runs the operation, which is ready at `ready` on the card's clock (see `card.rs`);
-    /// returns when it ended on that clock. `broken`: the context already has a sticky error,
-    /// so only the bookkeeping that keeps waiters from hanging (event records, frees) is done.
-    pub fn execute(self, space: &AddressSpace, broken: bool, ready: u64) -> Result<u64, OpFailure> {
+    /// Runs the operation on `device`'s engines, ready at `ready` on the card's clock (see
+    /// `card.rs`); returns when it ended on that clock. `broken`: the context already has a
+    /// sticky error, so only the bookkeeping that keeps waiters from hanging (event records,
+    /// frees) is done.
+    pub fn execute(
+        self,
+        space: &AddressSpace,
+        device: usize,
+        broken: bool,
+        ready: u64,
+    ) -> Result<u64, OpFailure> {
         let mut end = ready;
         match self {
             Op::Record(ev, generation) => ev.complete_at(generation, ready),
@@ -162,7 +169,7 @@ impl Op {
                 // visible.
                 let d = modelled.unwrap_or_else(config::kernel_duration);
                 if !d.is_zero() {
-                    end = card::reserve_kernel(d, end);
+                    end = card::reserve_kernel(device, d, end);
                     card::sleep_until(end);
                 }
                 let launch = Launch {
@@ -177,7 +184,7 @@ impl Op {
                     // it ran).
                     let over_bus = card::host_access(host_bytes);
                     if !over_bus.is_zero() {
-                        end = card::reserve_kernel(over_bus, end);
+                        end = card::reserve_kernel(device, over_bus, end);
                         card::sleep_until(end);
                     }
                 }
@@ -195,7 +202,7 @@ impl Op {
                 }
             }
             Op::Copy { dst, src, len } => {
-                end = model_transfer(space, dst, src, len, ready);
+                end = model_transfer(space, device, dst, src, len, ready);
                 // SAFETY: host pointers were given by the application for this copy.
                 unsafe { copy(space, dst, src, len)? };
             }
@@ -203,12 +210,12 @@ impl Op {
                 // Staged from pageable memory when it was queued: the staging buffer is
                 // pageable too, so the copy runs at pageable speed.
                 let src = Side::Host(HostPtr(data.as_ptr() as usize));
-                end = model_transfer(space, dst, src, data.len() as u64, ready);
+                end = model_transfer(space, device, dst, src, data.len() as u64, ready);
                 // SAFETY: `src` is our own staging buffer of `data.len()` bytes.
                 unsafe { copy(space, dst, src, data.len() as u64)? };
             }
             Op::Copy2D(c) => {
-                end = model_transfer(space, c.dst, c.src, c.width * c.height, ready);
+                end = model_transfer(space, device, c.dst, c.src, c.width * c.height, ready);
                 for row in 0..c.height {
                     let (d, s) = (
                         c.dst.offset(row * c.dst_pitch),
@@ -284,10 +291,19 @@ fn classify(space: &AddressSpace, dst: Side, src: Side) -> Path {
 }
 
 /// Like kernels, transfers take effect at their end (see `Op::Kernel`): waits until the copy's
-/// interval on its engine has passed; returns its end.
-fn model_transfer(space: &AddressSpace, dst: Side, src: Side, bytes: u64, ready: u64) -> u64 {
+/// interval on its engine (of `device`) has passed; returns its end.
+fn model_transfer(
+    space: &AddressSpace,
+    device: usize,
+    dst: Side,
+    src: Side,
+    bytes: u64,
+    ready: u64,
+) -> u64 {
     let end = match classify(space, dst, src) {
-        Path::Bus(direction, pageable) => card::reserve_copy(direction, bytes, pageable, ready),
+        Path::Bus(direction, pageable) => {
+            card::reserve_copy(device, direction, bytes, pageable, ready)
+        }
         Path::Device => card::device_transfer_end(bytes, ready),
         Path::Host => return ready,
     };
@@ -322,15 +338,18 @@ mod tests {
     fn a_launch_with_its_own_modelled_duration_takes_it_instead_of_the_setting() {
         let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         card::reset();
-        let space = AddressSpace::new(1 << 20);
+        let space = AddressSpace::single(1 << 20);
         // The setting is 0 (never set in this binary's unit tests).
         assert_eq!(config::kernel_duration(), Duration::ZERO);
         let ready = card::now_ns();
-        let end = kernel(None).execute(&space, false, ready).ok().unwrap();
+        let end = kernel(None).execute(&space, 0, false, ready).ok().unwrap();
         assert_eq!(end, ready);
         let d = Duration::from_millis(60);
         let (ready, start) = (card::now_ns(), Instant::now());
-        let end = kernel(Some(d)).execute(&space, false, ready).ok().unwrap();
+        let end = kernel(Some(d))
+            .execute(&space, 0, false, ready)
+            .ok()
+            .unwrap();
         assert!(start.elapsed() >= d, "{:?}", start.elapsed());
         assert!(end >= ready + 60_000_000, "{end} {ready}");
     }
@@ -339,12 +358,15 @@ mod tests {
     fn a_kernel_runs_from_when_it_was_ready_not_from_when_its_worker_got_to_it() {
         let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
         card::reset();
-        let space = AddressSpace::new(1 << 20);
+        let space = AddressSpace::single(1 << 20);
         let d = Duration::from_millis(80);
         // Ready 80 ms ago (its worker was busy with the simulator's own work): it ends at once.
         let ready = card::now_ns() - 80_000_000;
         let start = Instant::now();
-        let end = kernel(Some(d)).execute(&space, false, ready).ok().unwrap();
+        let end = kernel(Some(d))
+            .execute(&space, 0, false, ready)
+            .ok()
+            .unwrap();
         assert!(start.elapsed() < d / 2, "{:?}", start.elapsed());
         assert!(end >= ready + 80_000_000);
     }

@@ -97,11 +97,15 @@ impl Stream {
     }
 
     /// Starts the worker thread.
-    pub fn start(self: &Arc<Self>, space: &'static AddressSpace) -> Result<(), std::io::Error> {
+    pub fn start(
+        self: &Arc<Self>,
+        space: &'static AddressSpace,
+        device: usize,
+    ) -> Result<(), std::io::Error> {
         let worker = Arc::clone(self);
         std::thread::Builder::new()
             .name(format!("simgpu-stream-{}", self.id))
-            .spawn(move || worker.run(space))?;
+            .spawn(move || worker.run(space, device))?;
         Ok(())
     }
 
@@ -113,9 +117,10 @@ impl Stream {
         ctx: Weak<Context>,
         fault: Arc<AtomicU32>,
         space: &'static AddressSpace,
+        device: usize,
     ) -> Result<Arc<Self>, std::io::Error> {
         let s = Self::new(kind, flags, priority, ctx, fault);
-        s.start(space)?;
+        s.start(space, device)?;
         Ok(s)
     }
 
@@ -201,7 +206,7 @@ impl Stream {
     /// to it. So the simulator's own cost per operation (running a twin, mapping fresh memory,
     /// waking threads) does not add up from one operation to the next while the modelled
     /// durations leave room for it.
-    fn run(self: Arc<Self>, space: &'static AddressSpace) {
+    fn run(self: Arc<Self>, space: &'static AddressSpace, device: usize) {
         let mut last_end = 0u64;
         loop {
             let item = {
@@ -236,7 +241,7 @@ impl Stream {
             // A panic inside an operation must not kill the worker (its waiters would hang):
             // it breaks the context like a fault.
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                item.op.execute(space, broken, ready)
+                item.op.execute(space, device, broken, ready)
             }));
             let failure = match outcome {
                 Ok(Ok(end)) => {

@@ -10,27 +10,18 @@ use std::sync::Arc;
 
 use tensile_driver_abi::*;
 
-use super::{current_ctx, export, st, Out};
+use super::{check_device, current_ctx, export, st, Out};
 use crate::context::{self as ctxmod, Context};
 use crate::handles::Registry;
 
-fn check_device(dev: CUdevice) -> Result<(), CUresult> {
-    st()?;
-    if dev == 0 {
-        Ok(())
-    } else {
-        Err(CUDA_ERROR_INVALID_DEVICE)
-    }
-}
-
-/// The primary context, created on first use.
-pub fn primary() -> Result<Arc<Context>, CUresult> {
+/// `device`'s primary context, created on first use.
+pub fn primary(device: usize) -> Result<Arc<Context>, CUresult> {
     let s = st()?;
-    let mut p = s.primary.lock().unwrap_or_else(|e| e.into_inner());
+    let mut p = s.primary(device);
     if let Some(c) = &p.ctx {
         return Ok(c.clone());
     }
-    let ctx = Context::new(true, p.flags, &s.space)?;
+    let ctx = Context::new(true, p.flags, &s.space, device)?;
     s.contexts.insert(ctx.clone());
     p.ctx = Some(ctx.clone());
     Ok(ctx)
@@ -39,17 +30,17 @@ pub fn primary() -> Result<Arc<Context>, CUresult> {
 unsafe fn primary_ctx_retain(pctx: *mut CUcontext, dev: CUdevice) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(pctx) }?;
-    check_device(dev)?;
-    let ctx = primary()?;
-    st()?.primary.lock().unwrap_or_else(|e| e.into_inner()).refs += 1;
+    let device = check_device(dev)?;
+    let ctx = primary(device)?;
+    st()?.primary(device).refs += 1;
     out.set(Registry::handle_of(&ctx) as CUcontext);
     Ok(())
 }
 export!(cuDevicePrimaryCtxRetain, primary_ctx_retain, (pctx: *mut CUcontext, dev: CUdevice));
 
 unsafe fn primary_ctx_release(dev: CUdevice) -> Result<(), CUresult> {
-    check_device(dev)?;
-    let mut p = st()?.primary.lock().unwrap_or_else(|e| e.into_inner());
+    let device = check_device(dev)?;
+    let mut p = st()?.primary(device);
     if p.refs == 0 {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
@@ -59,13 +50,8 @@ unsafe fn primary_ctx_release(dev: CUdevice) -> Result<(), CUresult> {
 export!(cuDevicePrimaryCtxRelease_v2, primary_ctx_release, (dev: CUdevice));
 
 unsafe fn primary_ctx_reset(dev: CUdevice) -> Result<(), CUresult> {
-    check_device(dev)?;
-    let ctx = st()?
-        .primary
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .ctx
-        .clone();
+    let device = check_device(dev)?;
+    let ctx = st()?.primary(device).ctx.clone();
     if let Some(ctx) = ctx {
         ctx.synchronize();
         ctx.fault.store(0, Ordering::Release);
@@ -81,8 +67,8 @@ unsafe fn primary_ctx_get_state(
 ) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let (f, a) = unsafe { (Out::new(flags)?, Out::new(active)?) };
-    check_device(dev)?;
-    let p = st()?.primary.lock().unwrap_or_else(|e| e.into_inner());
+    let device = check_device(dev)?;
+    let p = st()?.primary(device);
     f.set(p.flags);
     a.set(i32::from(p.refs > 0));
     Ok(())
@@ -90,20 +76,16 @@ unsafe fn primary_ctx_get_state(
 export!(cuDevicePrimaryCtxGetState, primary_ctx_get_state, (dev: CUdevice, flags: *mut c_uint, active: *mut c_int));
 
 unsafe fn primary_ctx_set_flags(dev: CUdevice, flags: c_uint) -> Result<(), CUresult> {
-    check_device(dev)?;
-    st()?
-        .primary
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .flags = flags;
+    let device = check_device(dev)?;
+    st()?.primary(device).flags = flags;
     Ok(())
 }
 export!(cuDevicePrimaryCtxSetFlags_v2, primary_ctx_set_flags, (dev: CUdevice, flags: c_uint));
 
 fn create(flags: c_uint, dev: CUdevice) -> Result<CUcontext, CUresult> {
-    check_device(dev)?;
+    let device = check_device(dev)?;
     let s = st()?;
-    let ctx = Context::new(false, flags, &s.space)?;
+    let ctx = Context::new(false, flags, &s.space, device)?;
     let h = s.contexts.insert(ctx.clone());
     ctxmod::push_current(ctx);
     Ok(h as CUcontext)
@@ -196,8 +178,7 @@ export!(cuCtxPopCurrent_v2, ctx_pop_current, (pctx: *mut CUcontext));
 unsafe fn ctx_get_device(dev: *mut CUdevice) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(dev) }?;
-    current_ctx()?;
-    out.set(0);
+    out.set(current_ctx()?.device as CUdevice);
     Ok(())
 }
 export!(cuCtxGetDevice, ctx_get_device, (dev: *mut CUdevice));
@@ -205,12 +186,12 @@ export!(cuCtxGetDevice, ctx_get_device, (dev: *mut CUdevice));
 unsafe fn ctx_get_device_v2(dev: *mut CUdevice, ctx: CUcontext) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(dev) }?;
-    if ctx.is_null() {
-        current_ctx()?;
+    let ctx = if ctx.is_null() {
+        current_ctx()?
     } else {
-        lookup(ctx)?;
-    }
-    out.set(0);
+        lookup(ctx)?
+    };
+    out.set(ctx.device as CUdevice);
     Ok(())
 }
 export!(cuCtxGetDevice_v2, ctx_get_device_v2, (dev: *mut CUdevice, ctx: CUcontext));

@@ -4,7 +4,7 @@ use std::ffi::{c_char, c_int, c_uint};
 
 use tensile_driver_abi::*;
 
-use super::{export, guard, st, Out};
+use super::{check_device, export, guard, st, Out};
 use crate::errors;
 use crate::state;
 
@@ -12,22 +12,13 @@ use crate::state;
 pub const DRIVER_VERSION: i32 = 13000;
 pub const DEVICE_NAME: &str = "Tensile Simulated GPU";
 
-fn check_device(dev: CUdevice) -> Result<(), CUresult> {
-    st()?;
-    if dev == 0 {
-        Ok(())
-    } else {
-        Err(CUDA_ERROR_INVALID_DEVICE)
-    }
-}
-
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: c_uint) -> CUresult {
     guard(|| {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        state::init();
+        state::init()?;
         Ok(())
     })
 }
@@ -43,7 +34,7 @@ unsafe fn device_get(dev: *mut CUdevice, ordinal: c_int) -> Result<(), CUresult>
     // SAFETY: API contract.
     let out = unsafe { Out::new(dev) }?;
     check_device(ordinal)?;
-    out.set(0);
+    out.set(ordinal);
     Ok(())
 }
 export!(cuDeviceGet, device_get, (dev: *mut CUdevice, ordinal: c_int));
@@ -51,8 +42,7 @@ export!(cuDeviceGet, device_get, (dev: *mut CUdevice, ordinal: c_int));
 unsafe fn device_get_count(count: *mut c_int) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(count) }?;
-    st()?;
-    out.set(1);
+    out.set(st()?.device_count() as c_int);
     Ok(())
 }
 export!(cuDeviceGetCount, device_get_count, (count: *mut c_int));
@@ -76,8 +66,8 @@ export!(cuDeviceGetName, device_get_name, (name: *mut c_char, len: c_int, dev: C
 unsafe fn device_total_mem(bytes: *mut usize, dev: CUdevice) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(bytes) }?;
-    check_device(dev)?;
-    out.set(st()?.space.capacity() as usize);
+    let device = check_device(dev)?;
+    out.set(st()?.space.capacity(device) as usize);
     Ok(())
 }
 export!(cuDeviceTotalMem_v2, device_total_mem, (bytes: *mut usize, dev: CUdevice));
@@ -159,8 +149,10 @@ export!(cuDeviceComputeCapability, device_compute_capability, (major: *mut c_int
 unsafe fn device_get_uuid(uuid: *mut [u8; 16], dev: CUdevice) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(uuid) }?;
-    check_device(dev)?;
-    out.set(*b"tensile-simgpu\0\x01");
+    let device = check_device(dev)?;
+    let mut uuid = *b"tensile-simgpu\0\x01";
+    uuid[15] += device as u8;
+    out.set(uuid);
     Ok(())
 }
 export!(cuDeviceGetUuid, device_get_uuid, (uuid: *mut [u8; 16], dev: CUdevice));
@@ -174,8 +166,9 @@ unsafe fn device_get_pci_bus_id(
     if buf.is_null() || len <= 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    check_device(dev)?;
-    let id = b"0000:01:00.0";
+    let device = check_device(dev)?;
+    let id = format!("0000:{:02x}:00.0", device + 1);
+    let id = id.as_bytes();
     let n = id.len().min(len as usize - 1);
     // SAFETY: `buf` holds `len` bytes (API contract); we write n + 1 <= len.
     unsafe {

@@ -21,9 +21,12 @@ unsafe fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> Result<(), CUresult>
     let out = unsafe { Out::new(dptr) }?;
     let ctx = current_ctx()?;
     ctx.check()?;
-    let (addr, _) = st()?
-        .space
-        .alloc_linear(size as u64, Registry::handle_of(&ctx), None, true)?;
+    let (addr, _) = st()?.space.alloc_linear(
+        size as u64,
+        Registry::handle_of(&ctx),
+        None,
+        Some(ctx.device),
+    )?;
     out.set(addr);
     Ok(())
 }
@@ -49,9 +52,12 @@ unsafe fn mem_alloc_pitch(
     let size = p.checked_mul(height).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     let ctx = current_ctx()?;
     ctx.check()?;
-    let (addr, _) = st()?
-        .space
-        .alloc_linear(size as u64, Registry::handle_of(&ctx), None, true)?;
+    let (addr, _) = st()?.space.alloc_linear(
+        size as u64,
+        Registry::handle_of(&ctx),
+        None,
+        Some(ctx.device),
+    )?;
     out.set(addr);
     pitch_out.set(p);
     Ok(())
@@ -92,7 +98,7 @@ fn alloc_from_pool(
         size as u64,
         Registry::handle_of(&ctx),
         Some(pool_handle),
-        on_device,
+        on_device.then_some(pool.location.id as usize),
     )?;
     pool.allocated(if on_device { charged } else { size as u64 });
     if let Some(c) = capture {
@@ -111,8 +117,8 @@ unsafe fn mem_alloc_async(
 ) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(dptr) }?;
-    let s = st()?;
-    let pool = *s.current_pool.lock().unwrap_or_else(|e| e.into_inner());
+    let (ctx, _) = resolve_stream(h, pt)?;
+    let pool = *st()?.current_pool(ctx.device);
     out.set(alloc_from_pool(pool, size, h, pt)?);
     Ok(())
 }
@@ -165,11 +171,10 @@ per_thread_pair!(cuMemFreeAsync, cuMemFreeAsync_ptsz, mem_free_async, (dptr: CUd
 unsafe fn mem_get_info(free: *mut usize, total: *mut usize) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let (f, t) = unsafe { (Out::new(free)?, Out::new(total)?) };
-    current_ctx()?;
+    let device = current_ctx()?.device;
     let space = &st()?.space;
-    let cap = space.capacity();
-    f.set(cap.saturating_sub(space.device_used()) as usize);
-    t.set(cap as usize);
+    f.set(space.device_free(device) as usize);
+    t.set(space.capacity(device) as usize);
     Ok(())
 }
 export!(cuMemGetInfo_v2, mem_get_info, (free: *mut usize, total: *mut usize));
@@ -306,7 +311,7 @@ fn attr_value(attr: i32, ptr: u64, r: &Region) -> Result<u64, CUresult> {
         ATTR_HOST_POINTER => return Err(CUDA_ERROR_INVALID_VALUE),
         ATTR_BUFFER_ID => r.start,
         ATTR_IS_MANAGED => u64::from(is_managed(r)),
-        ATTR_DEVICE_ORDINAL => 0,
+        ATTR_DEVICE_ORDINAL => st()?.space.device_of(ptr).unwrap_or(0) as u64,
         CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => r.start,
         CU_POINTER_ATTRIBUTE_RANGE_SIZE => r.len,
         CU_POINTER_ATTRIBUTE_MAPPED => 1,

@@ -69,6 +69,11 @@ pub fn st() -> Result<&'static State, CUresult> {
     state::get()
 }
 
+/// `dev` as an index into the devices (`CUDA_ERROR_INVALID_DEVICE` if there is none).
+pub fn check_device(dev: CUdevice) -> Result<usize, CUresult> {
+    st()?.device(dev)
+}
+
 /// The current context (after checking initialization).
 pub fn current_ctx() -> Result<Arc<Context>, CUresult> {
     st()?;

@@ -360,9 +360,7 @@ unsafe fn kernel_get_attribute(
 ) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(pi) }?;
-    if dev != 0 {
-        return Err(CUDA_ERROR_INVALID_DEVICE);
-    }
+    super::check_device(dev)?;
     kernel_entry(kernel)?;
     out.set(func_attribute(attr).ok_or(CUDA_ERROR_INVALID_VALUE)?);
     Ok(())

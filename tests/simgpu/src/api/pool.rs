@@ -6,18 +6,9 @@ use std::sync::Arc;
 
 use tensile_driver_abi::*;
 
-use super::{export, st, Out};
+use super::{check_device, export, st, Out};
 use crate::memory::vmm::check_location;
 use crate::pool::{AttrValue, Pool};
-
-fn check_device(dev: CUdevice) -> Result<(), CUresult> {
-    st()?;
-    if dev == 0 {
-        Ok(())
-    } else {
-        Err(CUDA_ERROR_INVALID_DEVICE)
-    }
-}
 
 /// The pool behind a handle the application passed (`CUDA_ERROR_INVALID_VALUE` if none).
 fn pool_of(pool: CUmemoryPool) -> Result<Arc<Pool>, CUresult> {
@@ -33,8 +24,8 @@ unsafe fn device_get_default_mem_pool(
 ) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(pool) }?;
-    check_device(dev)?;
-    out.set(st()?.default_pool as CUmemoryPool);
+    let device = check_device(dev)?;
+    out.set(st()?.default_pools[device] as CUmemoryPool);
     Ok(())
 }
 export!(cuDeviceGetDefaultMemPool, device_get_default_mem_pool, (pool: *mut CUmemoryPool, dev: CUdevice));
@@ -42,20 +33,20 @@ export!(cuDeviceGetDefaultMemPool, device_get_default_mem_pool, (pool: *mut CUme
 unsafe fn device_get_mem_pool(pool: *mut CUmemoryPool, dev: CUdevice) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(pool) }?;
-    check_device(dev)?;
-    out.set(*st()?.current_pool.lock().unwrap_or_else(|e| e.into_inner()) as CUmemoryPool);
+    let device = check_device(dev)?;
+    out.set(*st()?.current_pool(device) as CUmemoryPool);
     Ok(())
 }
 export!(cuDeviceGetMemPool, device_get_mem_pool, (pool: *mut CUmemoryPool, dev: CUdevice));
 
 unsafe fn device_set_mem_pool(dev: CUdevice, pool: CUmemoryPool) -> Result<(), CUresult> {
-    check_device(dev)?;
+    let device = check_device(dev)?;
     let s = st()?;
     let p = s.pools.get(pool as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+    if p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE || p.location.id as usize != device {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    *s.current_pool.lock().unwrap_or_else(|e| e.into_inner()) = pool as usize;
+    *s.current_pool(device) = pool as usize;
     Ok(())
 }
 export!(cuDeviceSetMemPool, device_set_mem_pool, (dev: CUdevice, pool: CUmemoryPool));
@@ -91,15 +82,17 @@ export!(cuMemPoolCreate, mem_pool_create, (pool: *mut CUmemoryPool, props: *cons
 
 unsafe fn mem_pool_destroy(pool: CUmemoryPool) -> Result<(), CUresult> {
     let s = st()?;
-    if pool as usize == s.default_pool {
+    if s.default_pools.contains(&(pool as usize)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     s.pools
         .remove(pool as usize)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let mut current = s.current_pool.lock().unwrap_or_else(|e| e.into_inner());
-    if *current == pool as usize {
-        *current = s.default_pool;
+    for (device, &default) in s.default_pools.iter().enumerate() {
+        let mut current = s.current_pool(device);
+        if *current == pool as usize {
+            *current = default;
+        }
     }
     Ok(())
 }

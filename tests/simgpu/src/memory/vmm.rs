@@ -28,10 +28,14 @@ fn prot(access: Access) -> i32 {
     }
 }
 
-/// Checks a location a physical allocation may live at; returns whether it is the device.
+/// Checks a location a physical allocation may live at; returns whether it is a device.
 pub fn check_location(loc: &CUmemLocation) -> Result<bool, CUresult> {
     match loc.type_ {
-        CU_MEM_LOCATION_TYPE_DEVICE if loc.id == 0 => Ok(true),
+        CU_MEM_LOCATION_TYPE_DEVICE
+            if loc.id >= 0 && (loc.id as usize) < crate::config::device_count() =>
+        {
+            Ok(true)
+        }
         CU_MEM_LOCATION_TYPE_DEVICE => Err(CUDA_ERROR_INVALID_DEVICE),
         CU_MEM_LOCATION_TYPE_HOST_NUMA if loc.id == 0 => Ok(false),
         CU_MEM_LOCATION_TYPE_HOST => Ok(false),
@@ -64,9 +68,9 @@ impl Inner {
             p.refs -= 1;
         }
         if p.maps == 0 && p.refs == 0 {
-            let charged = p.charged;
+            let (device, charged) = (p.location.id as usize, p.charged);
             self.physical.remove(&handle);
-            self.device_used -= charged;
+            self.uncharge(device, charged);
         }
     }
 
@@ -138,11 +142,12 @@ impl AddressSpace {
         }
         let mut inner = self.write_lock();
         let charged = if on_device { size } else { 0 };
-        self.charge(&mut inner, charged)?;
+        let device = if on_device { location.id as usize } else { 0 };
+        self.charge(&mut inner, device, charged)?;
         let fd = match MemFd::create(size) {
             Ok(fd) => fd,
             Err(e) => {
-                inner.device_used -= charged;
+                inner.uncharge(device, charged);
                 return Err(os_err(e));
             }
         };

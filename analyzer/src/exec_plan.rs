@@ -1,0 +1,409 @@
+//! A [`SwapPlan`] restated in the shim's terms: a [`tensile_protocol::ExecPlan`].
+//!
+//! The planner works on ops of a [`Cycle`] (launches, application copies and memsets) and on
+//! tensors of a [`Trace`]; the shim sees launches as they happen and allocations whose
+//! addresses change from step to step. This module maps one onto the other:
+//!
+//! - **Positions are launches.** Launch position 0 is the first launch of the representative
+//!   span, `anchor_seq` its `Launch::seq`, and `kernels` the kernel ids of the span's launches.
+//!   A read-back issued at op `p` becomes a prefetch *before* the first launch at or after `p`
+//!   (cyclically). A write-out after op `p` runs *after* launch `p` if `p` is a launch, and
+//!   *before* the next launch if `p` is a copy or memset (so it is ordered after that op). A
+//!   round trip whose write-out would not come strictly before its read-back in launch terms
+//!   (only ops that are not launches lie between them) is left out, and the plan the
+//!   prediction is made for leaves it out too. So are the moves of a tensor that the span
+//!   allocates but that lives longer than a period (the cycle treats it as persistent): it is
+//!   a new allocation every iteration, and no role names it in all of them.
+//! - **Roles** follow the protocol's definition, not the cycle's: an allocation belongs to the
+//!   iteration of the first launch made after it, and its ordinal counts the allocations of
+//!   that iteration before it, from 0. A step names the allocation of its own launch's
+//!   iteration ([`Iteration::Current`]) or of the one before ([`Iteration::Previous`]: the
+//!   tensor outlives the iteration's end).
+//!
+//! This module decides nothing about what to move; that is the planner's job.
+
+use serde::Serialize;
+use tensile_protocol::{Action, ExecPlan, Iteration, PieceRef, Role, Step, When};
+
+use crate::cost::{Budget, CostModel};
+use crate::cycle::{Cycle, Tensor};
+use crate::model::{AllocIdx, OpKind, Trace};
+use crate::plan::{Eviction, SwapPlan};
+use crate::sim::{simulate, Policy, SimError, SimOptions};
+
+/// An executable plan and what the conversion left out.
+#[derive(Debug, Clone)]
+pub struct Conversion {
+    /// The plan in the shim's terms.
+    pub plan: ExecPlan,
+    /// Round trips (and host-resident pieces) left out: those that could not be placed on
+    /// launches, and those of tensors no role names in every iteration (see the module
+    /// documentation).
+    pub dropped_round_trips: usize,
+    /// The swap plan `plan` carries out (the given one less the dropped round trips): what the
+    /// prediction was made for.
+    pub executed: SwapPlan,
+}
+
+/// Why a plan cannot be restated in the shim's terms.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ExecPlanError {
+    /// The cycle's ops hold no launch to attach steps to.
+    #[error("the iteration has no kernel launches; the shim can only act at launches")]
+    NoLaunches,
+    /// The cycle was not built from this trace's iteration.
+    #[error("the cycle (ops {start}..{end}) does not lie in the trace of {ops} ops")]
+    ForeignCycle {
+        /// First op of the cycle's span.
+        start: usize,
+        /// End of the span.
+        end: usize,
+        /// Ops in the trace.
+        ops: usize,
+    },
+    /// A transient tensor's lifetime spans more than two iterations in launch terms.
+    #[error(
+        "a step of tensor {tensor} lands {distance} iterations after its allocation's; \
+         a plan can name only the current or the previous iteration"
+    )]
+    TooLongLived {
+        /// The tensor.
+        tensor: u32,
+        /// Iterations between them.
+        distance: u64,
+    },
+    /// A transient tensor allocated after the trace's last launch.
+    #[error("tensor {0} is allocated after the last launch of the trace")]
+    Unplaceable(u32),
+    /// A host-resident piece of a tensor that is not persistent.
+    #[error("host-resident tensor {0} is not persistent")]
+    HostResidentTransient(u32),
+    /// The simulator refused the plan as executed.
+    #[error("the plan as the shim executes it does not simulate: {0}")]
+    Sim(#[from] SimError),
+}
+
+/// A point in the launch stream: an unrolled launch position (0 = the span's first launch) and
+/// before or after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+struct LaunchPoint {
+    launch: u64,
+    when: When,
+}
+
+/// The span's ops seen as launches.
+struct LaunchMap {
+    /// Ops per iteration.
+    period: u64,
+    /// Launches per iteration.
+    launches: u64,
+    /// For each op position `q` (and `q = period`), the position of the first launch at or
+    /// after it; `launches` when there is none before the span's end.
+    next_launch: Vec<u64>,
+    /// The launch position of each op that is a launch.
+    launch_at: Vec<Option<u64>>,
+}
+
+impl LaunchMap {
+    fn of(cycle: &Cycle) -> LaunchMap {
+        let period = cycle.ops.len();
+        let mut launch_at = Vec::with_capacity(period);
+        let mut n = 0u64;
+        for op in &cycle.ops {
+            if matches!(op.kind, OpKind::Launch { .. }) {
+                launch_at.push(Some(n));
+                n += 1;
+            } else {
+                launch_at.push(None);
+            }
+        }
+        let mut next_launch = vec![n; period + 1];
+        for q in (0..period).rev() {
+            next_launch[q] = launch_at[q].unwrap_or(next_launch[q + 1]);
+        }
+        LaunchMap {
+            period: period as u64,
+            launches: n,
+            next_launch,
+            launch_at,
+        }
+    }
+
+    /// The first launch at or after unrolled op `u`.
+    fn launch_at_or_after(&self, u: u64) -> u64 {
+        let (k, q) = (u / self.period, u % self.period);
+        k * self.launches + self.next_launch[q as usize]
+    }
+
+    /// Where a read-back issued at the start of unrolled op `u` runs.
+    fn fetch_point(&self, u: u64) -> LaunchPoint {
+        LaunchPoint {
+            launch: self.launch_at_or_after(u),
+            when: When::BeforeLaunch,
+        }
+    }
+
+    /// Where a write-out after unrolled op `u` runs.
+    fn out_point(&self, u: u64) -> LaunchPoint {
+        let (k, q) = (u / self.period, u % self.period);
+        match self.launch_at[q as usize] {
+            Some(l) => LaunchPoint {
+                launch: k * self.launches + l,
+                when: When::AfterLaunch,
+            },
+            None => LaunchPoint {
+                launch: self.launch_at_or_after(u + 1),
+                when: When::BeforeLaunch,
+            },
+        }
+    }
+}
+
+/// How the shim names an allocation of the trace: its iteration (relative to the
+/// representative span's, in launch terms) and its ordinal in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProtocolRole {
+    /// Iteration of the first launch made after the allocation, counted from the one that
+    /// starts at `anchor` (negative: before it).
+    pub iteration: i64,
+    /// Allocations of that iteration made before it.
+    pub ordinal: u32,
+}
+
+/// The protocol's role of allocation `alloc` of `trace`, for iterations of `period` launches of
+/// which one starts at the launch with index `anchor` (launches counted in trace order, from 0).
+/// `None` if no launch follows the allocation.
+pub fn protocol_role(
+    trace: &Trace,
+    launch_ops: &[usize],
+    anchor: usize,
+    period: usize,
+    alloc: AllocIdx,
+) -> Option<ProtocolRole> {
+    let a = trace.allocations.get(alloc as usize)?;
+    // The first launch made after the allocation: at or after the op recorded after it.
+    let home = launch_ops.partition_point(|&op| op < a.before_op as usize);
+    if home >= launch_ops.len() || period == 0 {
+        return None;
+    }
+    let iteration = (home as i64 - anchor as i64).div_euclid(period as i64);
+    let first_launch = anchor as i64 + iteration * period as i64;
+    // The iteration's allocations are those made after the last launch of the iteration before.
+    let after_op = if first_launch <= 0 {
+        None
+    } else {
+        launch_ops.get(first_launch as usize - 1).copied()
+    };
+    let first_alloc = match after_op {
+        None => 0,
+        Some(op) => trace
+            .allocations
+            .partition_point(|x| (x.before_op as usize) <= op),
+    };
+    Some(ProtocolRole {
+        iteration,
+        ordinal: (alloc as usize).checked_sub(first_alloc)? as u32,
+    })
+}
+
+/// Op indices of the trace's launches, in order.
+pub fn launch_ops(trace: &Trace) -> Vec<usize> {
+    trace
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| matches!(op.kind, OpKind::Launch { .. }))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// Unrolled position of the op after which `e` writes its piece out (its `out_after` may have
+/// been moved later in the gap than the access that opens it).
+fn out_unrolled(e: &Eviction, period: u32) -> u32 {
+    e.gap_from + (e.out_after + period - e.gap_from % period) % period
+}
+
+/// Restates `plan` (made for `cycle`, which was built from `trace`'s representative span) as an
+/// [`ExecPlan`] numbered `version`, with the step the simulator predicts for it.
+pub fn convert(
+    trace: &Trace,
+    cycle: &Cycle,
+    plan: &SwapPlan,
+    cost: &CostModel,
+    version: u32,
+) -> Result<Conversion, ExecPlanError> {
+    let span = cycle.span.clone();
+    if span.end > trace.ops.len() || span.is_empty() || span.len() != cycle.len() {
+        return Err(ExecPlanError::ForeignCycle {
+            start: span.start,
+            end: span.end,
+            ops: trace.ops.len(),
+        });
+    }
+    let map = LaunchMap::of(cycle);
+    if map.launches == 0 {
+        return Err(ExecPlanError::NoLaunches);
+    }
+    let all_launches = launch_ops(trace);
+    let anchor_op = span.start
+        + cycle
+            .ops
+            .iter()
+            .position(|o| matches!(o.kind, OpKind::Launch { .. }))
+            .unwrap_or(0);
+    let anchor = all_launches.partition_point(|&op| op < anchor_op);
+    let kernels: Vec<u32> = trace.ops[span.clone()]
+        .iter()
+        .filter_map(|op| match op.kind {
+            OpKind::Launch { kernel } => Some(kernel),
+            _ => None,
+        })
+        .collect();
+    let period = cycle.len() as u32;
+    let launches = map.launches;
+    // A tensor the cycle treats as persistent although the span allocates it (it lives longer
+    // than a period) is a new allocation in every iteration: no role names it in all of them,
+    // so the plan leaves it where it is.
+    let unnameable = |t: &Tensor| {
+        t.is_persistent()
+            && span.contains(&(trace.allocations[t.source as usize].before_op as usize))
+    };
+
+    // Steps, with a key that orders the steps at one launch point as their ops are ordered.
+    let mut steps: Vec<(i64, Step)> = Vec::new();
+    let mut executed = plan.clone();
+    executed.evictions.clear();
+    let mut dropped = 0usize;
+    for e in &plan.evictions {
+        let piece = plan.pieces[e.piece as usize];
+        let tensor = &cycle.tensors[piece.tensor as usize];
+        if unnameable(tensor) {
+            dropped += 1;
+            continue;
+        }
+        // Positions of a transient tensor's gap counted from its allocation in the span: a gap
+        // that starts before the allocation's position was folded from the next iteration.
+        let shift = match tensor.alloc_at {
+            Some(a) if e.gap_from < a => u64::from(period),
+            _ => 0,
+        };
+        let out_u = u64::from(out_unrolled(e, period)) + shift;
+        let fetch_u = u64::from(e.fetch_unrolled) + shift;
+        let out = map.out_point(out_u);
+        let fetch = map.fetch_point(fetch_u);
+        if out >= fetch {
+            dropped += 1;
+            continue;
+        }
+        let bytes = piece.bytes.min(tensor.bytes.saturating_sub(piece.offset));
+        if bytes == 0 {
+            dropped += 1;
+            continue;
+        }
+        executed.evictions.push(*e);
+        for (point, action, u, late) in [
+            (out, Action::SwapOut, out_u, 1),
+            (fetch, Action::Prefetch, fetch_u, 0),
+        ] {
+            let role = match tensor.alloc_at {
+                None => Role::Persistent {
+                    alloc_id: trace.allocations[tensor.source as usize].trace_id,
+                },
+                Some(_) => {
+                    let ProtocolRole {
+                        iteration: home,
+                        ordinal,
+                    } = protocol_role(
+                        trace,
+                        &all_launches,
+                        anchor,
+                        launches as usize,
+                        tensor.source,
+                    )
+                    .ok_or(ExecPlanError::Unplaceable(piece.tensor))?;
+                    let step_iteration = (point.launch / launches) as i64;
+                    let iteration = match step_iteration - home {
+                        0 => Iteration::Current,
+                        1 => Iteration::Previous,
+                        d => {
+                            return Err(ExecPlanError::TooLongLived {
+                                tensor: piece.tensor,
+                                distance: d.unsigned_abs(),
+                            })
+                        }
+                    };
+                    Role::Transient {
+                        ordinal,
+                        bytes: tensor.bytes,
+                        iteration,
+                    }
+                }
+            };
+            let k = point.launch / launches;
+            let key = 2 * (u as i64 - (k * u64::from(period)) as i64) + late;
+            steps.push((
+                key,
+                Step {
+                    position: (point.launch % launches) as u32,
+                    when: point.when,
+                    action,
+                    piece: PieceRef {
+                        role,
+                        offset: piece.offset,
+                        bytes,
+                    },
+                },
+            ));
+        }
+    }
+    steps.sort_by_key(|(key, s)| (s.position, s.when, *key));
+
+    let mut host_resident = Vec::with_capacity(plan.host_resident.len());
+    executed.host_resident.clear();
+    for &id in &plan.host_resident {
+        let piece = plan.pieces[id as usize];
+        let tensor = &cycle.tensors[piece.tensor as usize];
+        if !tensor.is_persistent() {
+            return Err(ExecPlanError::HostResidentTransient(piece.tensor));
+        }
+        if unnameable(tensor) {
+            dropped += 1;
+            continue;
+        }
+        executed.host_resident.push(id);
+        if piece.bytes == 0 {
+            continue;
+        }
+        host_resident.push(PieceRef {
+            role: Role::Persistent {
+                alloc_id: trace.allocations[tensor.source as usize].trace_id,
+            },
+            offset: piece.offset,
+            bytes: piece.bytes,
+        });
+    }
+
+    let report = simulate(
+        cycle,
+        Policy::Plan(&executed),
+        Budget::new(plan.budget_bytes),
+        cost,
+        SimOptions::default(),
+    )?;
+    let plan = ExecPlan {
+        version,
+        period: launches as u32,
+        kernels,
+        anchor_seq: trace.ops[anchor_op].seq,
+        steps: steps.into_iter().map(|(_, s)| s).collect(),
+        host_resident,
+        budget_bytes: plan.budget_bytes,
+        predicted_step_ns: report.step_ns,
+        compute_ns: cycle.compute_ns(),
+    };
+    Ok(Conversion {
+        plan,
+        dropped_round_trips: dropped,
+        executed,
+    })
+}

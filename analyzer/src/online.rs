@@ -1,0 +1,555 @@
+//! The online learner: a live stream of trace records in, executable plans out.
+//!
+//! The planner's thread (the coordinator, or a thread inside the job with
+//! `TENSILE_COORDINATOR=off`) feeds every record the shim produces to [`Learner::push`], in
+//! order, and calls [`Learner::poll`] now and then. The learner keeps a window of the stream as
+//! a [`Trace`] (the importers' builder, lenient about a stream that started mid-run or lost
+//! records) and runs the offline pipeline on it when there is something new to learn:
+//! iteration detection, the cycle, the planner, a short local search, and the conversion to an
+//! [`ExecPlan`] with an increasing version.
+//!
+//! - **Learning**: detection is tried after 64 launches and then each time the launches seen
+//!   since learning began grew by an eighth (so its total cost stays within about eight times
+//!   that of the last attempt), and sooner while the iteration shows but cannot be planned
+//!   yet. A plan needs an instance of the iteration that is complete, preceded by a launch in
+//!   the window, in the steady state (the next instance starts with as many bytes allocated),
+//!   and followed by an instance that is complete or has freed every tensor the first one
+//!   allocated (or kept it a whole period), so that every tensor's lifetime is known. A
+//!   pattern inside the iteration (the layers of a forward pass, the set-up of each parameter)
+//!   is refused: its instances do not explain most of the window, are not all about as long,
+//!   or do not free what they allocate. On the shared traces the first plan comes in the
+//!   third step.
+//! - **Planned**: every launch is checked against the plan's kernel at its position (one
+//!   lookup). At the first mismatch the shim drops the plan by itself; the learner forgets the
+//!   window before that launch and learns again. Measured durations (`LaunchTime`) feed a
+//!   moving average per position; when the iteration's measured total drifts from what the
+//!   plan assumed by more than [`LearnerOptions::drift`], the learner replans (a new version).
+//!   A budget change replans too, and lost records mean relearning from scratch.
+//!
+//! Memory stays bounded: before the iteration is known the window is capped at
+//! [`LearnerOptions::max_window_ops`] ops (the oldest half is dropped when full); once it is
+//! known, a few iterations' worth is kept.
+
+use std::time::{Duration, Instant};
+
+use tensile_protocol::ExecPlan;
+use tensile_trace::{CopyKind, Record};
+
+use crate::bound::{lower_bound_with, BoundOptions};
+use crate::cost::{Budget, CostModel};
+use crate::cycle::{Cycle, MoveUnits};
+use crate::exec_plan::convert;
+use crate::import::builder::TraceBuilder;
+use crate::iteration::{allocated_before_ops, detect, Iterations};
+use crate::model::{CopyDir, OpKind, SourceFormat, SyncScope};
+use crate::plan::plan;
+use crate::search::{improve, SearchOptions};
+
+/// Launches before the first detection attempt (and after a relearn).
+const FIRST_ATTEMPT_LAUNCHES: u64 = 64;
+/// Weight of a new measurement in a position's moving average.
+const DURATION_EMA_WEIGHT: f64 = 0.2;
+
+/// How the learner plans.
+#[derive(Debug, Clone)]
+pub struct LearnerOptions {
+    /// The device budget to plan for.
+    pub budget_bytes: u64,
+    /// Copy and launch costs.
+    pub cost: CostModel,
+    /// The local search after the planner; keep its time limit short (it runs in `poll`).
+    pub search: SearchOptions,
+    /// Most ops kept in the window while no iteration is known.
+    pub max_window_ops: usize,
+    /// Iterations kept in the window once one is known (at least 3).
+    pub keep_iterations: usize,
+    /// Relative change of the iteration's measured GPU time that triggers a replan.
+    pub drift: f64,
+    /// What plans may move (the shim's pages for plans it executes).
+    pub units: MoveUnits,
+}
+
+impl LearnerOptions {
+    /// Defaults for a budget: a 150 ms search, a window of up to 256 Ki ops, 4 iterations kept,
+    /// replanning at a 15% drift, whole shim pages.
+    pub fn for_budget(budget_bytes: u64) -> LearnerOptions {
+        LearnerOptions {
+            budget_bytes,
+            cost: CostModel::default(),
+            search: SearchOptions {
+                time_limit: Duration::from_millis(150),
+                ..SearchOptions::default()
+            },
+            max_window_ops: 1 << 18,
+            keep_iterations: 4,
+            drift: 0.15,
+            units: MoveUnits::ShimPages,
+        }
+    }
+}
+
+/// Where the learner stands (for `tensile status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LearnerState {
+    /// Looking for the iteration.
+    Learning {
+        /// Ops in the window.
+        window_ops: usize,
+    },
+    /// A plan is out.
+    Planned {
+        /// Its version.
+        version: u32,
+        /// Launches per iteration.
+        period: u32,
+    },
+    /// The iteration is known but no plan runs within the budget (it is tried again when the
+    /// budget changes or the pattern does).
+    NoPlan {
+        /// Why, in one line.
+        reason: String,
+    },
+}
+
+/// What the last [`Learner::poll`] that did work cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PollCost {
+    /// Iteration detection and the cycle.
+    pub detect: Duration,
+    /// Planning, search and conversion.
+    pub plan: Duration,
+    /// Ops in the window it worked on.
+    pub window_ops: usize,
+}
+
+/// The plan out, as the learner checks the stream against it.
+struct Active {
+    plan: ExecPlan,
+    /// Moving average of each position's measured GPU time, ns (the cycle's to begin with).
+    measured_ns: Vec<f64>,
+    /// The iteration's launch time the plan was made for, ns.
+    assumed_ns: f64,
+    /// Measurements since the last drift check.
+    since_check: u32,
+}
+
+/// Learns a job's iteration from its record stream and plans it (see the module documentation).
+pub struct Learner {
+    options: LearnerOptions,
+    window: TraceBuilder,
+    state: LearnerState,
+    active: Option<Active>,
+    /// Launches pushed since learning (re)started.
+    launches_learning: u64,
+    /// Launch count at which to try detection next.
+    next_attempt: u64,
+    /// A replan is due (budget change, drift).
+    replan: bool,
+    next_version: u32,
+    last_cost: Option<PollCost>,
+    /// Ops per iteration of the last detection (window trimming).
+    period_ops: Option<usize>,
+}
+
+impl Learner {
+    /// A learner with nothing seen yet.
+    pub fn new(options: LearnerOptions) -> Learner {
+        Learner {
+            options,
+            window: TraceBuilder::lenient(SourceFormat::Tensile),
+            state: LearnerState::Learning { window_ops: 0 },
+            active: None,
+            launches_learning: 0,
+            next_attempt: FIRST_ATTEMPT_LAUNCHES,
+            replan: false,
+            next_version: 1,
+            last_cost: None,
+            period_ops: None,
+        }
+    }
+
+    /// Takes the next record of the stream (cheap: appends to the window, checks a launch
+    /// against the plan).
+    pub fn push(&mut self, record: &Record) {
+        // Errors are records the window cannot place (a free of an allocation it never saw,
+        // a duration of a launch it dropped): leaving them out is all a live stream allows.
+        match record {
+            Record::Kernel(k) => self.window.kernel(k.id, k.nparams, k.name.clone()),
+            Record::Alloc(a) => {
+                let _ = self.window.alloc(a.t_ns, a.stream, a.id, a.ptr, a.bytes);
+            }
+            Record::Free(f) => {
+                let _ = self.window.free(f.t_ns, f.id);
+            }
+            Record::Launch(l) => {
+                self.check_launch(l.seq, l.kernel);
+                let _ = self.window.launch(
+                    l.t_ns,
+                    l.stream,
+                    l.seq,
+                    l.kernel,
+                    l.accesses.iter().map(|a| a.alloc),
+                );
+                self.launches_learning += 1;
+            }
+            Record::LaunchTime(t) => {
+                let _ = self.window.duration(t.seq, t.gpu_ns);
+                self.measure(t.seq, t.gpu_ns);
+            }
+            Record::Copy(c) => {
+                let dir = match c.kind {
+                    CopyKind::HostToDevice => CopyDir::HostToDevice,
+                    CopyKind::DeviceToHost => CopyDir::DeviceToHost,
+                    CopyKind::DeviceToDevice => CopyDir::DeviceToDevice,
+                    CopyKind::Any => CopyDir::Any,
+                };
+                let _ = self
+                    .window
+                    .copy(c.t_ns, c.stream, dir, c.dst, c.src, c.bytes);
+            }
+            Record::Memset(m) => {
+                let _ = self.window.memset(m.t_ns, m.stream, m.dst, m.bytes);
+            }
+            Record::Sync(s) => {
+                let scope = match s.scope {
+                    tensile_trace::SyncScope::Stream(h) => SyncScope::Stream(h),
+                    tensile_trace::SyncScope::Event(h) => SyncScope::Event(h),
+                    tensile_trace::SyncScope::Context => SyncScope::Device,
+                };
+                self.window.sync(s.t_ns, scope);
+            }
+            Record::Header(_) | Record::Stats(_) | Record::End(_) => {}
+        }
+        self.bound_window();
+    }
+
+    /// Does the expensive work when it is due (detection, planning: milliseconds to a few
+    /// hundred) and returns a new plan when there is one.
+    pub fn poll(&mut self) -> Option<ExecPlan> {
+        // While a plan is out, only a replan is due (and, if it finds nothing, tried again
+        // like a detection).
+        let due =
+            self.launches_learning >= self.next_attempt && (self.active.is_none() || self.replan);
+        if !due {
+            return None;
+        }
+        // Next attempt, if this one finds nothing: once the launches seen grew by an eighth
+        // (at most a period's worth once one is known).
+        let growth = (self.launches_learning / 8)
+            .min(self.period_ops.map_or(u64::MAX, |p| p as u64))
+            .max(16);
+        self.next_attempt = self.launches_learning + growth;
+        let started = Instant::now();
+        let trace = self.window.trace();
+        let window_ops = trace.ops.len();
+        let (iters, cycle) = match self.detect() {
+            Ok(found) => found,
+            Err(waiting) => {
+                if let Some(period) = waiting {
+                    // The iteration shows, the instance to plan is not complete yet: look again
+                    // a little later rather than after the usual growth.
+                    let soon = self.launches_learning + (period as u64 / 8).max(16);
+                    self.next_attempt = self.next_attempt.min(soon);
+                }
+                self.last_cost = Some(PollCost {
+                    detect: started.elapsed(),
+                    plan: Duration::ZERO,
+                    window_ops,
+                });
+                return None;
+            }
+        };
+        let detected = started.elapsed();
+        self.period_ops = Some(iters.period);
+        let result = self.plan_cycle(&cycle);
+        self.last_cost = Some(PollCost {
+            detect: detected,
+            plan: started.elapsed() - detected,
+            window_ops,
+        });
+        self.replan = false;
+        match result {
+            Ok(plan) => {
+                let launch_ns: Vec<f64> = cycle
+                    .ops
+                    .iter()
+                    .filter(|o| matches!(o.kind, OpKind::Launch { .. }))
+                    .map(|o| o.duration_ns as f64)
+                    .collect();
+                self.state = LearnerState::Planned {
+                    version: plan.version,
+                    period: plan.period,
+                };
+                self.active = Some(Active {
+                    assumed_ns: launch_ns.iter().sum(),
+                    measured_ns: launch_ns,
+                    since_check: 0,
+                    plan: plan.clone(),
+                });
+                Some(plan)
+            }
+            Err(reason) => {
+                self.state = LearnerState::NoPlan { reason };
+                self.active = None;
+                // Trying again on the same pattern would fail the same way: wait for twice
+                // the stream (or a budget or pattern change).
+                self.next_attempt = self.launches_learning.saturating_mul(2);
+                None
+            }
+        }
+    }
+
+    /// Where the learner stands.
+    pub fn state(&self) -> LearnerState {
+        match (&self.state, &self.active) {
+            (LearnerState::Learning { .. }, _) => LearnerState::Learning {
+                window_ops: self.window.trace().ops.len(),
+            },
+            (state, _) => state.clone(),
+        }
+    }
+
+    /// The plan out, if any.
+    pub fn plan(&self) -> Option<&ExecPlan> {
+        self.active.as_ref().map(|a| &a.plan)
+    }
+
+    /// Ops in the window.
+    pub fn window_ops(&self) -> usize {
+        self.window.trace().ops.len()
+    }
+
+    /// What the last poll that did work cost.
+    pub fn last_poll_cost(&self) -> Option<PollCost> {
+        self.last_cost
+    }
+
+    /// The budget changed: the next poll replans (or tries again, if no plan fitted).
+    pub fn set_budget(&mut self, bytes: u64) {
+        if bytes == self.options.budget_bytes {
+            return;
+        }
+        self.options.budget_bytes = bytes;
+        if self.active.is_some() {
+            self.replan = true;
+        }
+        if self.active.is_some() || matches!(self.state, LearnerState::NoPlan { .. }) {
+            self.next_attempt = self.launches_learning;
+        }
+    }
+
+    /// `count` records were lost (the ring was full): the window no longer describes the
+    /// run; forget it (allocations still live are kept) and learn again.
+    pub fn lost_records(&mut self, count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.relearn(self.window.trace().ops.len());
+    }
+
+    /// Forgets the ops before `cut` and starts learning again.
+    fn relearn(&mut self, cut: usize) {
+        self.window.drop_ops_before(cut);
+        self.active = None;
+        self.replan = false;
+        self.state = LearnerState::Learning { window_ops: 0 };
+        self.launches_learning = 0;
+        self.next_attempt = FIRST_ATTEMPT_LAUNCHES;
+        self.period_ops = None;
+    }
+
+    fn check_launch(&mut self, seq: u64, kernel: u32) {
+        let Some(active) = &self.active else {
+            return;
+        };
+        let position = active.plan.position_of(seq);
+        if active.plan.kernel_at(position) != Some(kernel) {
+            // The pattern changed: what came before this launch is the old one.
+            let cut = self.window.trace().ops.len();
+            self.relearn(cut);
+        }
+    }
+
+    fn measure(&mut self, seq: u64, gpu_ns: u64) {
+        let Some(active) = &mut self.active else {
+            return;
+        };
+        let position = active.plan.position_of(seq) as usize;
+        let Some(avg) = active.measured_ns.get_mut(position) else {
+            return;
+        };
+        *avg += DURATION_EMA_WEIGHT * (gpu_ns as f64 - *avg);
+        active.since_check += 1;
+        if active.since_check >= active.plan.period {
+            active.since_check = 0;
+            let total: f64 = active.measured_ns.iter().sum();
+            if (total - active.assumed_ns).abs() > self.options.drift * active.assumed_ns
+                && !self.replan
+            {
+                self.replan = true;
+                self.next_attempt = self.launches_learning;
+            }
+        }
+    }
+
+    /// Keeps the window within its bounds.
+    fn bound_window(&mut self) {
+        let ops = self.window.trace().ops.len();
+        match self.period_ops {
+            Some(period) if self.active.is_some() => {
+                let keep = period.max(1) * self.options.keep_iterations.max(3);
+                if ops > 2 * keep {
+                    self.window.drop_ops_before(ops - keep);
+                }
+            }
+            _ => {
+                if ops > self.options.max_window_ops.max(2) {
+                    self.window.drop_ops_before(ops / 2);
+                }
+            }
+        }
+    }
+
+    /// The iteration and the cycle to plan, when the window shows two complete instances of
+    /// it and enough of a third. Otherwise `Err(Some(period))` if the iteration shows but no
+    /// instance can be planned yet, `Err(None)` if it does not show.
+    fn detect(&self) -> Result<(Iterations, Cycle), Option<usize>> {
+        let trace = self.window.trace();
+        let mut iters = detect(trace).map_err(|_| None)?;
+        // A pattern inside the iteration repeats too (the layers of a forward pass, the set-up
+        // of each parameter), and a short window can make it score best. The whole iteration is
+        // told apart by three things: its instances explain most of the window (they start in
+        // its first half), they are all about as long (the first may be longer), and an
+        // instance frees what it allocates (a forward layer only allocates).
+        let n = trace.ops.len();
+        let spans = &iters.spans;
+        if spans.len() < 3 || spans[0].start > n / 2 {
+            return Err(None);
+        }
+        let tolerance = iters.period / 10;
+        if spans[1..spans.len() - 1]
+            .iter()
+            .any(|s| s.len().abs_diff(iters.period) > tolerance)
+        {
+            return Err(None);
+        }
+        // The latest complete instance that is followed by another (where tensors that outlive
+        // it are freed) and starts with as many bytes allocated as that one; a launch must come
+        // before it in the window, so that its allocations' ordinals are counted from inside
+        // the window (those made before the window are all placed at its start).
+        // And every allocation it makes is freed in the window or older than a period: one not
+        // freed yet may be a tensor that outlives the iteration, whose lifetime (hence role)
+        // is known only once it is freed.
+        let allocated = allocated_before_ops(trace);
+        let resolved = |span: &std::ops::Range<usize>| {
+            trace.allocations.iter().all(|a| {
+                let at = a.before_op as usize;
+                !span.contains(&at) || a.free.is_some() || at + iters.period <= n
+            })
+        };
+        let launch_before = |at: usize| {
+            trace.ops[..at]
+                .iter()
+                .any(|op| matches!(op.kind, OpKind::Launch { .. }))
+        };
+        let k = (0..spans.len() - 1)
+            .rev()
+            .find(|&k| {
+                spans[k].len() == iters.period
+                    && (k > 0 || launch_before(spans[0].start))
+                    && allocated[spans[k].start] == allocated[spans[k + 1].start]
+                    && resolved(&spans[k])
+            })
+            .ok_or(Some(iters.period))?;
+        iters.representative = k;
+        let cycle =
+            Cycle::from_trace(trace, &iters, &self.options.cost).with_units(self.options.units);
+        Ok((iters, cycle))
+    }
+
+    fn plan_cycle(&mut self, cycle: &Cycle) -> Result<ExecPlan, String> {
+        let budget = Budget::new(self.options.budget_bytes);
+        let cost = &self.options.cost;
+        let planned = plan(cycle, &budget, cost).map_err(|e| e.to_string())?;
+        // The bound without the schedule LP: cheap, and all a build without the solver has.
+        let floor = lower_bound_with(
+            cycle,
+            &budget,
+            cost,
+            &BoundOptions {
+                lp_max_variables: 0,
+                ..BoundOptions::default()
+            },
+        )
+        .map_or(0, |b| b.bound_ns);
+        let search = SearchOptions {
+            floor_ns: floor,
+            ..self.options.search
+        };
+        let improved = if search.time_limit.is_zero() {
+            planned
+        } else {
+            improve(cycle, &planned, budget, cost, &search).0
+        };
+        let conversion = convert(
+            self.window.trace(),
+            cycle,
+            &improved,
+            cost,
+            self.next_version,
+        )
+        .map_err(|e| e.to_string())?;
+        self.next_version += 1;
+        Ok(conversion.plan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_learner_can_move_to_the_planners_thread() {
+        fn send<T: Send>() {}
+        send::<Learner>();
+    }
+
+    #[test]
+    fn records_it_cannot_place_are_left_out_and_nothing_is_planned_from_noise() {
+        let mut learner = Learner::new(LearnerOptions::for_budget(1 << 30));
+        // A free and a duration of things never seen, launches touching an unknown id.
+        learner.push(&Record::Free(tensile_trace::Free {
+            t_ns: 0,
+            stream: 0,
+            id: 99,
+        }));
+        learner.push(&Record::LaunchTime(tensile_trace::LaunchTime {
+            seq: 5,
+            gpu_ns: 10,
+        }));
+        for seq in 0..200u64 {
+            learner.push(&Record::Launch(tensile_trace::Launch {
+                t_ns: seq,
+                stream: 0,
+                seq,
+                // No repetition: a new kernel every launch.
+                kernel: seq as u32,
+                grid: [1; 3],
+                block: [1; 3],
+                smem: 0,
+                accesses: vec![tensile_trace::Access {
+                    alloc: 77,
+                    param_offset: 0,
+                }],
+            }));
+        }
+        assert_eq!(learner.poll(), None);
+        assert_eq!(learner.state(), LearnerState::Learning { window_ops: 200 });
+        assert!(learner
+            .window
+            .trace()
+            .ops
+            .iter()
+            .all(|op| op.touches.is_empty()));
+    }
+}

@@ -1,0 +1,448 @@
+//! The online learner on the shared traces, fed record by record as the shim would stream them
+//! (each trace is turned into the project's own records, written with `tensile_trace::Writer`
+//! and read back with its `Reader`): when the first plan comes, that it resolves on the run
+//! (the shim's resolution, `common_exec`), relearning after a change of pattern, replanning on
+//! drift and on a budget change, and the window's bound.
+
+use std::path::Path;
+
+use tensile_analyzer::import::{load, LoadOptions};
+use tensile_analyzer::iteration::detect;
+use tensile_analyzer::model::{CopyDir, OpKind, SyncScope, Trace};
+use tensile_analyzer::online::{Learner, LearnerOptions, LearnerState};
+use tensile_analyzer::timeline::Footprint;
+use tensile_analyzer::{CostModel, Cycle};
+use tensile_protocol::ExecPlan;
+use tensile_trace::{
+    Access, Alloc, AllocKind, Copy, CopyKind, Free, Header, KernelInfo, Launch, LaunchTime, Memset,
+    Reader, Record, Sync, Writer,
+};
+
+mod common_exec;
+use common_exec::check_plan;
+
+fn shared(name: &str) -> Trace {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name);
+    load(&path, LoadOptions::default()).unwrap()
+}
+
+/// The records the shim would have written for `trace`, in order. Ids, launch numbers and
+/// kernel ids are shifted by `shift` (to run one trace after another in one process).
+fn records_of(trace: &Trace, shift: Shift) -> Vec<Record> {
+    let id = |idx: u32| trace.allocations[idx as usize].trace_id + shift.ids;
+    let mut out: Vec<Record> = trace
+        .kernels
+        .iter()
+        .map(|k| {
+            Record::Kernel(KernelInfo {
+                id: k.id + shift.kernels,
+                name: k.name.clone(),
+                nparams: k.nparams,
+            })
+        })
+        .collect();
+    let mut frees: Vec<(u32, usize)> = trace
+        .allocations
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| a.free.map(|f| (f.before_op, i)))
+        .collect();
+    frees.sort_by_key(|f| f.0);
+    let (mut next_alloc, mut next_free, mut next_sync) = (0, 0, 0);
+    for i in 0..=trace.ops.len() {
+        let at = i as u32;
+        while next_alloc < trace.allocations.len() && trace.allocations[next_alloc].before_op == at
+        {
+            let a = &trace.allocations[next_alloc];
+            out.push(Record::Alloc(Alloc {
+                t_ns: a.t_ns,
+                stream: a.stream,
+                id: a.trace_id + shift.ids,
+                ptr: a.ptr,
+                bytes: a.bytes,
+                kind: AllocKind::Async,
+            }));
+            next_alloc += 1;
+        }
+        while next_free < frees.len() && frees[next_free].0 == at {
+            let a = &trace.allocations[frees[next_free].1];
+            out.push(Record::Free(Free {
+                t_ns: a.free.map_or(0, |f| f.t_ns),
+                stream: a.stream,
+                id: a.trace_id + shift.ids,
+            }));
+            next_free += 1;
+        }
+        while next_sync < trace.syncs.len() && trace.syncs[next_sync].before_op == at {
+            let s = &trace.syncs[next_sync];
+            let scope = match s.scope {
+                SyncScope::Stream(h) => tensile_trace::SyncScope::Stream(h),
+                SyncScope::Event(h) => tensile_trace::SyncScope::Event(h),
+                SyncScope::Device => tensile_trace::SyncScope::Context,
+            };
+            out.push(Record::Sync(Sync {
+                t_ns: s.t_ns,
+                scope,
+            }));
+            next_sync += 1;
+        }
+        let Some(op) = trace.ops.get(i) else { break };
+        let touch = |j: usize| op.touches.get(j).map_or(0, |&t| id(t));
+        match op.kind {
+            OpKind::Launch { kernel } => {
+                out.push(Record::Launch(Launch {
+                    t_ns: op.t_ns,
+                    stream: op.stream,
+                    seq: op.seq + shift.seqs,
+                    kernel: kernel + shift.kernels,
+                    grid: [1, 1, 1],
+                    block: [1, 1, 1],
+                    smem: 0,
+                    accesses: op
+                        .touches
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &t)| Access {
+                            alloc: id(t),
+                            param_offset: 8 * j as u32,
+                        })
+                        .collect(),
+                }));
+                if let Some(gpu_ns) = op.gpu_ns {
+                    out.push(Record::LaunchTime(LaunchTime {
+                        seq: op.seq + shift.seqs,
+                        gpu_ns: (gpu_ns as f64 * shift.time_scale) as u64,
+                    }));
+                }
+            }
+            OpKind::Copy { dir } => out.push(Record::Copy(Copy {
+                t_ns: op.t_ns,
+                stream: op.stream,
+                kind: match dir {
+                    CopyDir::HostToDevice => CopyKind::HostToDevice,
+                    CopyDir::DeviceToHost => CopyKind::DeviceToHost,
+                    CopyDir::DeviceToDevice => CopyKind::DeviceToDevice,
+                    CopyDir::Any => CopyKind::Any,
+                },
+                dst: touch(0),
+                src: touch(1),
+                bytes: op.bytes,
+                asynchronous: true,
+            })),
+            OpKind::Memset => out.push(Record::Memset(Memset {
+                t_ns: op.t_ns,
+                stream: op.stream,
+                dst: touch(0),
+                bytes: op.bytes,
+                asynchronous: true,
+            })),
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Shift {
+    ids: u64,
+    seqs: u64,
+    kernels: u32,
+    time_scale: f64,
+}
+
+const NO_SHIFT: Shift = Shift {
+    ids: 0,
+    seqs: 0,
+    kernels: 0,
+    time_scale: 1.0,
+};
+
+/// The records through the trace format: written, then read back one by one.
+fn through_the_format(records: &[Record]) -> Vec<Record> {
+    let header = Header {
+        format_version: tensile_trace::FORMAT_VERSION,
+        pid: 1,
+        start_unix_ns: 0,
+        producer: "test".into(),
+        command: "test".into(),
+    };
+    let mut w = Writer::new(Vec::new(), &header).unwrap();
+    for r in records {
+        w.write(r).unwrap();
+    }
+    let bytes = w
+        .finish(tensile_trace::End {
+            t_ns: 0,
+            dropped_records: 0,
+        })
+        .unwrap();
+    Reader::new(&bytes[..])
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+fn is_op(r: &Record) -> bool {
+    matches!(r, Record::Launch(_) | Record::Copy(_) | Record::Memset(_))
+}
+
+/// Plans the learner returned while being fed `records`, with the ops fed before each, polling
+/// every `poll_every` records; `after_push` sees the learner after each record.
+fn feed(
+    learner: &mut Learner,
+    records: &[Record],
+    poll_every: usize,
+    mut after_push: impl FnMut(&mut Learner, &Record),
+) -> Vec<(usize, ExecPlan)> {
+    let mut plans = Vec::new();
+    let mut ops = 0;
+    for (i, r) in records.iter().enumerate() {
+        learner.push(r);
+        after_push(learner, r);
+        ops += usize::from(is_op(r));
+        if (i + 1) % poll_every == 0 {
+            if let Some(plan) = learner.poll() {
+                plans.push((ops, plan));
+            }
+        }
+    }
+    if let Some(plan) = learner.poll() {
+        plans.push((ops, plan));
+    }
+    plans
+}
+
+/// Launches per iteration, as the offline analysis finds it.
+fn launches_per_iteration(trace: &Trace) -> u32 {
+    let iters = detect(trace).unwrap();
+    trace.ops[iters.representative_span()]
+        .iter()
+        .filter(|op| matches!(op.kind, OpKind::Launch { .. }))
+        .count() as u32
+}
+
+fn half_peak(trace: &Trace) -> u64 {
+    let cost = CostModel::default();
+    let iters = detect(trace).unwrap();
+    let cycle = Cycle::from_trace(trace, &iters, &cost);
+    Footprint::of(&cycle).peak_allocated / 2
+}
+
+#[test]
+fn a_plan_comes_by_the_end_of_the_third_iteration_and_resolves_on_the_run() {
+    for name in ["mlp.trace.gz", "resnet50.trace.gz", "bert.trace.gz"] {
+        let trace = shared(name);
+        let iters = detect(&trace).unwrap();
+        let third_ends = iters.spans[2].end;
+        let launches = launches_per_iteration(&trace);
+        let records = through_the_format(&records_of(&trace, NO_SHIFT));
+        let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+        let mut polls = Vec::new();
+        let mut first: Option<(usize, ExecPlan)> = None;
+        let mut ops = 0;
+        for (i, r) in records.iter().enumerate() {
+            learner.push(r);
+            ops += usize::from(is_op(r));
+            if i % 100 == 0 || i + 1 == records.len() {
+                let plan = learner.poll();
+                if let Some(cost) = learner.last_poll_cost() {
+                    polls.push(cost);
+                }
+                if let (Some(plan), None) = (plan, &first) {
+                    first = Some((ops, plan));
+                }
+            }
+        }
+        let (at, plan) = first.unwrap_or_else(|| panic!("{name}: no plan"));
+        println!(
+            "{name}: plan v{} after {at} ops (third iteration ends at op {third_ends}); \
+             {} launches, {} steps, predicted {:.2} ms; slowest poll: detect {:?}, plan {:?} \
+             on {} ops",
+            plan.version,
+            plan.period,
+            plan.steps.len(),
+            plan.predicted_step_ns as f64 / 1e6,
+            polls.iter().map(|p| p.detect).max().unwrap_or_default(),
+            polls.iter().map(|p| p.plan).max().unwrap_or_default(),
+            polls.iter().map(|p| p.window_ops).max().unwrap_or_default(),
+        );
+        // The plan comes once the third iteration has freed what the second allocated (its
+        // tensors' lifetimes are then known): at its end at the latest.
+        assert!(at <= third_ends, "{name}: plan after op {at}");
+        assert_eq!(plan.version, 1);
+        assert_eq!(plan.period, launches, "{name}");
+        assert!(matches!(
+            learner.state(),
+            LearnerState::Planned { version: 1, .. }
+        ));
+        // Made from a window, the plan names the run's allocations as the shim finds them.
+        check_plan(name, &trace, &plan, &[1, 2]);
+    }
+}
+
+/// `tests/data/wl_train.trace.gz`: the shim's own trace of `wl_train proc:12000:0 16 3072 8`
+/// (16 layers of 3 MiB tensors, 8 steps, forward and backward on two streams) run under
+/// `LD_PRELOAD=libtensile.so TENSILE_TRACE=... TENSILE_POLICY=off` on the simulated GPU.
+#[test]
+fn the_shims_own_trace_read_with_its_reader_gives_a_plan_that_resolves_on_the_run() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wl_train.trace.gz");
+    let file = std::fs::File::open(&path).unwrap();
+    let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
+    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
+    let trace = load(&path, LoadOptions::default()).unwrap();
+    let third_ends = detect(&trace).unwrap().spans[2].end;
+    let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+    let plans = feed(&mut learner, &records, 50, |_, _| {});
+    let (at, plan) = plans.first().expect("a plan");
+    println!(
+        "wl_train: plan v{} after {at} ops (third iteration ends at op {third_ends}), {} \
+         launches, {} steps, predicted {:.2} ms",
+        plan.version,
+        plan.period,
+        plan.steps.len(),
+        plan.predicted_step_ns as f64 / 1e6
+    );
+    assert!(*at <= third_ends);
+    assert_eq!(plan.period, launches_per_iteration(&trace));
+    check_plan("wl_train", &trace, plan, &[1, 2]);
+}
+
+#[test]
+fn after_a_change_of_pattern_a_new_plan_comes_within_three_iterations() {
+    let mlp = shared("mlp.trace.gz");
+    let bert = shared("bert.trace.gz");
+    let mut records = records_of(&mlp, NO_SHIFT);
+    let shift = Shift {
+        ids: mlp.allocations.iter().map(|a| a.trace_id).max().unwrap(),
+        seqs: mlp.ops.iter().map(|o| o.seq).max().unwrap(),
+        kernels: mlp.kernels.iter().map(|k| k.id).max().unwrap() + 1,
+        time_scale: 1.0,
+    };
+    records.extend(records_of(&bert, shift));
+    let mlp_ops = mlp.ops.len();
+    let bert_third_ends = detect(&bert).unwrap().spans[2].end;
+    let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&bert)));
+    let mut learning_at_switch = None;
+    let plans = feed(&mut learner, &records, 500, |l, r| {
+        if let Record::Launch(launch) = r {
+            if launch.seq > shift.seqs && learning_at_switch.is_none() {
+                learning_at_switch = Some(matches!(l.state(), LearnerState::Learning { .. }));
+            }
+        }
+    });
+    let (at_mlp, mlp_plan) = &plans[0];
+    assert!(*at_mlp <= mlp_ops);
+    let (at, bert_plan) = plans
+        .iter()
+        .find(|(at, _)| *at > mlp_ops)
+        .expect("a plan for the new pattern");
+    println!(
+        "mlp plan v{} at op {at_mlp}; bert plan v{} at op {} of bert (third iteration ends at \
+         {bert_third_ends})",
+        mlp_plan.version,
+        bert_plan.version,
+        at - mlp_ops
+    );
+    assert_eq!(
+        learning_at_switch,
+        Some(true),
+        "the first bert launch drops the mlp plan"
+    );
+    assert!(at - mlp_ops <= bert_third_ends);
+    assert!(bert_plan.version > mlp_plan.version);
+    assert_eq!(mlp_plan.period, launches_per_iteration(&mlp));
+    assert_eq!(bert_plan.period, launches_per_iteration(&bert));
+    assert!(bert_plan.kernels.iter().all(|&k| k >= shift.kernels));
+    assert!(bert_plan.anchor_seq > shift.seqs);
+}
+
+#[test]
+fn a_drift_in_measured_time_and_a_budget_change_each_give_a_new_version() {
+    let trace = shared("mlp.trace.gz");
+    let budget = half_peak(&trace);
+    let plain = records_of(&trace, NO_SHIFT);
+    let slow = records_of(
+        &trace,
+        Shift {
+            time_scale: 1.5,
+            ..NO_SHIFT
+        },
+    );
+    // The first half as recorded, the rest with every launch 50% slower.
+    let half = plain.len() / 2;
+    let mut records = plain[..half].to_vec();
+    records.extend(slow[half..].iter().cloned());
+    let mut learner = Learner::new(LearnerOptions::for_budget(budget));
+    let plans = feed(&mut learner, &records, 200, |_, _| {});
+    assert!(plans.len() >= 2, "{} plans", plans.len());
+    let (first, last) = (&plans[0].1, &plans[plans.len() - 1].1);
+    println!(
+        "drift: v{} assumed {:.2} ms of compute, v{} {:.2} ms",
+        first.version,
+        first.compute_ns as f64 / 1e6,
+        last.version,
+        last.compute_ns as f64 / 1e6
+    );
+    assert!(last.version > first.version);
+    assert!(last.compute_ns as f64 > first.compute_ns as f64 * 1.3);
+    // Once planned, the window keeps a few iterations (4 of 225 ops, trimmed at twice that);
+    // the replan was made on a trimmed window, and its roles still resolve on the run (in
+    // the two instances before the one it was made from: the trace's last step is cut).
+    assert!(
+        learner.window_ops() <= 2 * 4 * 225,
+        "{}",
+        learner.window_ops()
+    );
+    check_plan("mlp, replanned", &trace, last, &[-1, -2]);
+
+    // A smaller budget: the next poll replans, once.
+    let before = learner.plan().unwrap().clone();
+    learner.set_budget(budget / 2);
+    let replanned = learner.poll().expect("a plan for the new budget");
+    assert_eq!(replanned.version, before.version + 1);
+    assert_eq!(replanned.budget_bytes, budget / 2);
+    assert!(replanned.bytes_out_per_iteration() > before.bytes_out_per_iteration());
+    // Made on the window as trimmed at the end of the trace (fewer ops than the trace had).
+    assert!(
+        learner.window_ops() < trace.ops.len() * 2 / 3,
+        "{}",
+        learner.window_ops()
+    );
+    check_plan("mlp, smaller budget", &trace, &replanned, &[-1, -2]);
+    assert_eq!(learner.poll(), None);
+
+    // Lost records: learning again, and a plan again from what follows.
+    learner.lost_records(10);
+    assert!(matches!(learner.state(), LearnerState::Learning { .. }));
+    // What follows: the same loop again, with new allocation ids and launch numbers.
+    let more = records_of(
+        &trace,
+        Shift {
+            ids: 1 << 32,
+            seqs: 1 << 32,
+            ..NO_SHIFT
+        },
+    );
+    let again = feed(&mut learner, &more, 500, |_, _| {});
+    assert!(again.iter().any(|(_, p)| p.version > replanned.version));
+}
+
+#[test]
+fn the_window_stays_within_its_bound_while_learning() {
+    let trace = shared("mlp.trace.gz");
+    let records = records_of(&trace, NO_SHIFT);
+    let options = LearnerOptions {
+        // Less than two iterations of 225 ops: nothing can be learned.
+        max_window_ops: 400,
+        ..LearnerOptions::for_budget(half_peak(&trace))
+    };
+    let mut learner = Learner::new(options);
+    let plans = feed(&mut learner, &records, 100, |l, _| {
+        let LearnerState::Learning { window_ops } = l.state() else {
+            panic!("{:?}", l.state());
+        };
+        assert!(window_ops <= 400);
+    });
+    assert!(plans.is_empty());
+}

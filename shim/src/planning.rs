@@ -1,0 +1,197 @@
+//! Where plans come from: one thread that drains the record tap into a planner and hands each
+//! new plan to the executor.
+//!
+//! The planner is the analyzer's [`Learner`] running on this thread (`TENSILE_COORDINATOR=off`),
+//! or the coordinator, reached through its shared-memory segment. Either way the application's threads only put records in the tap (a bounded channel that drops and
+//! counts when full); detection and planning (milliseconds) happen here, never in a hook.
+//!
+//! The thread also keeps the memory manager's policy knobs in step with the executor: while a
+//! plan runs, LRU eviction ahead of need is off (the plan makes its own room, and the reserve
+//! would evict what the plan keeps); when the plan is dropped it comes back.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{Receiver, RecvTimeoutError};
+use tensile_analyzer::online::{Learner, LearnerOptions};
+use tensile_analyzer::CostModel;
+use tensile_protocol::ExecPlan;
+use tensile_trace::Record;
+
+use crate::executor::ExecutorState;
+use crate::runtime::Runtime;
+
+/// How often the planner is asked for a plan at most (it decides itself whether to work).
+pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Records taken from the tap before the planner is asked anyway.
+const RECORDS_PER_POLL: usize = 1 << 14;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// What the thread feeds records to and gets plans from.
+pub trait PlanSource: Send {
+    /// The next record of the stream, in order.
+    fn push(&mut self, record: &Record);
+    /// Records were lost before the one pushed next (the tap was full).
+    fn lost(&mut self, count: u64);
+    /// The device budget changed.
+    fn set_budget(&mut self, bytes: u64);
+    /// A new plan, if there is one (may take milliseconds).
+    fn poll(&mut self) -> Option<ExecPlan>;
+    /// Called once per round with the executor's state and counters, for reporting.
+    fn report(&mut self, _rt: &Runtime) {}
+}
+
+/// The in-process planner (`TENSILE_COORDINATOR=off`).
+pub struct LocalLearner {
+    learner: Learner,
+}
+
+impl LocalLearner {
+    /// A learner for `budget_bytes` with copies priced by `cost`.
+    pub fn new(budget_bytes: u64, cost: CostModel) -> LocalLearner {
+        let mut options = LearnerOptions::for_budget(budget_bytes);
+        options.cost = cost;
+        LocalLearner {
+            learner: Learner::new(options),
+        }
+    }
+}
+
+impl PlanSource for LocalLearner {
+    fn push(&mut self, record: &Record) {
+        self.learner.push(record);
+    }
+
+    fn lost(&mut self, count: u64) {
+        self.learner.lost_records(count);
+    }
+
+    fn set_budget(&mut self, bytes: u64) {
+        self.learner.set_budget(bytes);
+    }
+
+    fn poll(&mut self) -> Option<ExecPlan> {
+        let plan = self.learner.poll();
+        if let (Some(p), Some(cost)) = (&plan, self.learner.last_poll_cost()) {
+            tracing::info!(
+                "plan {} learned: {} launches per iteration, {} moves, predicted step {:.1} ms \
+                 (compute {:.1} ms); detection {:.1} ms, planning {:.1} ms over {} ops",
+                p.version,
+                p.period,
+                p.steps.len(),
+                p.predicted_step_ns as f64 / 1e6,
+                p.compute_ns as f64 / 1e6,
+                cost.detect.as_secs_f64() * 1e3,
+                cost.plan.as_secs_f64() * 1e3,
+                cost.window_ops
+            );
+        }
+        plan
+    }
+}
+
+/// Starts the planning thread over the runtime's record tap; `source` is made once the thread
+/// runs, from the budget then known. Returns false (and logs why) if the tap is taken already
+/// or the thread cannot start.
+pub fn start(
+    rt: &'static Runtime,
+    make_source: impl FnOnce(u64) -> Box<dyn PlanSource> + Send + 'static,
+) -> bool {
+    let Some(tap) = rt.take_record_tap() else {
+        tracing::warn!("the record tap was taken already; no plans will be made");
+        return false;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("tensile-planner".into())
+        .spawn(move || {
+            // A panic here is a bug in the planner; the application goes on, on demand.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(rt, &tap, make_source(budget_of(rt)))
+            }));
+            if r.is_err() {
+                tracing::error!("the planner failed; swapping on demand from now on");
+            }
+        });
+    match spawned {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!("cannot start the planning thread ({e}); swapping on demand");
+            false
+        }
+    }
+}
+
+/// Asks the planning thread to stop (at exit).
+pub fn stop() {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// The budget to plan for: the manager's, once it runs; until then, no limit (a plan made then
+/// moves nothing, and a new one follows when the budget is known).
+fn budget_of(rt: &Runtime) -> u64 {
+    rt.memory().map_or(u64::MAX, |m| m.mm.budget() as u64)
+}
+
+fn run(rt: &'static Runtime, tap: &Receiver<Record>, mut source: Box<dyn PlanSource>) {
+    let mut budget = budget_of(rt);
+    let mut lost_seen = rt.records().map_or(0, |s| s.tap_dropped());
+    let mut last_poll = Instant::now();
+    let mut since_poll = 0usize;
+    let mut reserve: Option<usize> = None;
+    while !STOP.load(Ordering::Relaxed) {
+        match tap.recv_timeout(POLL_INTERVAL) {
+            Ok(record) => {
+                let lost = rt.records().map_or(lost_seen, |s| s.tap_dropped());
+                if lost > lost_seen {
+                    source.lost(lost - lost_seen);
+                    lost_seen = lost;
+                }
+                source.push(&record);
+                since_poll += 1;
+                for record in tap.try_iter().take(RECORDS_PER_POLL) {
+                    source.push(&record);
+                    since_poll += 1;
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if since_poll < RECORDS_PER_POLL && last_poll.elapsed() < POLL_INTERVAL {
+            continue;
+        }
+        let now_budget = budget_of(rt);
+        if now_budget != budget {
+            budget = now_budget;
+            source.set_budget(budget);
+        }
+        if let Some(plan) = source.poll() {
+            rt.executor.install(plan, &rt.tracker);
+        }
+        keep_reserve_in_step(rt, &mut reserve);
+        source.report(rt);
+        last_poll = Instant::now();
+        since_poll = 0;
+    }
+}
+
+/// Turns LRU eviction ahead of need off while a plan runs and back on when it stops;
+/// `saved` holds the configured reserve while it is off.
+fn keep_reserve_in_step(rt: &Runtime, saved: &mut Option<usize>) {
+    let Some(memory) = rt.memory() else {
+        return;
+    };
+    let manager = &memory.mm;
+    let planned = matches!(rt.executor.state(), ExecutorState::Planned { .. });
+    match (planned, *saved) {
+        (true, None) => {
+            *saved = Some(manager.free_reserve_pages());
+            manager.set_free_reserve_pages(0);
+        }
+        (false, Some(pages)) => {
+            manager.set_free_reserve_pages(pages);
+            *saved = None;
+        }
+        _ => {}
+    }
+}
