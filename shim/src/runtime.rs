@@ -175,7 +175,7 @@ impl Runtime {
         let timing = timing.filter(|_| recorder.is_some());
         let records = RecordSink::new(recorder, config.policy == Policy::Plan);
         let tracker = Tracker::new(driver.introspection);
-        let executor = Executor::new(std::sync::Arc::new(ManagerMover::default()));
+        let executor = Executor::new(std::sync::Arc::new(ManagerMover));
         if let Some(path) = &config.plan_file {
             if config.policy != Policy::Plan {
                 tracing::warn!(

@@ -197,9 +197,6 @@ impl Executor {
         self.fallback.store(false, Ordering::Relaxed);
         self.active.store(true, Ordering::Release);
         self.counters.plans_loaded.fetch_add(1, Ordering::Relaxed);
-        if let Some(w) = worker {
-            w.planning(true);
-        }
         tracing::info!("tensile: plan {version} installed; it applies from launch {start}");
         true
     }
@@ -444,9 +441,6 @@ impl Executor {
         self.fallback.store(true, Ordering::Relaxed);
         self.counters.mismatches.fetch_add(1, Ordering::Relaxed);
         self.counters.plans_dropped.fetch_add(1, Ordering::Relaxed);
-        if let Some(Some(w)) = self.worker.get() {
-            w.planning(false);
-        }
         let expected = loaded
             .plan
             .kernel_at(position)
@@ -468,53 +462,24 @@ impl Executor {
 }
 
 /// The memory manager's verbs, on the process's manager (nothing to do before it starts).
-///
-/// While a plan runs, the manager's eviction ahead of need is turned off
-/// (`set_free_reserve_pages(0)`): the plan's swap-outs make room, and LRU eviction would
-/// send out what the plan keeps for its next use. The configured reserve is put back when the
-/// plan is dropped. The manager starts lazily (at the first allocation), possibly after the
-/// plan was installed: the setting is applied by the first verb that finds it running.
+/// (Turning the manager's eviction ahead of need off while a plan runs is the planning
+/// thread's job: `crate::planning`.)
 #[derive(Debug, Default)]
-pub struct ManagerMover {
-    /// Whether a plan runs.
-    planning: AtomicBool,
-    /// The manager's reserve before the plan turned it off; `Some` while it is off.
-    saved_reserve: Mutex<Option<usize>>,
-}
-
-impl ManagerMover {
-    /// The manager, with the reserve set as the planning state wants.
-    fn manager(&self) -> Option<&'static crate::managed::Managed> {
-        let m = crate::runtime::existing().and_then(|rt| rt.memory())?;
-        let mut saved = lock(&self.saved_reserve);
-        match (self.planning.load(Ordering::Relaxed), *saved) {
-            (true, None) => {
-                *saved = Some(m.mm.free_reserve_pages());
-                m.mm.set_free_reserve_pages(0);
-            }
-            (false, Some(pages)) => {
-                m.mm.set_free_reserve_pages(pages);
-                *saved = None;
-            }
-            _ => {}
-        }
-        Some(m)
-    }
-}
+pub struct ManagerMover;
 
 impl Mover for ManagerMover {
     fn swap_out(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
-        self.manager()
-            .map_or(Ok(0), |m| m.mm.swap_out_after_use(ranges))
+        match crate::runtime::existing().and_then(|rt| rt.memory()) {
+            Some(m) => m.mm.swap_out_after_use(ranges),
+            None => Ok(0),
+        }
     }
 
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
-        self.manager().map_or(Ok(0), |m| m.mm.prefetch(ranges))
-    }
-
-    fn planning(&self, on: bool) {
-        self.planning.store(on, Ordering::Relaxed);
-        let _ = self.manager();
+        match crate::runtime::existing().and_then(|rt| rt.memory()) {
+            Some(m) => m.mm.prefetch(ranges),
+            None => Ok(0),
+        }
     }
 }
 

@@ -30,11 +30,6 @@ pub trait Mover: Send + Sync {
     fn swap_out(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult>;
     /// Starts bringing every page `ranges` overlap to the device; returns the pages coming.
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult>;
-    /// A plan is being executed (`true`) or no longer (`false`): a plan makes room itself,
-    /// so the mechanism's own eviction ahead of need should stand aside meanwhile.
-    fn planning(&self, on: bool) {
-        let _ = on;
-    }
 }
 
 /// The moves of one trigger (one launch, one verb).
@@ -48,8 +43,6 @@ pub struct Job {
 
 enum Msg {
     Job(Job),
-    /// [`Mover::planning`].
-    Planning(bool),
     /// Answers once every job sent before it is done (tests, and flushing at exit).
     Flush(Sender<()>),
 }
@@ -64,7 +57,6 @@ impl std::fmt::Debug for Msg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Msg::Job(j) => f.debug_tuple("Job").field(j).finish(),
-            Msg::Planning(on) => f.debug_tuple("Planning").field(on).finish(),
             Msg::Flush(_) => f.write_str("Flush"),
         }
     }
@@ -96,15 +88,6 @@ impl Worker {
         }
     }
 
-    /// Tells the mover, in order with the jobs, whether a plan runs. Waits (briefly) for
-    /// room rather than dropping it: it comes once per plan, not per launch.
-    pub fn planning(&self, on: bool) {
-        let patience = std::time::Duration::from_millis(100);
-        if self.tx.send_timeout(Msg::Planning(on), patience).is_err() {
-            tracing::debug!("the plan executor's queue stayed full; planning={on} not passed on");
-        }
-    }
-
     /// Waits (at most `patience`) until every job queued before this call is done.
     pub fn flush(&self, patience: std::time::Duration) -> bool {
         let (done, wait) = channel::bounded(1);
@@ -120,10 +103,6 @@ fn run(rx: Receiver<Msg>, mover: &dyn Mover, counters: &Counters) {
             Msg::Job(job) => job,
             Msg::Flush(done) => {
                 let _ = done.send(());
-                continue;
-            }
-            Msg::Planning(on) => {
-                mover.planning(on);
                 continue;
             }
         };
