@@ -260,7 +260,7 @@ fn bench_launch_path(c: &mut Criterion) {
         predicted_step_ns: 0,
         compute_ns: 0,
     };
-    planned.install(plan, &s.tracker);
+    assert!(planned.install(plan, &s.tracker));
     group.bench_function("plan_loaded_no_steps", |b| {
         b.iter(|| {
             k = (k + 1) % KERNELS;

@@ -184,7 +184,9 @@ impl Runtime {
                 );
             } else {
                 match executor::plan_file::read(path) {
-                    Ok(plan) => executor.install(plan, &tracker),
+                    Ok(plan) => {
+                        executor.install(plan, &tracker);
+                    }
                     Err(why) => tracing::warn!("tensile: {why}; swapping on demand (lru)"),
                 }
             }

@@ -32,10 +32,13 @@ const PAGE: u64 = 2 * MIB;
 /// The workload's shape: layers, tensor KiB (one page), iterations.
 const LAYERS: u64 = 6;
 const TENSOR_KIB: u64 = 2048;
-const ITERATIONS: u64 = 3;
+const ITERATIONS: u64 = 4;
 /// Launches per iteration: three per layer forward, the loss, three per layer backward.
 const PERIOD: u64 = 6 * LAYERS + 1;
-/// The device budget of the swapping runs: 10 of the 26 pages of the footprint.
+/// The device budget of the swapping runs: 10 of the 26 pages of the footprint. (The
+/// stall counts of `lru` and the plan differ by 10 to 20% at this size, since the first
+/// iteration runs without the plan and the simulated device, not the host, is the
+/// bottleneck; four iterations keep the difference clear of the run-to-run noise.)
 const BUDGET: &str = "20MiB";
 /// How many launches ahead of the next use a prefetch is issued.
 const PREFETCH_LEAD: u64 = 3;
@@ -302,8 +305,8 @@ fn a_plan_from_the_trace_moves_ahead_of_need_and_stalls_less_than_lru() {
     assert_same_results(&lru, "lru");
     assert_same_results(&planned, "plan");
     let c = executor_counters(&planned);
-    // The plan applies from iteration 1: two iterations of its steps.
-    let steps = 2 * plan.steps.len() as u64;
+    // The plan applies from iteration 1 on.
+    let steps = (ITERATIONS - 1) * plan.steps.len() as u64;
     assert_eq!(
         (c["plans_loaded"], c["plans_dropped"], c["mismatches"]),
         (1, 0, 0),
@@ -428,7 +431,7 @@ fn a_plan_whose_roles_do_not_resolve_is_skipped_harmlessly() {
     let c = executor_counters(&out);
     assert_eq!(
         (c["steps_skipped"], c["steps_done"], c["mismatches"]),
-        (2 * 3, 0, 0),
+        ((ITERATIONS - 1) * 3, 0, 0),
         "{c:?}"
     );
 }
@@ -442,7 +445,7 @@ fn a_corrupt_plan_file_gets_one_clear_line_and_an_lru_run() {
     other_version[8..10].copy_from_slice(&(PLAN_FORMAT_VERSION + 1).to_le_bytes());
     let newer = temp_trace("newer").with_extension("plan");
     std::fs::write(&newer, other_version).unwrap();
-    for (file, cause) in [
+    let cases = [
         (&path, "not a libtensile plan (bad magic)".to_owned()),
         (
             &newer,
@@ -451,8 +454,15 @@ fn a_corrupt_plan_file_gets_one_clear_line_and_an_lru_run() {
                 PLAN_FORMAT_VERSION + 1
             ),
         ),
-    ] {
-        let (out, stats) = under_budget("plan", Some(file), "plan-exec-corrupt");
+    ];
+    let runs: Vec<(Output, Stats)> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|(file, _)| s.spawn(|| under_budget("plan", Some(file), "plan-exec-corrupt")))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for ((file, cause), (out, stats)) in cases.iter().zip(runs) {
         let _ = std::fs::remove_file(file);
         assert_same_results(&out, "corrupt");
         assert!(stats.bytes_to_host > 0, "on-demand swapping: {stats:?}");

@@ -156,13 +156,18 @@ impl Executor {
     }
 
     /// Installs `plan` (replacing any other); it takes effect at the next iteration
-    /// boundary (see the module documentation).
-    pub fn install(&self, plan: ExecPlan, tracker: &Tracker) {
+    /// boundary (see the module documentation). A plan that breaks the format's rules
+    /// ([`ExecPlan::validate`]) is refused with one line, and whatever ran before goes on.
+    pub fn install(&self, plan: ExecPlan, tracker: &Tracker) -> bool {
+        if let Err(why) = plan.validate() {
+            tracing::warn!("tensile: plan {} refused: {why}", plan.version);
+            return false;
+        }
         let worker = self
             .worker
             .get_or_init(|| Worker::start(Arc::clone(&self.mover), Arc::clone(&self.counters)));
         if worker.is_none() {
-            return;
+            return false;
         }
         let _change = lock(&self.changes);
         let next = tracker.next_launch_seq();
@@ -193,6 +198,7 @@ impl Executor {
         self.active.store(true, Ordering::Release);
         self.counters.plans_loaded.fetch_add(1, Ordering::Relaxed);
         tracing::info!("tensile: plan {version} installed; it applies from launch {start}");
+        true
     }
 
     /// Where the executor stands.
@@ -456,6 +462,8 @@ impl Executor {
 }
 
 /// The memory manager's verbs, on the process's manager (nothing to do before it starts).
+/// (Turning the manager's eviction ahead of need off while a plan runs is the planning
+/// thread's job: `crate::planning`.)
 #[derive(Debug, Default)]
 pub struct ManagerMover;
 

@@ -321,3 +321,32 @@ fn host_resident_pieces_leave_once_at_the_first_iteration() {
         vec![(Verb::SwapOut, vec![(0x7000_0000_0000, 4 * PAGE as usize)])]
     );
 }
+
+#[test]
+fn a_plan_that_breaks_the_rules_is_refused_and_the_old_one_goes_on() {
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let w = Role::Persistent { alloc_id: 1 };
+    alloc(&e, &t, 0x7000_0000_0000, 2 * PAGE);
+    assert!(e.install(
+        plan(
+            vec![1],
+            vec![step(0, When::AfterLaunch, Action::SwapOut, w, 0, 2 * PAGE)]
+        ),
+        &t
+    ));
+    let mut unordered = plan(
+        vec![1, 1],
+        vec![
+            step(1, When::AfterLaunch, Action::SwapOut, w, 0, 2 * PAGE),
+            step(0, When::AfterLaunch, Action::SwapOut, w, 0, 2 * PAGE),
+        ],
+    );
+    unordered.version = 8;
+    assert!(!e.install(unordered, &t));
+    assert_eq!(e.state(), ExecutorState::Planned { version: 7 });
+    launch(&e, &t, kernel(1, "a"));
+    assert_eq!(calls(&mover, &e).len(), 1);
+    assert_eq!(e.stats().plans_loaded, 1);
+}
