@@ -91,11 +91,53 @@ pub struct Config {
     pub device_memory: Option<SizeSpec>,
     /// `TENSILE_HOST_MEMORY`: the pinned host pool's cap (`None`: half the host's memory).
     pub host_memory: Option<SizeSpec>,
-    /// `TENSILE_COORDINATOR` (parsed and checked now; the coordinator is a later issue).
+    /// `TENSILE_COORDINATOR`.
     pub coordinator: Coordinator,
     /// `TENSILE_PLAN`: an encoded plan to execute from the start (`%p` replaced by the pid);
     /// read when the runtime starts, used under `TENSILE_POLICY=plan`.
     pub plan_file: Option<PathBuf>,
+    /// `TENSILE_PLAN_GBPS`: the copy bandwidths the planner assumes, GB/s (`None`: the H100's
+    /// measured 55 each way, 92 both at once).
+    pub plan_gbps: Option<PlanBandwidths>,
+}
+
+/// Copy bandwidths for the planner's cost model, GB/s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanBandwidths {
+    pub to_device: f64,
+    pub to_host: f64,
+    /// Both directions at once, in total.
+    pub both: f64,
+}
+
+impl PlanBandwidths {
+    /// Parses `H2D,D2H,BOTH`, or one number for each direction (both at once then gets the
+    /// H100's ratio, 92/55 of it).
+    pub fn parse(text: &str) -> Result<PlanBandwidths, String> {
+        let values: Vec<f64> = text
+            .split(',')
+            .map(|v| {
+                let v = v.trim();
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x > 0.0)
+                    .ok_or_else(|| format!("`{v}` is not a positive number of GB/s"))
+            })
+            .collect::<Result<_, _>>()?;
+        match values[..] {
+            [one] => Ok(PlanBandwidths {
+                to_device: one,
+                to_host: one,
+                both: one * 92.0 / 55.0,
+            }),
+            [to_device, to_host, both] => Ok(PlanBandwidths {
+                to_device,
+                to_host,
+                both,
+            }),
+            _ => Err(format!("{} numbers given, expected 1 or 3", values.len())),
+        }
+    }
 }
 
 /// A variable whose value could not be used.
@@ -209,6 +251,20 @@ impl Config {
             Some(Ok(spec)) => c.host_memory = Some(spec),
             Some(Err(p)) => problems.push(p),
             None => {}
+        }
+
+        if let Some(v) = get("TENSILE_PLAN_GBPS").filter(|v| !v.trim().is_empty()) {
+            match PlanBandwidths::parse(&v) {
+                Ok(b) => c.plan_gbps = Some(b),
+                Err(why) => problems.push(Problem {
+                    variable: "TENSILE_PLAN_GBPS",
+                    value: v,
+                    why: format!(
+                        "{why}; expected e.g. 55,55,92 (to the device, to the host, both)"
+                    ),
+                    fallback: "the H100's 55,55,92",
+                }),
+            }
         }
 
         if let Some(v) = get("TENSILE_COORDINATOR") {
@@ -329,6 +385,28 @@ mod tests {
             line.contains("TENSILE_DEVICE_MEMORY=\"abc\" is not valid (`abc` is not a number"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_planners_bandwidths_are_parsed_and_checked() {
+        let c = parse(&[("TENSILE_PLAN_GBPS", "10, 12,20")]).0;
+        assert_eq!(
+            c.plan_gbps,
+            Some(PlanBandwidths {
+                to_device: 10.0,
+                to_host: 12.0,
+                both: 20.0
+            })
+        );
+        let one = parse(&[("TENSILE_PLAN_GBPS", "55")]).0.plan_gbps.unwrap();
+        assert_eq!((one.to_device, one.to_host), (55.0, 55.0));
+        assert!((one.both - 92.0).abs() < 1e-9);
+        for v in ["fast", "1,2", "0", "-3,1,1", "inf"] {
+            let (c, problems) = parse(&[("TENSILE_PLAN_GBPS", v)]);
+            assert_eq!(c.plan_gbps, None, "{v}");
+            assert_eq!(problems.len(), 1, "{v}");
+            assert_eq!(problems[0].variable, "TENSILE_PLAN_GBPS");
+        }
     }
 
     #[test]

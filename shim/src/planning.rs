@@ -18,6 +18,7 @@ use tensile_analyzer::CostModel;
 use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
+use crate::config::{Coordinator, PlanBandwidths, Policy};
 use crate::executor::ExecutorState;
 use crate::runtime::Runtime;
 
@@ -89,6 +90,38 @@ impl PlanSource for LocalLearner {
         }
         plan
     }
+}
+
+/// Starts what makes plans for this process, as the configuration says: nothing unless the
+/// policy is `plan` without a plan file (`TENSILE_PLAN` runs that plan alone); otherwise the
+/// planning thread with the learner in the process.
+pub fn start_for(rt: &'static Runtime) {
+    let config = &rt.config;
+    if config.policy != Policy::Plan || config.plan_file.is_some() {
+        return;
+    }
+    let cost = cost_model(config.plan_gbps);
+    match config.coordinator {
+        Coordinator::Off => {}
+        // The coordinator client is not wired in yet: the same learning runs here.
+        Coordinator::Auto | Coordinator::Named(_) => {
+            tracing::debug!("planning in the process (the coordinator is not joined yet)");
+        }
+    }
+    start(rt, move |budget| {
+        Box::new(LocalLearner::new(budget, cost)) as Box<dyn PlanSource>
+    });
+}
+
+/// The planner's cost model: the H100's, with the copy bandwidths `TENSILE_PLAN_GBPS` gives.
+pub fn cost_model(gbps: Option<PlanBandwidths>) -> CostModel {
+    let mut cost = CostModel::default();
+    if let Some(b) = gbps {
+        cost.h2d_gbps = b.to_device;
+        cost.d2h_gbps = b.to_host;
+        cost.bidir_gbps = b.both;
+    }
+    cost
 }
 
 /// Starts the planning thread over the runtime's record tap; `source` is made once the thread

@@ -269,6 +269,9 @@ fn write_loop(
     }
 }
 
+/// Without a trace file, one launch in this many (per thread) is timed for the planner.
+pub const TAP_TIMING_EVERY: u32 = 16;
+
 /// Where the hooks' records go: the trace file, the tap, or both.
 #[derive(Debug)]
 pub struct RecordSink {
@@ -336,6 +339,27 @@ impl RecordSink {
             (None, Some(tap)) => tap.send(record),
             (None, None) => {}
         }
+    }
+
+    /// Whether the launch about to be made should be timed on the GPU (`LaunchTime`): every
+    /// launch when tracing; one in [`TAP_TIMING_EVERY`] per thread when only the planner
+    /// listens (it prices the others by their kernel's median), so that learning costs the
+    /// application two event records per that many launches, not per launch.
+    #[inline]
+    pub fn wants_launch_time(&self) -> bool {
+        if self.file.is_some() {
+            return true;
+        }
+        thread_local! {
+            static LAUNCHES: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        LAUNCHES
+            .try_with(|n| {
+                let k = n.get();
+                n.set(k.wrapping_add(1));
+                k % TAP_TIMING_EVERY == 0
+            })
+            .unwrap_or(false)
     }
 
     /// Nanoseconds since the records' time 0 (the trace's start when tracing).

@@ -40,7 +40,7 @@ pub struct Runtime {
     /// Where the hooks' records go: the trace (`TENSILE_TRACE`) and, under
     /// `TENSILE_POLICY=plan`, the tap the planner drains (see [`Runtime::records`]).
     records: Option<RecordSink>,
-    /// GPU durations of launches, when tracing.
+    /// GPU durations of launches: when tracing, and sampled for the planner.
     pub timing: Option<Timing>,
     /// Carries out the plan, when there is one.
     pub executor: Executor,
@@ -127,15 +127,19 @@ fn create_once() -> Result<Option<&'static Runtime>, String> {
     // INIT_LOCK, and must never wait for a thread that waits for the loader lock. Racing
     // threads may each load the table; all but one are discarded.
     let driver = RealDriver::load()?;
-    let timing = config.trace.as_ref().and_then(|_| {
-        let t = Timing::new(&driver);
-        if t.is_none() {
-            tracing::warn!(
-                "the driver lacks event functions; launches are traced without GPU times"
-            );
-        }
-        t
-    });
+    // GPU times of launches: for the trace, and for the planner (sampled, see
+    // `RecordSink::wants_launch_time`).
+    let timing = (config.trace.is_some() || config.policy == Policy::Plan)
+        .then_some(())
+        .and_then(|()| {
+            let t = Timing::new(&driver);
+            if t.is_none() {
+                tracing::warn!(
+                    "the driver lacks event functions; launches are traced without GPU times"
+                );
+            }
+            t
+        });
     let _guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(rt) = RUNTIME.get() {
         return Ok(Some(rt));
@@ -150,6 +154,9 @@ fn create_once() -> Result<Option<&'static Runtime>, String> {
         libc::pthread_atfork(None, None, Some(in_forked_child));
         // Always: the swap statistics are logged at exit even without a trace.
         libc::atexit(at_exit);
+    }
+    if let Some(rt) = RUNTIME.get() {
+        crate::planning::start_for(rt);
     }
     Ok(RUNTIME.get())
 }
@@ -172,7 +179,7 @@ impl Runtime {
                 }
             }
         });
-        let timing = timing.filter(|_| recorder.is_some());
+        let timing = timing.filter(|_| recorder.is_some() || config.policy == Policy::Plan);
         let records = RecordSink::new(recorder, config.policy == Policy::Plan);
         let tracker = Tracker::new(driver.introspection);
         let executor = Executor::new(std::sync::Arc::new(ManagerMover));
@@ -300,6 +307,7 @@ impl Runtime {
 
 extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        crate::planning::stop();
         if let Some(rt) = RUNTIME.get() {
             // A forked child inherits the handler but not the writer thread.
             if rt.pid == std::process::id() {

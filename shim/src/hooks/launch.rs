@@ -103,7 +103,7 @@ unsafe fn launch_with<F>(
         // Timing records events on the launch's stream: not on a capturing one, where they
         // would become part of the graph and could never be queried.
         let timed = match (rec, rt.timing.as_ref()) {
-            (Some(_), Some(timing)) if !on.is_capturing() => {
+            (Some(rec), Some(timing)) if !on.is_capturing() && rec.wants_launch_time() => {
                 timing.start(stream, per_thread).map(|s| (timing, s))
             }
             _ => None,
