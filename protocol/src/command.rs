@@ -174,3 +174,164 @@ impl CommandArea<'_> {
         CommandRead::New(Command::decode(kind, buf))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Action, Iteration, PieceRef, Role, Step, When};
+    use std::sync::atomic::AtomicBool;
+
+    struct Owned {
+        generation: AtomicU64,
+        kind: AtomicU32,
+        len: AtomicU32,
+        acked: AtomicU64,
+        words: Vec<AtomicU64>,
+    }
+
+    impl Owned {
+        fn new(bytes: usize) -> Owned {
+            Owned {
+                generation: AtomicU64::new(0),
+                kind: AtomicU32::new(0),
+                len: AtomicU32::new(0),
+                acked: AtomicU64::new(0),
+                words: (0..bytes / 8).map(|_| AtomicU64::new(0)).collect(),
+            }
+        }
+        fn area(&self) -> CommandArea<'_> {
+            CommandArea {
+                generation: &self.generation,
+                kind: &self.kind,
+                len: &self.len,
+                acked: &self.acked,
+                words: &self.words,
+            }
+        }
+    }
+
+    /// A plan whose every field follows from its version, with a length that varies with
+    /// it, so a copy mixing two plans cannot equal either.
+    fn plan(version: u32) -> ExecPlan {
+        let period = 50 + version % 40;
+        let steps = (0..(version % 64) + 8)
+            .map(|i| Step {
+                position: (i * 3) % period,
+                when: When::AfterLaunch,
+                action: Action::SwapOut,
+                piece: PieceRef {
+                    role: Role::Transient {
+                        ordinal: version.wrapping_mul(7).wrapping_add(i),
+                        bytes: 64 << 20,
+                        iteration: Iteration::Current,
+                    },
+                    offset: u64::from(i % 8) << 21,
+                    bytes: 2 << 20,
+                },
+            })
+            .collect::<Vec<_>>();
+        let mut steps = steps;
+        steps.sort_by_key(|s| s.position);
+        ExecPlan {
+            version,
+            period,
+            kernels: (0..period).map(|p| p ^ version).collect(),
+            anchor_seq: u64::from(version) * 1000,
+            steps,
+            host_resident: Vec::new(),
+            budget_bytes: u64::from(version) << 20,
+            predicted_step_ns: u64::from(version) * 3,
+            compute_ns: u64::from(version) * 2,
+        }
+    }
+
+    #[test]
+    fn a_reader_never_returns_a_torn_plan_under_a_concurrent_writer() {
+        let area = Owned::new(64 << 10);
+        let stop = AtomicBool::new(false);
+        let (mut read_plans, mut busy) = (0u32, 0u32);
+        let mut torn = None;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut generation = 0;
+                let mut version = 1;
+                while !stop.load(Ordering::Relaxed) {
+                    area.area()
+                        .write(&mut generation, &Command::Plan(plan(version)))
+                        .unwrap();
+                    version += 1;
+                }
+            });
+            let mut last = 0;
+            let mut buf = Vec::new();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(700);
+            while torn.is_none() && std::time::Instant::now() < deadline {
+                match area.area().read(&mut last, &mut buf) {
+                    CommandRead::New(Ok(Command::Plan(p))) if p == plan(p.version) => {
+                        read_plans += 1
+                    }
+                    CommandRead::New(other) => torn = Some(format!("{other:?}")),
+                    CommandRead::Busy => busy += 1,
+                    CommandRead::Nothing => {}
+                }
+            }
+            // The writer stops whatever the reader found.
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(torn, None, "a torn command came out");
+        assert!(read_plans > 10, "only {read_plans} plans read ({busy} busy)");
+    }
+
+    #[test]
+    fn budget_and_drop_round_trip_and_garbage_is_refused_by_kind() {
+        let owned = Owned::new(4096);
+        let area = owned.area();
+        let (mut written, mut seen, mut buf) = (0, 0, Vec::new());
+        assert_eq!(area.read(&mut seen, &mut buf), CommandRead::Nothing);
+        area.write(&mut written, &Command::Budget(7 << 30)).unwrap();
+        assert!(!area.acked(written));
+        assert_eq!(
+            area.read(&mut seen, &mut buf),
+            CommandRead::New(Ok(Command::Budget(7 << 30)))
+        );
+        assert!(area.acked(written));
+        assert_eq!(area.read(&mut seen, &mut buf), CommandRead::Nothing);
+        area.write(&mut written, &Command::DropPlan).unwrap();
+        assert_eq!(
+            area.read(&mut seen, &mut buf),
+            CommandRead::New(Ok(Command::DropPlan))
+        );
+        // A length past the area, an unknown kind, a plan that does not decode.
+        owned.len.store(u32::MAX, Ordering::Relaxed);
+        owned.generation.store(written + 2, Ordering::Relaxed);
+        assert!(matches!(
+            area.read(&mut seen, &mut buf),
+            CommandRead::New(Err(CommandError::BadLength { .. }))
+        ));
+        owned.len.store(0, Ordering::Relaxed);
+        owned.kind.store(77, Ordering::Relaxed);
+        owned.generation.store(written + 4, Ordering::Relaxed);
+        assert_eq!(
+            area.read(&mut seen, &mut buf),
+            CommandRead::New(Err(CommandError::UnknownKind(77)))
+        );
+        owned.kind.store(KIND_PLAN, Ordering::Relaxed);
+        owned.len.store(16, Ordering::Relaxed);
+        owned.generation.store(written + 6, Ordering::Relaxed);
+        assert_eq!(
+            area.read(&mut seen, &mut buf),
+            CommandRead::New(Err(CommandError::Plan(PlanDecodeError::BadMagic)))
+        );
+        // A writer that died mid-write leaves an odd generation: busy, never a half command.
+        owned.generation.store(written + 7, Ordering::Relaxed);
+        assert_eq!(area.read(&mut seen, &mut buf), CommandRead::Busy);
+        // Too large for the area.
+        let mut big = plan(3);
+        big.kernels = vec![1; 5000];
+        big.period = 5000;
+        assert!(matches!(
+            area.write(&mut written, &Command::Plan(big)),
+            Err(CommandError::TooLarge { .. })
+        ));
+    }
+}
