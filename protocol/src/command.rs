@@ -279,7 +279,10 @@ mod tests {
             stop.store(true, Ordering::Relaxed);
         });
         assert_eq!(torn, None, "a torn command came out");
-        assert!(read_plans > 10, "only {read_plans} plans read ({busy} busy)");
+        assert!(
+            read_plans > 10,
+            "only {read_plans} plans read ({busy} busy)"
+        );
     }
 
     #[test]

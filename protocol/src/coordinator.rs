@@ -10,7 +10,7 @@ use tensile_trace::Record;
 
 use crate::command::{Command, CommandArea, CommandError};
 use crate::process::{monotonic_ns, ProcessIdentity};
-use crate::ring::{self, decode_records, read_frame, Corruption, ReadOutcome, Ring};
+use crate::ring::{self, decode_records, read_frame, Consumer, Corruption, ReadOutcome, Ring};
 use crate::segment::{occupant, shm_name, Geometry, Occupant, Segment, SegmentError};
 use crate::shm;
 use crate::slot::JobSnapshot;
@@ -40,6 +40,7 @@ pub struct CoordinatorSegment {
     /// Per slot: the incarnation the outbox belongs to, the last generation written, and the
     /// commands waiting for the job to acknowledge the previous one.
     outboxes: Vec<Outbox>,
+    consumers: Vec<Consumer>,
     payload: Vec<u8>,
 }
 
@@ -106,6 +107,7 @@ impl CoordinatorSegment {
         CoordinatorSegment {
             segment,
             outboxes: (0..slots).map(|_| Outbox::default()).collect(),
+            consumers: vec![Consumer::default(); slots],
             payload: Vec::new(),
         }
     }
@@ -153,17 +155,17 @@ impl CoordinatorSegment {
         };
         let mut read = 0usize;
         while read < max_bytes {
-            match read_frame(r, &mut self.payload) {
+            let consumer = &mut self.consumers[slot as usize];
+            match read_frame(r, consumer, &mut self.payload) {
                 ReadOutcome::Empty => break,
                 ReadOutcome::Frame { lost_before } => {
                     read += self.payload.len() + 8;
                     if lost_before > 0 {
                         deliver(Delivery::Lost(lost_before));
                     }
-                    if decode_records(&self.payload, |rec| deliver(Delivery::Record(rec)))
-                        .is_err()
+                    if decode_records(&self.payload, |rec| deliver(Delivery::Record(rec))).is_err()
                     {
-                        ring::reset(r);
+                        ring::reset(r, &mut self.consumers[slot as usize]);
                         s.ring_resets.fetch_add(1, Ordering::Relaxed);
                         deliver(Delivery::Corrupt(Corruption::Payload));
                         break;

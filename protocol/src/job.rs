@@ -51,6 +51,8 @@ pub struct JobClient {
     batch: Vec<u8>,
     batch_records: u64,
     batch_limit: usize,
+    /// The largest frame payload the ring takes.
+    max_payload: usize,
     /// Records lost since the last frame written (dropped here or reported by the caller).
     lost_pending: u64,
     command_seen: u64,
@@ -81,16 +83,17 @@ impl JobClient {
                 .slot(slot)
                 .finish_claim(me, options.budget_bytes, &options.command_line);
         let command_seen = segment.slot(slot).command_acked.load(Ordering::Relaxed);
-        let max_frame = (segment.geometry().ring_bytes / 2 - 8) as usize;
-        let batch_limit = options.batch_bytes.clamp(64, max_frame);
+        let max_payload = (segment.geometry().ring_bytes / 2 - 8) as usize;
+        let batch_limit = options.batch_bytes.clamp(64, max_payload);
         Ok(JobClient {
             slot,
             me,
             incarnation,
             producer: Producer::new(head),
-            batch: Vec::with_capacity(batch_limit + 256),
+            batch: Vec::with_capacity(max_payload.min(batch_limit + 4096)),
             batch_records: 0,
             batch_limit,
+            max_payload,
             lost_pending: 0,
             command_seen,
             command_buf: Vec::new(),
@@ -115,7 +118,22 @@ impl JobClient {
 
     /// Adds a record to the batch; writes the batch when it is full.
     pub fn push(&mut self, record: &Record) {
+        let before = self.batch.len();
         append_record(&mut self.batch, record);
+        if self.batch.len() > self.max_payload {
+            // The record does not fit in this frame: send what came before it, and start the
+            // next frame with it (moved down in place, no allocation).
+            if before > 0 {
+                self.write_frame(before);
+                self.batch.drain(..before);
+            }
+            if self.batch.len() > self.max_payload {
+                // Larger than any frame: lost.
+                self.batch.clear();
+                self.note_lost(1);
+                return;
+            }
+        }
         self.batch_records += 1;
         if self.batch.len() >= self.batch_limit {
             self.flush();
@@ -132,6 +150,12 @@ impl JobClient {
 
     /// Writes the batch as one frame, or drops and counts it when the ring is full.
     pub fn flush(&mut self) {
+        self.write_frame(self.batch.len());
+        self.batch.clear();
+    }
+
+    /// Writes the batch's first `len` bytes (its `batch_records` records) as one frame.
+    fn write_frame(&mut self, len: usize) {
         if self.batch_records == 0 {
             return;
         }
@@ -141,7 +165,10 @@ impl JobClient {
             tail: &slot.ring_tail,
             words: self.segment.ring_words(self.slot),
         };
-        match self.producer.push(ring, &self.batch, self.lost_pending) {
+        match self
+            .producer
+            .push(ring, &self.batch[..len], self.lost_pending)
+        {
             Ok(()) => {
                 slot.records_pushed
                     .fetch_add(self.batch_records, Ordering::Relaxed);
@@ -153,7 +180,6 @@ impl JobClient {
                 self.lost_pending = self.lost_pending.saturating_add(self.batch_records);
             }
         }
-        self.batch.clear();
         self.batch_records = 0;
     }
 

@@ -73,7 +73,12 @@ impl Producer {
     }
 
     /// Writes one frame, or drops it.
-    pub fn push(&mut self, ring: Ring<'_>, payload: &[u8], lost_before: u64) -> Result<(), PushError> {
+    pub fn push(
+        &mut self,
+        ring: Ring<'_>,
+        payload: &[u8],
+        lost_before: u64,
+    ) -> Result<(), PushError> {
         let len = payload.len() as u64;
         if len > ring.max_payload() {
             return Err(PushError::TooLarge);
@@ -98,7 +103,8 @@ impl Producer {
         for chunk in payload.chunks(8) {
             let mut w = [0u8; 8];
             w[..chunk.len()].copy_from_slice(chunk);
-            ring.word_at(at).store(u64::from_le_bytes(w), Ordering::Relaxed);
+            ring.word_at(at)
+                .store(u64::from_le_bytes(w), Ordering::Relaxed);
             at += 8;
         }
         self.head += frame;
@@ -141,7 +147,10 @@ impl std::fmt::Display for Corruption {
                 write!(f, "ring positions head {head}, tail {tail} are impossible")
             }
             Corruption::Misaligned { head, tail } => {
-                write!(f, "ring positions head {head}, tail {tail} are not on a word")
+                write!(
+                    f,
+                    "ring positions head {head}, tail {tail} are not on a word"
+                )
             }
             Corruption::FrameLength { length, available } => write!(
                 f,
@@ -152,13 +161,30 @@ impl std::fmt::Display for Corruption {
     }
 }
 
+/// The consumer's own state: the `head` it last reset the ring at. Until the producer moves
+/// `head` from there, nothing is new (a garbled head is reported once, not at every read).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Consumer {
+    reset_at: Option<u64>,
+}
+
 /// Reads the next frame into `payload` (cleared first).
-pub(crate) fn read_frame(ring: Ring<'_>, payload: &mut Vec<u8>) -> ReadOutcome {
+pub(crate) fn read_frame(
+    ring: Ring<'_>,
+    consumer: &mut Consumer,
+    payload: &mut Vec<u8>,
+) -> ReadOutcome {
     payload.clear();
     let head = ring.head.load(Ordering::Acquire);
     let tail = ring.tail.load(Ordering::Relaxed);
-    let reset = |c: Corruption| {
-        ring.tail.store(head, Ordering::Release);
+    if consumer.reset_at == Some(head) {
+        return ReadOutcome::Empty;
+    }
+    consumer.reset_at = None;
+    let mut reset = |c: Corruption| {
+        // On a word, so the producer (which restarts at the tail) writes aligned frames.
+        ring.tail.store(head.next_multiple_of(8), Ordering::Release);
+        consumer.reset_at = Some(head);
         ReadOutcome::Reset(c)
     };
     let available = head.wrapping_sub(tail);
@@ -198,9 +224,10 @@ pub(crate) fn read_frame(ring: Ring<'_>, payload: &mut Vec<u8>) -> ReadOutcome {
 }
 
 /// Resets the ring after its payload turned out to be garbage.
-pub(crate) fn reset(ring: Ring<'_>) {
+pub(crate) fn reset(ring: Ring<'_>, consumer: &mut Consumer) {
     let head = ring.head.load(Ordering::Acquire);
-    ring.tail.store(head, Ordering::Release);
+    ring.tail.store(head.next_multiple_of(8), Ordering::Release);
+    consumer.reset_at = Some(head);
 }
 
 /// Appends `record`'s encoding to a frame payload being built. Allocates only when `payload`
@@ -262,14 +289,18 @@ mod tests {
         let r = Owned::new(256);
         let mut p = Producer::new(0);
         let mut out = Vec::new();
+        let mut c = Consumer::default();
         // 40 frames of varied odd lengths through a 256-byte ring: it wraps many times.
         for n in 0..40u8 {
             let payload = frame(n, 1 + (n as usize * 7) % 60);
             p.push(r.ring(), &payload, 0).unwrap();
-            assert_eq!(read_frame(r.ring(), &mut out), ReadOutcome::Frame { lost_before: 0 });
+            assert_eq!(
+                read_frame(r.ring(), &mut c, &mut out),
+                ReadOutcome::Frame { lost_before: 0 }
+            );
             assert_eq!(out, payload);
         }
-        assert_eq!(read_frame(r.ring(), &mut out), ReadOutcome::Empty);
+        assert_eq!(read_frame(r.ring(), &mut c, &mut out), ReadOutcome::Empty);
     }
 
     #[test]
@@ -277,15 +308,28 @@ mod tests {
         let r = Owned::new(256);
         let mut p = Producer::new(0);
         let mut out = Vec::new();
+        let mut c = Consumer::default();
         let big = frame(1, 100); // 112 bytes with its header
         p.push(r.ring(), &big, 0).unwrap();
         p.push(r.ring(), &big, 0).unwrap();
         assert_eq!(p.push(r.ring(), &big, 0), Err(PushError::Full));
-        assert_eq!(p.push(r.ring(), &frame(0, 121), 0), Err(PushError::TooLarge));
-        assert_eq!(read_frame(r.ring(), &mut out), ReadOutcome::Frame { lost_before: 0 });
+        assert_eq!(
+            p.push(r.ring(), &frame(0, 121), 0),
+            Err(PushError::TooLarge)
+        );
+        assert_eq!(
+            read_frame(r.ring(), &mut c, &mut out),
+            ReadOutcome::Frame { lost_before: 0 }
+        );
         p.push(r.ring(), &frame(9, 10), 3).unwrap();
-        assert_eq!(read_frame(r.ring(), &mut out), ReadOutcome::Frame { lost_before: 0 });
-        assert_eq!(read_frame(r.ring(), &mut out), ReadOutcome::Frame { lost_before: 3 });
+        assert_eq!(
+            read_frame(r.ring(), &mut c, &mut out),
+            ReadOutcome::Frame { lost_before: 0 }
+        );
+        assert_eq!(
+            read_frame(r.ring(), &mut c, &mut out),
+            ReadOutcome::Frame { lost_before: 3 }
+        );
         assert_eq!(out, frame(9, 10));
     }
 
@@ -294,35 +338,57 @@ mod tests {
         let r = Owned::new(256);
         let mut p = Producer::new(0);
         let mut out = Vec::new();
+        let mut c = Consumer::default();
         p.push(r.ring(), &frame(1, 20), 0).unwrap();
         // A head more than a ring ahead.
         r.head.store(10_000, Ordering::Relaxed);
         assert!(matches!(
-            read_frame(r.ring(), &mut out),
+            read_frame(r.ring(), &mut c, &mut out),
             ReadOutcome::Reset(Corruption::Positions { .. })
         ));
         assert_eq!(r.tail.load(Ordering::Relaxed), 10_000);
         // The producer finds the tail ahead of its head, starts over there, and frames flow.
         p.push(r.ring(), &frame(2, 20), 0).unwrap();
-        assert_eq!(read_frame(r.ring(), &mut out), ReadOutcome::Frame { lost_before: 0 });
+        assert_eq!(
+            read_frame(r.ring(), &mut c, &mut out),
+            ReadOutcome::Frame { lost_before: 0 }
+        );
         assert_eq!(out, frame(2, 20));
         // A garbage length word.
         p.push(r.ring(), &frame(3, 20), 0).unwrap();
         let at = r.tail.load(Ordering::Relaxed);
         r.words[((at / 8) as usize) % r.words.len()].store(u64::MAX, Ordering::Relaxed);
         assert!(matches!(
-            read_frame(r.ring(), &mut out),
+            read_frame(r.ring(), &mut c, &mut out),
             ReadOutcome::Reset(Corruption::FrameLength { .. })
         ));
         // A misaligned tail.
         p.push(r.ring(), &frame(4, 20), 0).unwrap();
         r.tail.fetch_add(3, Ordering::Relaxed);
         assert!(matches!(
-            read_frame(r.ring(), &mut out),
+            read_frame(r.ring(), &mut c, &mut out),
             ReadOutcome::Reset(Corruption::Misaligned { .. })
         ));
         p.push(r.ring(), &frame(5, 20), 0).unwrap();
-        assert_eq!(read_frame(r.ring(), &mut out), ReadOutcome::Frame { lost_before: 0 });
+        assert_eq!(
+            read_frame(r.ring(), &mut c, &mut out),
+            ReadOutcome::Frame { lost_before: 0 }
+        );
         assert_eq!(out, frame(5, 20));
+        // A garbled head off a word: reported once (not at every read), and the producer's
+        // next frame, written where the consumer now stands, arrives.
+        r.head.store(0xdead_beef, Ordering::Relaxed);
+        assert!(matches!(
+            read_frame(r.ring(), &mut c, &mut out),
+            ReadOutcome::Reset(Corruption::Positions { .. })
+        ));
+        assert_eq!(read_frame(r.ring(), &mut c, &mut out), ReadOutcome::Empty);
+        p.push(r.ring(), &frame(6, 20), 0).unwrap();
+        assert_eq!(
+            read_frame(r.ring(), &mut c, &mut out),
+            ReadOutcome::Frame { lost_before: 0 }
+        );
+        assert_eq!(out, frame(6, 20));
+        assert_eq!(read_frame(r.ring(), &mut c, &mut out), ReadOutcome::Empty);
     }
 }

@@ -120,7 +120,8 @@ impl Geometry {
 
     /// Offset of the first ring: after the slots, on a 4 KiB boundary.
     pub fn rings_offset(&self) -> u64 {
-        (HEADER_BYTES as u64 + u64::from(self.slot_count) * SLOT_BYTES as u64).next_multiple_of(4096)
+        (HEADER_BYTES as u64 + u64::from(self.slot_count) * SLOT_BYTES as u64)
+            .next_multiple_of(4096)
     }
 
     pub fn ring_offset(&self, slot: u32) -> u64 {
@@ -143,7 +144,9 @@ impl Geometry {
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
     /// Not a usable segment name.
-    #[error("{0:?} is not a coordinator name (letters, digits, '.', '_', '-'; 1 to 100 characters)")]
+    #[error(
+        "{0:?} is not a coordinator name (letters, digits, '.', '_', '-'; 1 to 100 characters)"
+    )]
     BadName(String),
     /// `O_EXCL` creation found the name taken.
     #[error("{path} already exists")]
@@ -175,7 +178,11 @@ pub enum SegmentError {
     },
     /// The header's size is not the file's.
     #[error("{path}: the header says {header} bytes, the file has {file}")]
-    SizeMismatch { path: String, header: u64, file: u64 },
+    SizeMismatch {
+        path: String,
+        header: u64,
+        file: u64,
+    },
     /// The header's geometry breaks a limit.
     #[error("{path}: bad geometry: {reason}")]
     BadGeometry { path: String, reason: String },
@@ -267,7 +274,10 @@ impl Segment {
 
     /// The slot `index` (< slot_count).
     pub fn slot(&self, index: u32) -> &JobSlot {
-        assert!(index < self.geometry.slot_count, "slot {index} out of range");
+        assert!(
+            index < self.geometry.slot_count,
+            "slot {index} out of range"
+        );
         let offset = HEADER_BYTES + index as usize * SLOT_BYTES;
         // SAFETY: the geometry was checked against the mapping's length, so the slot lies
         // inside it; the offset is a multiple of 64, and JobSlot is plain atomics valid for
@@ -282,7 +292,10 @@ impl Segment {
 
     /// The command area of slot `index` as words.
     pub fn command_words(&self, index: u32) -> &[AtomicU64] {
-        self.words(self.geometry.command_offset(index), self.geometry.command_bytes)
+        self.words(
+            self.geometry.command_offset(index),
+            self.geometry.command_bytes,
+        )
     }
 
     fn words(&self, offset: u64, bytes: u64) -> &[AtomicU64] {
@@ -291,7 +304,11 @@ impl Segment {
         // page-aligned), and AtomicU64 is valid for any bit pattern; all access is atomic.
         unsafe {
             std::slice::from_raw_parts(
-                self.map.base().as_ptr().add(offset as usize).cast::<AtomicU64>(),
+                self.map
+                    .base()
+                    .as_ptr()
+                    .add(offset as usize)
+                    .cast::<AtomicU64>(),
                 (bytes / 8) as usize,
             )
         }
@@ -305,17 +322,20 @@ impl Segment {
         coordinator: ProcessIdentity,
     ) -> Result<Segment, SegmentError> {
         let path = shm_path(shm_name);
-        geometry.check().map_err(|reason| SegmentError::BadGeometry {
-            path: path.clone(),
-            reason,
-        })?;
+        geometry
+            .check()
+            .map_err(|reason| SegmentError::BadGeometry {
+                path: path.clone(),
+                reason,
+            })?;
         let file = ShmFile::create_exclusive(shm_name).map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => SegmentError::AlreadyExists { path: path.clone() },
             _ => os(&path, "shm_open", e),
         })?;
         let total = geometry.total_bytes();
         let made = (|| {
-            file.allocate(total).map_err(|e| os(&path, "reserving memory", e))?;
+            file.allocate(total)
+                .map_err(|e| os(&path, "reserving memory", e))?;
             let meta = file.metadata().map_err(|e| os(&path, "fstat", e))?;
             let map = file
                 .map(total as usize, Access::ReadWrite)
@@ -344,7 +364,8 @@ impl Segment {
         h.slot_count.store(geometry.slot_count, Ordering::Relaxed);
         h.total_bytes.store(total, Ordering::Relaxed);
         h.ring_bytes.store(geometry.ring_bytes, Ordering::Relaxed);
-        h.command_bytes.store(geometry.command_bytes, Ordering::Relaxed);
+        h.command_bytes
+            .store(geometry.command_bytes, Ordering::Relaxed);
         h.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
         // Slots are zero (fresh memory): free, incarnation 0.
         h.magic.store(SEGMENT_MAGIC, Ordering::Release);
@@ -461,10 +482,12 @@ fn check_header(path: &str, h: &Header, file_size: u64) -> Result<Geometry, Segm
         ring_bytes: h.ring_bytes.load(Ordering::Relaxed),
         command_bytes: h.command_bytes.load(Ordering::Relaxed),
     };
-    geometry.check().map_err(|reason| SegmentError::BadGeometry {
-        path: path.to_string(),
-        reason,
-    })?;
+    geometry
+        .check()
+        .map_err(|reason| SegmentError::BadGeometry {
+            path: path.to_string(),
+            reason,
+        })?;
     let header_total = h.total_bytes.load(Ordering::Relaxed);
     if header_total != geometry.total_bytes() {
         return Err(SegmentError::BadGeometry {

@@ -46,12 +46,8 @@ impl SegmentView {
         CoordinatorInfo {
             process,
             running: process.is_running(),
-            heartbeat_age_ns: monotonic_ns().saturating_sub(
-                self.segment
-                    .header()
-                    .heartbeat_ns
-                    .load(Ordering::Relaxed),
-            ),
+            heartbeat_age_ns: monotonic_ns()
+                .saturating_sub(self.segment.header().heartbeat_ns.load(Ordering::Relaxed)),
         }
     }
 
