@@ -82,10 +82,14 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
     let segment = match CoordinatorSegment::create_replacing_stale(&args.name, geometry) {
         Ok(s) => s,
         Err(e) => {
-            log.line(&format!(
-                "coordinator {}: not started: {e}",
-                std::process::id()
-            ));
+            // The error is printed on stderr; a log file gets it too, for whoever started
+            // the coordinator detached.
+            if args.log.is_some() {
+                log.line(&format!(
+                    "coordinator {}: not started: {e}",
+                    std::process::id()
+                ));
+            }
             return Err(match e {
                 SegmentError::CoordinatorRunning { .. } => format!("{e}; nothing to do"),
                 other => other.to_string(),
