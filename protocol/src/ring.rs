@@ -86,7 +86,7 @@ impl Producer {
         let frame = FRAME_HEADER_BYTES + len.next_multiple_of(8);
         let tail = ring.tail.load(Ordering::Acquire);
         let used = self.head.wrapping_sub(tail);
-        if used > ring.capacity() || tail % 8 != 0 {
+        if used > ring.capacity() || !tail.is_multiple_of(8) {
             // The consumer reset the ring (or it was garbled): start again where it stands,
             // and say so at once, so the two agree before the next frame.
             self.head = tail.next_multiple_of(8);
@@ -191,7 +191,7 @@ pub(crate) fn read_frame(
     if available > ring.capacity() {
         return reset(Corruption::Positions { head, tail });
     }
-    if head % 8 != 0 || tail % 8 != 0 {
+    if !head.is_multiple_of(8) || !tail.is_multiple_of(8) {
         return reset(Corruption::Misaligned { head, tail });
     }
     if available == 0 {
@@ -236,17 +236,22 @@ pub fn append_record(payload: &mut Vec<u8>, record: &Record) {
     let buf = std::mem::take(payload);
     // Writing plain data into a Vec cannot fail; on the impossible error the frame keeps
     // what it had.
-    *payload = match postcard::to_extend(record, buf) {
-        Ok(b) => b,
-        Err(_) => Vec::new(),
-    };
+    *payload = postcard::to_extend(record, buf).unwrap_or_default();
 }
+
+/// A frame payload that does not decode as records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UndecodablePayload;
 
 /// The records of a frame payload, or `Err` at the first that does not decode (the ones
 /// before it are delivered).
-pub fn decode_records(mut payload: &[u8], mut deliver: impl FnMut(Record)) -> Result<(), ()> {
+pub fn decode_records(
+    mut payload: &[u8],
+    mut deliver: impl FnMut(Record),
+) -> Result<(), UndecodablePayload> {
     while !payload.is_empty() {
-        let (record, rest) = postcard::take_from_bytes::<Record>(payload).map_err(|_| ())?;
+        let (record, rest) =
+            postcard::take_from_bytes::<Record>(payload).map_err(|_| UndecodablePayload)?;
         deliver(record);
         payload = rest;
     }

@@ -46,6 +46,9 @@ pub const MAX_RING_BYTES: u64 = 64 << 20;
 pub const MIN_COMMAND_BYTES: u64 = 4 << 10;
 pub const MAX_COMMAND_BYTES: u64 = crate::plan::MAX_PLAN_BYTES as u64;
 
+/// The largest segment accepted (it is reserved in memory whole).
+pub const MAX_SEGMENT_BYTES: u64 = 4 << 30;
+
 /// The segment's header. Written by the coordinator; read by everyone.
 #[repr(C)]
 pub(crate) struct Header {
@@ -107,12 +110,18 @@ impl Geometry {
                 self.ring_bytes
             ));
         }
-        if self.command_bytes % 8 != 0
+        if !self.command_bytes.is_multiple_of(8)
             || !(MIN_COMMAND_BYTES..=MAX_COMMAND_BYTES).contains(&self.command_bytes)
         {
             return Err(format!(
                 "command areas of {} bytes (a multiple of 8 from {MIN_COMMAND_BYTES} to {MAX_COMMAND_BYTES})",
                 self.command_bytes
+            ));
+        }
+        if self.total_bytes() > MAX_SEGMENT_BYTES {
+            return Err(format!(
+                "a segment of {} bytes (at most {MAX_SEGMENT_BYTES})",
+                self.total_bytes()
             ));
         }
         Ok(())
@@ -299,7 +308,7 @@ impl Segment {
     }
 
     fn words(&self, offset: u64, bytes: u64) -> &[AtomicU64] {
-        assert!(offset + bytes <= self.map.len() as u64 && offset % 8 == 0 && bytes % 8 == 0);
+        assert!(offset + bytes <= self.map.len() as u64 && offset.is_multiple_of(8) && bytes.is_multiple_of(8));
         // SAFETY: the range lies inside the mapping (asserted), is 8-aligned (the base is
         // page-aligned), and AtomicU64 is valid for any bit pattern; all access is atomic.
         unsafe {

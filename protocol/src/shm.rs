@@ -61,10 +61,8 @@ impl ShmFile {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` was just returned by shm_open and is owned by nobody else.
-        let file = ShmFile {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            name: c,
-        };
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let file = ShmFile { fd, name: c };
         // SAFETY: a valid descriptor.
         if unsafe { libc::fchmod(file.fd.as_raw_fd(), 0o600) } != 0 {
             return Err(io::Error::last_os_error());
@@ -85,10 +83,8 @@ impl ShmFile {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: `fd` was just returned by shm_open and is owned by nobody else.
-        Ok(ShmFile {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            name: c,
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(ShmFile { fd, name: c })
     }
 
     /// Sets the size and reserves the memory now (`posix_fallocate`), so that a full

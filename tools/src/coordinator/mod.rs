@@ -47,6 +47,8 @@ pub struct CoordinatorArgs {
 const IDLE_TICK: Duration = Duration::from_millis(10);
 /// How often each job's planner is asked for a plan.
 const PLAN_POLL: Duration = Duration::from_millis(50);
+/// How often the slots of dead jobs are looked for.
+const SWEEP_EVERY: Duration = Duration::from_millis(200);
 /// The most bytes of one job's ring read per tick, so one busy job cannot starve the others.
 const DRAIN_PER_TICK: usize = 4 << 20;
 
@@ -163,6 +165,7 @@ pub struct Coordinator {
     new_planner: PlannerFactory,
     jobs: BTreeMap<u32, Job>,
     idle_since: Option<Instant>,
+    last_sweep: Option<Instant>,
 }
 
 impl Coordinator {
@@ -173,6 +176,7 @@ impl Coordinator {
             new_planner,
             jobs: BTreeMap::new(),
             idle_since: Some(Instant::now()),
+            last_sweep: None,
         }
     }
 
@@ -184,7 +188,17 @@ impl Coordinator {
     /// One round of the loop. Returns whether any job had records (run again at once).
     pub fn tick(&mut self, now: Instant) -> bool {
         self.segment.heartbeat();
-        for r in self.segment.sweep() {
+        // Telling a dead job reads /proc; a few times a second is soon enough.
+        let sweep_due = self
+            .last_sweep
+            .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY);
+        let reclaimed = if sweep_due {
+            self.last_sweep = Some(now);
+            self.segment.sweep()
+        } else {
+            Vec::new()
+        };
+        for r in reclaimed {
             match self.jobs.remove(&r.slot) {
                 Some(job) => self.log.line(&format!(
                     "job {} died; slot {} reclaimed after {} records",
