@@ -308,7 +308,11 @@ impl Segment {
     }
 
     fn words(&self, offset: u64, bytes: u64) -> &[AtomicU64] {
-        assert!(offset + bytes <= self.map.len() as u64 && offset.is_multiple_of(8) && bytes.is_multiple_of(8));
+        assert!(
+            offset + bytes <= self.map.len() as u64
+                && offset.is_multiple_of(8)
+                && bytes.is_multiple_of(8)
+        );
         // SAFETY: the range lies inside the mapping (asserted), is 8-aligned (the base is
         // page-aligned), and AtomicU64 is valid for any bit pattern; all access is atomic.
         unsafe {
