@@ -66,6 +66,15 @@ impl JobClient {
     pub fn join(name: &str, options: &JobOptions) -> Result<JobClient, SegmentError> {
         let shm = shm_name(name)?;
         let segment = Segment::open(&shm, Access::ReadWrite)?;
+        // A dead coordinator's segment serves nobody: the caller should start a new
+        // coordinator (which replaces it) rather than join.
+        let coordinator = segment.coordinator();
+        if !coordinator.is_running() {
+            return Err(SegmentError::CoordinatorGone {
+                path: segment.path(),
+                pid: coordinator.pid,
+            });
+        }
         let me = ProcessIdentity::current().map_err(|source| SegmentError::Os {
             path: "/proc/self/stat".into(),
             op: "reading this process's start time",
@@ -272,6 +281,12 @@ impl JobClient {
         self.slot_ref().release(self.me.pid);
     }
 }
+
+// The shim drives a client from its background thread.
+const _: () = {
+    const fn sendable<T: Send>() {}
+    sendable::<JobClient>();
+};
 
 impl Drop for JobClient {
     fn drop(&mut self) {

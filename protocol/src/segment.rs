@@ -195,6 +195,9 @@ pub enum SegmentError {
     /// The header's geometry breaks a limit.
     #[error("{path}: bad geometry: {reason}")]
     BadGeometry { path: String, reason: String },
+    /// The segment's coordinator is dead (killed, or crashed): a new one must replace it.
+    #[error("{path} belongs to coordinator pid {pid}, which is no longer running")]
+    CoordinatorGone { path: String, pid: u32 },
     /// Every slot is taken by a live job.
     #[error("{path}: all {slots} job slots are taken by running jobs")]
     NoFreeSlot { path: String, slots: u32 },
@@ -347,18 +350,27 @@ impl Segment {
         })?;
         let total = geometry.total_bytes();
         let made = (|| {
-            file.allocate(total)
-                .map_err(|e| os(&path, "reserving memory", e))?;
+            file.set_size(total)
+                .map_err(|e| os(&path, "ftruncate", e))?;
             let meta = file.metadata().map_err(|e| os(&path, "fstat", e))?;
             let map = file
                 .map(total as usize, Access::ReadWrite)
                 .map_err(|e| os(&path, "mmap", e))?;
-            Ok(Segment {
+            let segment = Segment {
                 map,
                 geometry,
                 shm_name: shm_name.to_string(),
                 identity: (meta.dev, meta.ino),
-            })
+            };
+            // The creator first, before the (slower) reservation, so that another
+            // coordinator finding the name taken sees at once who is making it.
+            let h = segment.header();
+            h.coordinator_pid.store(coordinator.pid, Ordering::Relaxed);
+            h.coordinator_start_time
+                .store(coordinator.start_time, Ordering::Relaxed);
+            file.reserve(total)
+                .map_err(|e| os(&path, "reserving memory in /dev/shm", e))?;
+            Ok(segment)
         })();
         let segment = match made {
             Ok(s) => s,
@@ -368,11 +380,6 @@ impl Segment {
             }
         };
         let h = segment.header();
-        // The creator first, so a reader that finds the magic 0 can tell whether the creator
-        // still lives.
-        h.coordinator_pid.store(coordinator.pid, Ordering::Relaxed);
-        h.coordinator_start_time
-            .store(coordinator.start_time, Ordering::Relaxed);
         h.layout_version.store(LAYOUT_VERSION, Ordering::Relaxed);
         h.slot_count.store(geometry.slot_count, Ordering::Relaxed);
         h.total_bytes.store(total, Ordering::Relaxed);

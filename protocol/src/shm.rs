@@ -87,15 +87,22 @@ impl ShmFile {
         Ok(ShmFile { fd, name: c })
     }
 
-    /// Sets the size and reserves the memory now (`posix_fallocate`), so that a full
-    /// `/dev/shm` is an error here rather than a `SIGBUS` in a job writing its ring later.
-    pub fn allocate(&self, bytes: u64) -> io::Result<()> {
+    /// Sets the size (the memory is not reserved yet: see [`ShmFile::reserve`]).
+    pub fn set_size(&self, bytes: u64) -> io::Result<()> {
         let len = libc::off_t::try_from(bytes)
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment too large"))?;
         // SAFETY: a valid descriptor.
         if unsafe { libc::ftruncate(self.fd.as_raw_fd(), len) } != 0 {
             return Err(io::Error::last_os_error());
         }
+        Ok(())
+    }
+
+    /// Reserves the memory of the first `bytes` now (`posix_fallocate`), so that a full
+    /// `/dev/shm` is an error here rather than a `SIGBUS` in a job writing its ring later.
+    pub fn reserve(&self, bytes: u64) -> io::Result<()> {
+        let len = libc::off_t::try_from(bytes)
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "segment too large"))?;
         // SAFETY: a valid descriptor; posix_fallocate returns the error number itself.
         let r = unsafe { libc::posix_fallocate(self.fd.as_raw_fd(), 0, len) };
         if r != 0 && r != libc::EOPNOTSUPP && r != libc::EINVAL {

@@ -182,6 +182,11 @@ fn a_coordinator_killed_with_sigkill_is_replaced_and_the_job_rejoins() {
     );
     let report = text(&tensile(&["status", "--name", &name]).stdout);
     assert!(report.contains("is NOT running"), "{report}");
+    // Joining the dead coordinator's segment is refused by kind: start a new one instead.
+    match JobClient::join(&name, &JobOptions::default()) {
+        Err(SegmentError::CoordinatorGone { pid, .. }) => assert_eq!(pid, first.id()),
+        other => panic!("expected CoordinatorGone, got {other:?}"),
+    }
 
     let mut second = start_coordinator(&name);
     // The new coordinator replaces the stale segment; the job joins it anew.
