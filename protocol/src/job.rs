@@ -13,7 +13,7 @@ use tensile_trace::Record;
 
 use crate::command::{CommandArea, CommandRead};
 use crate::process::{monotonic_ns, ProcessIdentity};
-use crate::ring::{append_record, Producer, PushError, Ring};
+use crate::ring::{Producer, PushError, Ring};
 use crate::segment::{shm_name, Segment, SegmentError};
 use crate::shm::Access;
 use crate::slot::{JobSlot, PlanState, StepCounters};
@@ -48,11 +48,12 @@ pub struct JobClient {
     me: ProcessIdentity,
     incarnation: u64,
     producer: Producer,
-    batch: Vec<u8>,
+    /// The frame being built: `batch[..batch_len]`, `batch_records` records; as long as the
+    /// largest frame the ring takes.
+    batch: Box<[u8]>,
+    batch_len: usize,
     batch_records: u64,
     batch_limit: usize,
-    /// The largest frame payload the ring takes.
-    max_payload: usize,
     /// Records lost since the last frame written (dropped here or reported by the caller).
     lost_pending: u64,
     command_seen: u64,
@@ -99,10 +100,10 @@ impl JobClient {
             me,
             incarnation,
             producer: Producer::new(head),
-            batch: Vec::with_capacity(max_payload.min(batch_limit + 4096)),
+            batch: vec![0; max_payload].into_boxed_slice(),
+            batch_len: 0,
             batch_records: 0,
             batch_limit,
-            max_payload,
             lost_pending: 0,
             command_seen,
             command_buf: Vec::new(),
@@ -125,26 +126,27 @@ impl JobClient {
         self.segment.path()
     }
 
-    /// Adds a record to the batch; writes the batch when it is full.
+    /// Adds a record to the batch; writes the batch when it is full. Encodes in place into
+    /// a buffer allocated once, so the push path allocates nothing.
     pub fn push(&mut self, record: &Record) {
-        let before = self.batch.len();
-        append_record(&mut self.batch, record);
-        if self.batch.len() > self.max_payload {
-            // The record does not fit in this frame: send what came before it, and start the
-            // next frame with it (moved down in place, no allocation).
-            if before > 0 {
-                self.write_frame(before);
-                self.batch.drain(..before);
+        let used = match postcard::to_slice(record, &mut self.batch[self.batch_len..]) {
+            Ok(encoded) => encoded.len(),
+            Err(_) => {
+                // Not enough room left in this frame: send it, start the next with the record.
+                self.flush();
+                match postcard::to_slice(record, &mut self.batch[..]) {
+                    Ok(encoded) => encoded.len(),
+                    Err(_) => {
+                        // Larger than any frame: lost.
+                        self.note_lost(1);
+                        return;
+                    }
+                }
             }
-            if self.batch.len() > self.max_payload {
-                // Larger than any frame: lost.
-                self.batch.clear();
-                self.note_lost(1);
-                return;
-            }
-        }
+        };
+        self.batch_len += used;
         self.batch_records += 1;
-        if self.batch.len() >= self.batch_limit {
+        if self.batch_len >= self.batch_limit {
             self.flush();
         }
     }
@@ -159,12 +161,6 @@ impl JobClient {
 
     /// Writes the batch as one frame, or drops and counts it when the ring is full.
     pub fn flush(&mut self) {
-        self.write_frame(self.batch.len());
-        self.batch.clear();
-    }
-
-    /// Writes the batch's first `len` bytes (its `batch_records` records) as one frame.
-    fn write_frame(&mut self, len: usize) {
         if self.batch_records == 0 {
             return;
         }
@@ -176,7 +172,7 @@ impl JobClient {
         };
         match self
             .producer
-            .push(ring, &self.batch[..len], self.lost_pending)
+            .push(ring, &self.batch[..self.batch_len], self.lost_pending)
         {
             Ok(()) => {
                 slot.records_pushed
@@ -189,6 +185,7 @@ impl JobClient {
                 self.lost_pending = self.lost_pending.saturating_add(self.batch_records);
             }
         }
+        self.batch_len = 0;
         self.batch_records = 0;
     }
 

@@ -17,8 +17,8 @@
 //!   `tail` and length it reads; anything impossible resets the ring (`tail = head`), is
 //!   counted, and is reported, never trusted.
 //!
-//! A frame's payload is records, each postcard-encoded, back to back ([`append_record`],
-//! [`decode_records`]).
+//! A frame's payload is records, each postcard-encoded, back to back (encoded by
+//! [`crate::JobClient::push`], decoded by [`decode_records`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -228,15 +228,6 @@ pub(crate) fn reset(ring: Ring<'_>, consumer: &mut Consumer) {
     let head = ring.head.load(Ordering::Acquire);
     ring.tail.store(head.next_multiple_of(8), Ordering::Release);
     consumer.reset_at = Some(head);
-}
-
-/// Appends `record`'s encoding to a frame payload being built. Allocates only when `payload`
-/// must grow past its capacity.
-pub fn append_record(payload: &mut Vec<u8>, record: &Record) {
-    let buf = std::mem::take(payload);
-    // Writing plain data into a Vec cannot fail; on the impossible error the frame keeps
-    // what it had.
-    *payload = postcard::to_extend(record, buf).unwrap_or_default();
 }
 
 /// A frame payload that does not decode as records.
