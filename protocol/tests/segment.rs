@@ -531,3 +531,20 @@ fn commands_reach_the_job_in_order_one_at_a_time() {
     );
     assert_eq!(coordinator.jobs()[0].commands_rejected, 1);
 }
+
+#[test]
+fn a_long_command_line_is_truncated_on_a_character_boundary() {
+    let name = unique_name("cmdline");
+    let coordinator = CoordinatorSegment::create(&name, small()).unwrap();
+    // 2-byte characters, so byte 255 falls inside one.
+    let long = "python train.py ".to_string() + &"é".repeat(300);
+    let job = JobClient::join(&name, &options(&long)).unwrap();
+    let seen = coordinator.jobs()[0].command_line.clone();
+    assert!(
+        seen.len() <= 255 && seen.len() >= 254,
+        "{} bytes",
+        seen.len()
+    );
+    assert!(long.starts_with(&seen));
+    drop(job);
+}
