@@ -218,3 +218,67 @@ fn status_says_in_one_line_that_a_named_coordinator_is_not_running() {
         format!("tensile: no coordinator named {name:?} is running")
     );
 }
+
+/// Not a test on its own: the body of the job process `spawn_job` starts (this test binary
+/// run again), which joins, says so, and sleeps until killed.
+#[test]
+fn job_process_for_other_tests() {
+    let Ok(name) = std::env::var("TENSILE_TEST_JOB_SEGMENT") else {
+        return;
+    };
+    let mut job = join_when_ready(&name, "doomed-job");
+    for seq in 0..100 {
+        job.push(&launch(seq));
+    }
+    job.flush();
+    println!("joined");
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+fn spawn_job(name: &str) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "job_process_for_other_tests", "--nocapture"])
+        .env("TENSILE_TEST_JOB_SEGMENT", name)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // The harness prints "test NAME ... " on the same line first.
+    while !lines
+        .next()
+        .expect("the job process ended before joining")
+        .unwrap()
+        .contains("joined")
+    {}
+    child
+}
+
+#[test]
+fn a_job_killed_with_sigkill_is_logged_its_slot_freed_and_the_coordinator_then_exits() {
+    let name = unique_name("jobdies");
+    let mut coordinator = start_coordinator(&name);
+    let mut job = spawn_job(&name);
+    let pid = job.id();
+    let report = text(&tensile(&["status", "--name", &name]).stdout);
+    assert!(report.contains("doomed-job"), "{report}");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    job.wait().unwrap();
+    let want = format!("job {pid} died; slot 0 reclaimed after ");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(log_path(&name)).unwrap_or_default();
+        if log.contains(&want) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{want:?} not in the log:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // No job left: the coordinator exits after its idle time and removes its segment.
+    let exit = wait_exit(&mut coordinator, Duration::from_secs(15));
+    assert!(exit.success());
+    assert!(!Path::new(&segment_file(&name)).exists());
+    let _ = std::fs::remove_file(log_path(&name));
+}
