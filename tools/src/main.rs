@@ -3,10 +3,12 @@
 //! Each subcommand lives in its own module; this file only parses arguments and dispatches.
 
 mod chrome_trace;
+mod coordinator;
 mod demo;
 mod replay;
 mod rerun;
 mod run;
+mod status;
 mod trace_info;
 mod workdir;
 
@@ -38,6 +40,10 @@ enum Command {
     /// Play a trace back as a driver program, natively and under libtensile, and set the
     /// measured step beside replay's prediction; stamps check every byte swapping moved.
     Rerun(rerun::RerunArgs),
+    /// Serve the jobs of one GPU: learn each job's iteration, plan it, send it the plan.
+    Coordinator(coordinator::CoordinatorArgs),
+    /// List the live jobs of each running coordinator.
+    Status(status::StatusArgs),
     /// The player `tensile rerun` starts (internal).
     #[command(hide = true)]
     RerunPlayer(rerun::PlayerArgs),
@@ -51,6 +57,8 @@ fn main() -> ExitCode {
         Command::TraceInfo(args) => trace_info::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Rerun(args) => rerun::run(args),
+        Command::Coordinator(args) => coordinator::run(args),
+        Command::Status(args) => status::run(args),
         Command::RerunPlayer(args) => return rerun::player_main(args),
     };
     match result {

@@ -1,0 +1,381 @@
+//! A job slot: one job's fixed-layout row in the segment, and the rules for owning it.
+//!
+//! Ownership is one word, `owner = pid << 32 | state`, changed only by compare-and-swap:
+//! - `FREE -> CLAIMING(pid)`: a joining job takes a free slot;
+//! - `LIVE(dead) / CLAIMING(dead) -> CLAIMING(pid)`: a joining job takes a dead job's slot;
+//! - `CLAIMING(pid) -> LIVE(pid)`: the job has written its identity and reset its fields
+//!   (a plain `Release` store, only the claimer writes it);
+//! - `LIVE(pid) -> FREE`: the job leaves, or the coordinator's sweep finds it dead.
+//!
+//! A job is dead when its pid is gone or belongs to a process with another start time. Each
+//! claim bumps `incarnation`, so the coordinator tells a new job in a reused slot from the old
+//! one even if it never saw the slot free. Counters are written by their one writer with
+//! `Relaxed` stores: a reader may see a mix of two updates, never a torn value.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::process::{monotonic_ns, ProcessIdentity};
+
+/// Bytes of one slot.
+pub const SLOT_BYTES: usize = 1024;
+
+/// Bytes of the command line a slot keeps (truncated, NUL-padded).
+pub const COMMAND_LINE_BYTES: usize = 256;
+
+pub(crate) const STATE_FREE: u64 = 0;
+pub(crate) const STATE_CLAIMING: u64 = 1;
+pub(crate) const STATE_LIVE: u64 = 2;
+
+pub(crate) fn owner_word(pid: u32, state: u64) -> u64 {
+    (u64::from(pid) << 32) | state
+}
+
+fn split_owner(word: u64) -> (u32, u64) {
+    ((word >> 32) as u32, word & 0xffff_ffff)
+}
+
+/// Whether a job executes a plan, and which kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanState {
+    /// On-demand swapping while the planner learns the iteration.
+    Learning,
+    /// Executing a plan.
+    Planned,
+    /// A plan was dropped (the launches stopped matching) and the job swaps on demand until
+    /// the next.
+    Fallback,
+}
+
+impl PlanState {
+    fn to_word(self) -> u32 {
+        match self {
+            PlanState::Learning => 0,
+            PlanState::Planned => 1,
+            PlanState::Fallback => 2,
+        }
+    }
+
+    fn from_word(w: u32) -> Option<PlanState> {
+        match w {
+            0 => Some(PlanState::Learning),
+            1 => Some(PlanState::Planned),
+            2 => Some(PlanState::Fallback),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PlanState::Learning => "learning",
+            PlanState::Planned => "planned",
+            PlanState::Fallback => "fallback",
+        }
+    }
+}
+
+/// One job's row. Field comments say who writes each.
+#[repr(C, align(64))]
+pub(crate) struct JobSlot {
+    /// Both (compare-and-swap): `pid << 32 | state`.
+    pub owner: AtomicU64,
+    /// Job, while claiming: its process start time.
+    pub start_time: AtomicU64,
+    /// Job, while claiming: bumped by every claim.
+    pub incarnation: AtomicU64,
+    /// Job: `CLOCK_MONOTONIC` ns of its last heartbeat.
+    pub heartbeat_ns: AtomicU64,
+    /// Job: the device budget it asks for.
+    pub budget_bytes: AtomicU64,
+    /// Coordinator: the budget granted.
+    pub grant_bytes: AtomicU64,
+    /// Job: bytes resident on the device.
+    pub resident_bytes: AtomicU64,
+    /// Job: bytes it would keep resident if it could (its working set).
+    pub demand_bytes: AtomicU64,
+    /// Job: the version of the plan it executes (0: none yet).
+    pub plan_version: AtomicU32,
+    /// Job: [`PlanState`].
+    pub plan_state: AtomicU32,
+    /// Job: launches seen.
+    pub launches: AtomicU64,
+    /// Job: records written to the ring.
+    pub records_pushed: AtomicU64,
+    /// Job: records dropped because the ring was full.
+    pub records_dropped: AtomicU64,
+    /// Job, per step (the last step measured): launches that waited for a swap-in.
+    pub stalls_per_step: AtomicU64,
+    /// Job, per step: bytes written to the host.
+    pub bytes_to_host_per_step: AtomicU64,
+    /// Job, per step: bytes read back to the device.
+    pub bytes_to_device_per_step: AtomicU64,
+    /// Job: the step time its plan predicts, ns.
+    pub predicted_step_ns: AtomicU64,
+    /// Job: the step time measured, ns.
+    pub measured_step_ns: AtomicU64,
+    /// Job: commands it could not decode.
+    pub commands_rejected: AtomicU64,
+    /// Coordinator: times it found the ring corrupt and reset it.
+    pub ring_resets: AtomicU64,
+    _pad0: [AtomicU64; 5],
+    /// Job (producer): bytes ever written to the ring. Offset 192.
+    pub ring_head: AtomicU64,
+    _pad1: [AtomicU64; 7],
+    /// Coordinator (consumer): bytes ever read from the ring. Offset 256.
+    pub ring_tail: AtomicU64,
+    _pad2: [AtomicU64; 7],
+    /// Coordinator: the command seqlock, odd while it writes. Offset 320.
+    pub command_generation: AtomicU64,
+    /// Coordinator, under the seqlock: the command's kind.
+    pub command_kind: AtomicU32,
+    /// Coordinator, under the seqlock: the payload's length in bytes.
+    pub command_len: AtomicU32,
+    /// Job: the last generation it read (and applied or rejected).
+    pub command_acked: AtomicU64,
+    _pad3: [AtomicU64; 5],
+    /// Job, while claiming: its command line, NUL-padded. Offset 384.
+    pub command_line: [AtomicU64; COMMAND_LINE_BYTES / 8],
+    _reserved: [AtomicU64; (SLOT_BYTES - 384 - COMMAND_LINE_BYTES) / 8],
+}
+
+const _: () = assert!(std::mem::size_of::<JobSlot>() == SLOT_BYTES);
+const _: () = assert!(std::mem::offset_of!(JobSlot, ring_head) == 192);
+const _: () = assert!(std::mem::offset_of!(JobSlot, ring_tail) == 256);
+const _: () = assert!(std::mem::offset_of!(JobSlot, command_generation) == 320);
+const _: () = assert!(std::mem::offset_of!(JobSlot, command_line) == 384);
+
+/// A slot as read at one moment (fields may come from neighbouring updates).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobSnapshot {
+    /// Index of the slot.
+    pub slot: u32,
+    /// Bumped by every claim of the slot.
+    pub incarnation: u64,
+    /// The job's process.
+    pub process: ProcessIdentity,
+    /// Claimed and initialized (`false`: still claiming).
+    pub live: bool,
+    /// Nanoseconds since its last heartbeat (`CLOCK_MONOTONIC`).
+    pub heartbeat_age_ns: u64,
+    pub budget_bytes: u64,
+    pub grant_bytes: u64,
+    pub resident_bytes: u64,
+    pub demand_bytes: u64,
+    pub plan_version: u32,
+    /// `None`: a value no version writes.
+    pub plan_state: Option<PlanState>,
+    pub launches: u64,
+    pub records_pushed: u64,
+    pub records_dropped: u64,
+    pub stalls_per_step: u64,
+    pub bytes_to_host_per_step: u64,
+    pub bytes_to_device_per_step: u64,
+    pub predicted_step_ns: u64,
+    pub measured_step_ns: u64,
+    pub commands_rejected: u64,
+    pub ring_resets: u64,
+    /// The command line as the job wrote it (lossy UTF-8, truncated).
+    pub command_line: String,
+}
+
+/// What a job reports about its last step, written into its slot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepCounters {
+    pub stalls: u64,
+    pub bytes_to_host: u64,
+    pub bytes_to_device: u64,
+    pub predicted_step_ns: u64,
+    pub measured_step_ns: u64,
+}
+
+impl JobSlot {
+    /// The owner's pid and whether it is claiming or live; `None` when free (or garbage).
+    pub fn owner(&self) -> Option<(u32, u64)> {
+        let (pid, state) = split_owner(self.owner.load(Ordering::Acquire));
+        match state {
+            STATE_CLAIMING | STATE_LIVE => Some((pid, state)),
+            _ => None,
+        }
+    }
+
+    pub fn snapshot(&self, slot: u32) -> Option<JobSnapshot> {
+        let (pid, state) = self.owner()?;
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Some(JobSnapshot {
+            slot,
+            incarnation: r(&self.incarnation),
+            process: ProcessIdentity {
+                pid,
+                start_time: r(&self.start_time),
+            },
+            live: state == STATE_LIVE,
+            heartbeat_age_ns: monotonic_ns().saturating_sub(r(&self.heartbeat_ns)),
+            budget_bytes: r(&self.budget_bytes),
+            grant_bytes: r(&self.grant_bytes),
+            resident_bytes: r(&self.resident_bytes),
+            demand_bytes: r(&self.demand_bytes),
+            plan_version: self.plan_version.load(Ordering::Relaxed),
+            plan_state: PlanState::from_word(self.plan_state.load(Ordering::Relaxed)),
+            launches: r(&self.launches),
+            records_pushed: r(&self.records_pushed),
+            records_dropped: r(&self.records_dropped),
+            stalls_per_step: r(&self.stalls_per_step),
+            bytes_to_host_per_step: r(&self.bytes_to_host_per_step),
+            bytes_to_device_per_step: r(&self.bytes_to_device_per_step),
+            predicted_step_ns: r(&self.predicted_step_ns),
+            measured_step_ns: r(&self.measured_step_ns),
+            commands_rejected: r(&self.commands_rejected),
+            ring_resets: r(&self.ring_resets),
+            command_line: self.command_line(),
+        })
+    }
+
+    fn command_line(&self) -> String {
+        let mut bytes = Vec::with_capacity(COMMAND_LINE_BYTES);
+        for w in &self.command_line {
+            bytes.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+        String::from_utf8_lossy(&bytes[..end]).into_owned()
+    }
+
+    fn set_command_line(&self, line: &str) {
+        let mut bytes = [0u8; COMMAND_LINE_BYTES];
+        // Truncated on a character boundary, with room for the NUL.
+        let mut end = line.len().min(COMMAND_LINE_BYTES - 1);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        bytes[..end].copy_from_slice(&line.as_bytes()[..end]);
+        for (w, chunk) in self.command_line.iter().zip(bytes.chunks_exact(8)) {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            w.store(u64::from_le_bytes(word), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the owner recorded in `word` is gone. A claimer is judged by pid alone (it may
+    /// have died before writing its start time).
+    fn owner_is_dead(&self, word: u64) -> bool {
+        let (pid, state) = split_owner(word);
+        match state {
+            STATE_FREE => false,
+            STATE_CLAIMING => !crate::process::pid_exists(pid),
+            STATE_LIVE => !ProcessIdentity {
+                pid,
+                start_time: self.start_time.load(Ordering::Relaxed),
+            }
+            .is_running(),
+            // A state no version writes: garbage, and nobody's.
+            _ => true,
+        }
+    }
+
+    /// Takes the slot for `me` if it is free or its owner is dead; on success it is CLAIMING.
+    pub fn try_claim(&self, me: u32) -> bool {
+        let word = self.owner.load(Ordering::Acquire);
+        let (_, state) = split_owner(word);
+        if state != STATE_FREE && !self.owner_is_dead(word) {
+            return false;
+        }
+        self.owner
+            .compare_exchange(
+                word,
+                owner_word(me, STATE_CLAIMING),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Finishes a claim: resets the job's fields, writes its identity, goes LIVE. The ring
+    /// restarts where the consumer stands and old commands count as read, so nothing of the
+    /// previous owner reaches the new one. Returns the incarnation.
+    pub fn finish_claim(
+        &self,
+        me: ProcessIdentity,
+        budget_bytes: u64,
+        command_line: &str,
+    ) -> (u64, u64) {
+        let z = |a: &AtomicU64| a.store(0, Ordering::Relaxed);
+        let incarnation = self.incarnation.fetch_add(1, Ordering::Relaxed) + 1;
+        self.start_time.store(me.start_time, Ordering::Relaxed);
+        self.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
+        self.budget_bytes.store(budget_bytes, Ordering::Relaxed);
+        for a in [
+            &self.resident_bytes,
+            &self.demand_bytes,
+            &self.launches,
+            &self.records_pushed,
+            &self.records_dropped,
+            &self.stalls_per_step,
+            &self.bytes_to_host_per_step,
+            &self.bytes_to_device_per_step,
+            &self.predicted_step_ns,
+            &self.measured_step_ns,
+            &self.commands_rejected,
+        ] {
+            z(a);
+        }
+        self.plan_version.store(0, Ordering::Relaxed);
+        self.plan_state
+            .store(PlanState::Learning.to_word(), Ordering::Relaxed);
+        // The tail is 8-aligned unless garbled; a garbled one is reset by the consumer.
+        let head = self.ring_tail.load(Ordering::Acquire) & !7;
+        self.ring_head.store(head, Ordering::Release);
+        self.command_acked.store(
+            self.command_generation.load(Ordering::Acquire),
+            Ordering::Relaxed,
+        );
+        self.set_command_line(command_line);
+        self.owner
+            .store(owner_word(me.pid, STATE_LIVE), Ordering::Release);
+        (incarnation, head)
+    }
+
+    /// Frees the slot if `pid` still owns it (live); false when it had already lost it.
+    pub fn release(&self, pid: u32) -> bool {
+        self.owner
+            .compare_exchange(
+                owner_word(pid, STATE_LIVE),
+                STATE_FREE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// The coordinator's sweep: frees the slot if its owner is dead. Returns the owner's pid.
+    pub fn reclaim_if_dead(&self) -> Option<u32> {
+        let word = self.owner.load(Ordering::Acquire);
+        if split_owner(word).1 == STATE_FREE || !self.owner_is_dead(word) {
+            return None;
+        }
+        self.owner
+            .compare_exchange(word, STATE_FREE, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|w| split_owner(w).0)
+    }
+
+    /// Whether `pid` still owns the slot in `incarnation`.
+    pub fn held_by(&self, pid: u32, incarnation: u64) -> bool {
+        self.owner.load(Ordering::Acquire) == owner_word(pid, STATE_LIVE)
+            && self.incarnation.load(Ordering::Relaxed) == incarnation
+    }
+
+    pub fn set_plan(&self, version: u32, state: PlanState) {
+        self.plan_version.store(version, Ordering::Relaxed);
+        self.plan_state.store(state.to_word(), Ordering::Relaxed);
+    }
+
+    pub fn set_step_counters(&self, c: &StepCounters) {
+        self.stalls_per_step.store(c.stalls, Ordering::Relaxed);
+        self.bytes_to_host_per_step
+            .store(c.bytes_to_host, Ordering::Relaxed);
+        self.bytes_to_device_per_step
+            .store(c.bytes_to_device, Ordering::Relaxed);
+        self.predicted_step_ns
+            .store(c.predicted_step_ns, Ordering::Relaxed);
+        self.measured_step_ns
+            .store(c.measured_step_ns, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,559 @@
+//! `tensile coordinator`: serves the jobs of one GPU and user through their shared-memory
+//! segment (`tensile_protocol`): reads each job's event stream into a planner of its own,
+//! sends the job each new plan, grants budgets, reclaims the slots of dead jobs, and exits a
+//! while after the last job has left.
+//!
+//! One thread does everything, in [`Coordinator::tick`]: heartbeat, sweep, follow the slot
+//! table, grant, drain, plan, write commands. Nothing in it waits on a job. What the planner
+//! is stays behind [`JobPlanner`].
+//!
+//! Grants: for now each job is granted the budget it asks for; dividing one GPU among
+//! several jobs comes later (the grant field and the `Budget` command are already real).
+
+mod log;
+mod planner;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tensile_analyzer::cost::format_bytes;
+use tensile_protocol::{
+    Command, CoordinatorSegment, Delivery, Geometry, JobSnapshot, SegmentError,
+};
+
+pub use log::Log;
+pub use planner::{JobPlanner, PlannerState, WatchOnly};
+
+/// Arguments of `tensile coordinator`.
+#[derive(clap::Args)]
+pub struct CoordinatorArgs {
+    /// The segment's name: the GPU's identity, or what TENSILE_COORDINATOR=NAME says.
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    /// Exit this many seconds after the last job left (or after starting, if none joins).
+    #[arg(long, value_name = "SECS", default_value_t = 30.0)]
+    pub idle_exit: f64,
+    /// Append the log here instead of writing it to stderr.
+    #[arg(long, value_name = "FILE")]
+    pub log: Option<PathBuf>,
+    /// Job slots in the segment: the most jobs served at once.
+    #[arg(long, default_value_t = Geometry::default().slot_count)]
+    pub slots: u32,
+}
+
+/// How often the loop runs when there is nothing to read.
+const IDLE_TICK: Duration = Duration::from_millis(10);
+/// How often each job's planner is asked for a plan.
+const PLAN_POLL: Duration = Duration::from_millis(50);
+/// How often the slots of dead jobs are looked for.
+const SWEEP_EVERY: Duration = Duration::from_millis(200);
+/// The most bytes of one job's ring read per tick, so one busy job cannot starve the others.
+const DRAIN_PER_TICK: usize = 4 << 20;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn request_stop(_signal: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Runs `tensile coordinator` until it has been idle long enough or is told to stop.
+pub fn run(args: CoordinatorArgs) -> Result<(), String> {
+    if !(args.idle_exit.is_finite() && args.idle_exit >= 0.0) {
+        return Err(format!(
+            "--idle-exit {}: not a number of seconds",
+            args.idle_exit
+        ));
+    }
+    let out: Box<dyn std::io::Write + Send> = match &args.log {
+        Some(path) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("log file {}: {e}", path.display()))?,
+        ),
+        None => Box::new(std::io::stderr()),
+    };
+    let mut log = Log::new(out);
+    let geometry = Geometry {
+        slot_count: args.slots,
+        ..Geometry::default()
+    };
+    let segment = match CoordinatorSegment::create_replacing_stale(&args.name, geometry) {
+        Ok(s) => s,
+        Err(e) => {
+            // The error is printed on stderr; a log file gets it too, for whoever started
+            // the coordinator detached.
+            if args.log.is_some() {
+                log.line(&format!(
+                    "coordinator {}: not started: {e}",
+                    std::process::id()
+                ));
+            }
+            return Err(match e {
+                SegmentError::CoordinatorRunning { .. } => format!("{e}; nothing to do"),
+                other => other.to_string(),
+            });
+        }
+    };
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGTERM,
+            request_stop as *const () as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGINT,
+            request_stop as *const () as libc::sighandler_t,
+        );
+    }
+    let mut coordinator = Coordinator::new(segment, log, Box::new(|_| Box::new(WatchOnly)));
+    let idle_exit = Duration::from_secs_f64(args.idle_exit);
+    let path = coordinator.segment.path();
+    coordinator.log.line(&format!(
+        "coordinator {} serving {path} ({} slots); exits {:.0} s after the last job leaves",
+        std::process::id(),
+        geometry.slot_count,
+        args.idle_exit
+    ));
+    loop {
+        let now = Instant::now();
+        let busy = coordinator.tick(now);
+        if STOP.load(Ordering::Relaxed) {
+            coordinator.log.line("coordinator stopping (signal)");
+            break;
+        }
+        if coordinator.idle_for(now) >= Some(idle_exit) {
+            coordinator.log.line(&format!(
+                "coordinator {}: no job for {:.1} s; exiting",
+                std::process::id(),
+                args.idle_exit
+            ));
+            break;
+        }
+        if !busy {
+            std::thread::sleep(IDLE_TICK);
+        }
+    }
+    // Dropping the segment unlinks its name (if it is still ours).
+    drop(coordinator);
+    Ok(())
+}
+
+/// Makes the planner of a job that joined.
+pub type PlannerFactory = Box<dyn FnMut(&JobSnapshot) -> Box<dyn JobPlanner>>;
+
+/// One job the coordinator follows.
+struct Job {
+    incarnation: u64,
+    pid: u32,
+    command_line: String,
+    planner: Box<dyn JobPlanner>,
+    /// The budget the job asked for, last seen.
+    budget: u64,
+    last_poll: Option<Instant>,
+    records: u64,
+    lost: u64,
+}
+
+/// The coordinator's state between ticks.
+pub struct Coordinator {
+    segment: CoordinatorSegment,
+    log: Log,
+    new_planner: PlannerFactory,
+    jobs: BTreeMap<u32, Job>,
+    idle_since: Option<Instant>,
+    last_sweep: Option<Instant>,
+}
+
+impl Coordinator {
+    pub fn new(segment: CoordinatorSegment, log: Log, new_planner: PlannerFactory) -> Coordinator {
+        Coordinator {
+            segment,
+            log,
+            new_planner,
+            jobs: BTreeMap::new(),
+            idle_since: Some(Instant::now()),
+            last_sweep: None,
+        }
+    }
+
+    /// How long no job has been connected, as of `now`; `None` while one is.
+    pub fn idle_for(&self, now: Instant) -> Option<Duration> {
+        self.idle_since.map(|t| now.saturating_duration_since(t))
+    }
+
+    /// One round of the loop. Returns whether any job had records (run again at once).
+    pub fn tick(&mut self, now: Instant) -> bool {
+        self.segment.heartbeat();
+        // Telling a dead job reads /proc; a few times a second is soon enough.
+        let sweep_due = self
+            .last_sweep
+            .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY);
+        let reclaimed = if sweep_due {
+            self.last_sweep = Some(now);
+            self.segment.sweep()
+        } else {
+            Vec::new()
+        };
+        for r in reclaimed {
+            match self.jobs.remove(&r.slot) {
+                Some(job) => self.log.line(&format!(
+                    "job {} died; slot {} reclaimed after {} records",
+                    r.pid, r.slot, job.records
+                )),
+                None => self.log.line(&format!(
+                    "job {} died while joining; slot {} reclaimed",
+                    r.pid, r.slot
+                )),
+            }
+        }
+        let live: BTreeMap<u32, JobSnapshot> = self
+            .segment
+            .jobs()
+            .into_iter()
+            .filter(|j| j.live)
+            .map(|j| (j.slot, j))
+            .collect();
+        // Jobs that left (or whose slot a new job took since the last tick).
+        let gone: Vec<u32> = self
+            .jobs
+            .iter()
+            .filter(|(slot, job)| {
+                live.get(slot)
+                    .is_none_or(|s| s.incarnation != job.incarnation)
+            })
+            .map(|(&slot, _)| slot)
+            .collect();
+        for slot in gone {
+            if let Some(job) = self.jobs.remove(&slot) {
+                let planner = match job.planner.state() {
+                    PlannerState::Learning => "learning".to_string(),
+                    PlannerState::Planned { version } => format!("plan version {version}"),
+                };
+                self.log.line(&format!(
+                    "job {} left slot {slot} after {} records ({} lost), {planner}: {}",
+                    job.pid, job.records, job.lost, job.command_line
+                ));
+            }
+        }
+        for (slot, snap) in &live {
+            if !self.jobs.contains_key(slot) {
+                self.log.line(&format!(
+                    "job {} joined slot {slot}, asking {}: {}",
+                    snap.process.pid,
+                    format_bytes(snap.budget_bytes),
+                    snap.command_line
+                ));
+                let planner = (self.new_planner)(snap);
+                self.jobs.insert(
+                    *slot,
+                    Job {
+                        incarnation: snap.incarnation,
+                        pid: snap.process.pid,
+                        command_line: snap.command_line.clone(),
+                        planner,
+                        budget: u64::MAX,
+                        last_poll: None,
+                        records: 0,
+                        lost: 0,
+                    },
+                );
+            }
+        }
+        self.idle_since = match (self.jobs.is_empty(), self.idle_since) {
+            (true, None) => Some(now),
+            (true, since) => since,
+            (false, _) => None,
+        };
+
+        let mut busy = false;
+        let Coordinator {
+            segment, log, jobs, ..
+        } = self;
+        for (&slot, job) in jobs.iter_mut() {
+            let asked = live.get(&slot).map_or(job.budget, |s| s.budget_bytes);
+            if asked != job.budget {
+                // The grant is what the job asks for until grants are divided among jobs.
+                job.budget = asked;
+                segment.set_grant(slot, asked);
+                job.planner.set_budget(asked);
+            }
+            let mut corrupt = None;
+            let before = job.records;
+            segment.drain(slot, DRAIN_PER_TICK, |d| match d {
+                Delivery::Record(r) => {
+                    job.records += 1;
+                    job.planner.push(&r);
+                }
+                Delivery::Lost(n) => {
+                    job.lost += n;
+                    job.planner.lost(n);
+                }
+                Delivery::Corrupt(c) => {
+                    // How much is gone is unknown: at least one record.
+                    job.lost += 1;
+                    job.planner.lost(1);
+                    corrupt = Some(c);
+                }
+            });
+            busy |= job.records != before;
+            if let Some(c) = corrupt {
+                log.line(&format!(
+                    "job {}: its event ring was corrupt ({c}); reset, relearning",
+                    job.pid
+                ));
+            }
+            if job
+                .last_poll
+                .is_none_or(|t| now.saturating_duration_since(t) >= PLAN_POLL)
+            {
+                job.last_poll = Some(now);
+                if let Some(plan) = job.planner.poll() {
+                    let line = format!(
+                        "job {} planned: version {}, {} launches per iteration, {} steps, \
+                         {} out per iteration, budget {}, predicted step {:.3} ms",
+                        job.pid,
+                        plan.version,
+                        plan.period,
+                        plan.steps.len(),
+                        format_bytes(plan.bytes_out_per_iteration()),
+                        format_bytes(plan.budget_bytes),
+                        plan.predicted_step_ns as f64 / 1e6
+                    );
+                    match segment.send(slot, job.incarnation, Command::Plan(plan)) {
+                        Ok(()) => log.line(&line),
+                        Err(e) => log.line(&format!("job {}: plan not sent: {e}", job.pid)),
+                    }
+                }
+            }
+            if let Err(e) = segment.flush_commands(slot, job.incarnation) {
+                log.line(&format!("job {}: command not sent: {e}", job.pid));
+            }
+        }
+        busy
+    }
+
+    /// The command lines of the jobs followed, by slot.
+    #[cfg(test)]
+    pub fn job_commands(&self) -> Vec<(u32, String)> {
+        self.jobs
+            .iter()
+            .map(|(&s, j)| (s, j.command_line.clone()))
+            .collect()
+    }
+
+    /// Where the planner of the job in `slot` stands.
+    #[cfg(test)]
+    pub fn planner_state(&self, slot: u32) -> Option<PlannerState> {
+        self.jobs.get(&slot).map(|j| j.planner.state())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tensile_protocol::{CommandRead, ExecPlan, JobClient, JobOptions};
+    use tensile_trace::{Launch, Record};
+
+    /// Log lines into a buffer the test reads.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+        }
+    }
+
+    /// What the double saw, shared with the test.
+    #[derive(Default)]
+    struct Seen {
+        launches: Vec<u64>,
+        lost: u64,
+        budget: u64,
+    }
+
+    /// Plans once it has seen `after` launches: a plan whose period is the launch count.
+    struct Scripted {
+        seen: Arc<Mutex<Seen>>,
+        after: usize,
+        planned: bool,
+    }
+
+    impl JobPlanner for Scripted {
+        fn push(&mut self, r: &Record) {
+            if let Record::Launch(l) = r {
+                self.seen.lock().unwrap().launches.push(l.seq);
+            }
+        }
+        fn poll(&mut self) -> Option<ExecPlan> {
+            let seen = self.seen.lock().unwrap();
+            if self.planned || seen.launches.len() < self.after {
+                return None;
+            }
+            self.planned = true;
+            Some(ExecPlan {
+                version: 1,
+                period: 3,
+                kernels: vec![0, 1, 2],
+                anchor_seq: 0,
+                steps: Vec::new(),
+                host_resident: Vec::new(),
+                budget_bytes: seen.budget,
+                predicted_step_ns: 1_500_000,
+                compute_ns: 1_000_000,
+            })
+        }
+        fn lost(&mut self, n: u64) {
+            self.seen.lock().unwrap().lost += n;
+        }
+        fn set_budget(&mut self, bytes: u64) {
+            self.seen.lock().unwrap().budget = bytes;
+        }
+        fn state(&self) -> PlannerState {
+            if self.planned {
+                PlannerState::Planned { version: 1 }
+            } else {
+                PlannerState::Learning
+            }
+        }
+    }
+
+    fn launch(seq: u64) -> Record {
+        Record::Launch(Launch {
+            t_ns: seq,
+            stream: 0,
+            seq,
+            kernel: (seq % 3) as u32,
+            grid: [1; 3],
+            block: [1; 3],
+            smem: 0,
+            accesses: Vec::new(),
+        })
+    }
+
+    fn unique_name() -> String {
+        use std::sync::atomic::AtomicU32;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "test-coord-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    #[test]
+    fn a_job_is_followed_from_join_through_its_plan_to_leaving() {
+        let name = unique_name();
+        let geometry = Geometry {
+            slot_count: 2,
+            ring_bytes: 64 << 10,
+            command_bytes: 16 << 10,
+        };
+        let segment = CoordinatorSegment::create(&name, geometry).unwrap();
+        let captured = Captured::default();
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let for_factory = seen.clone();
+        let mut c = Coordinator::new(
+            segment,
+            Log::new(Box::new(captured.clone())),
+            Box::new(move |_| {
+                Box::new(Scripted {
+                    seen: for_factory.clone(),
+                    after: 300,
+                    planned: false,
+                })
+            }),
+        );
+        let t0 = Instant::now();
+        c.tick(t0);
+        assert!(c.idle_for(t0).is_some());
+
+        let mut job = JobClient::join(
+            &name,
+            &JobOptions {
+                budget_bytes: 5 << 30,
+                command_line: "train.py --lr 3e-4".into(),
+                ..JobOptions::default()
+            },
+        )
+        .unwrap();
+        let slot = job.slot_index();
+        for seq in 0..200 {
+            job.push(&launch(seq));
+        }
+        job.flush();
+        c.tick(t0 + Duration::from_millis(1));
+        assert_eq!(c.idle_for(t0 + Duration::from_millis(1)), None);
+        assert_eq!(
+            c.job_commands(),
+            vec![(slot, "train.py --lr 3e-4".to_string())]
+        );
+        assert_eq!(job.grant(), 5 << 30, "the grant is the budget asked");
+        assert_eq!(seen.lock().unwrap().budget, 5 << 30);
+        assert_eq!(job.poll_command(), CommandRead::Nothing);
+        assert_eq!(c.planner_state(slot), Some(PlannerState::Learning));
+
+        for seq in 200..400 {
+            job.push(&launch(seq));
+        }
+        job.flush();
+        // Past the poll interval: the planner is asked, and its plan reaches the job.
+        c.tick(t0 + Duration::from_millis(100));
+        assert_eq!(
+            seen.lock().unwrap().launches,
+            (0..400).collect::<Vec<u64>>()
+        );
+        match job.poll_command() {
+            CommandRead::New(Ok(Command::Plan(p))) => {
+                assert_eq!((p.version, p.budget_bytes), (1, 5 << 30))
+            }
+            other => panic!("expected the plan, got {other:?}"),
+        }
+        assert_eq!(
+            c.planner_state(slot),
+            Some(PlannerState::Planned { version: 1 })
+        );
+
+        // Records the job lost reach the planner as a gap.
+        job.note_lost(7);
+        job.push(&launch(1000));
+        job.flush();
+        c.tick(t0 + Duration::from_millis(101));
+        assert_eq!(seen.lock().unwrap().lost, 7);
+
+        job.leave();
+        let t1 = t0 + Duration::from_millis(102);
+        c.tick(t1);
+        assert!(c.job_commands().is_empty());
+        assert_eq!(
+            c.idle_for(t1 + Duration::from_secs(1)),
+            Some(Duration::from_secs(1))
+        );
+
+        let log = captured.text();
+        let pid = std::process::id();
+        for want in [
+            format!("job {pid} joined slot {slot}, asking 5.00 GiB: train.py --lr 3e-4"),
+            format!("job {pid} planned: version 1, 3 launches per iteration"),
+            format!("job {pid} left slot {slot} after 401 records (7 lost)"),
+        ] {
+            assert!(log.contains(&want), "{want:?} not in the log:\n{log}");
+        }
+        assert_eq!(log.lines().count(), 3, "{log}");
+    }
+}
