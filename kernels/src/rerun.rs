@@ -20,6 +20,34 @@ use crate::twins::{mix64, Launch, TwinError};
 /// The entry's name.
 pub const ENTRY: &str = "tensile_rerun_op";
 
+/// Prefix of the copies of the entry that stand for distinct recorded kernels
+/// ([`entry_for`]): a replayed step launches kernels as distinct as the recorded ones, so a
+/// planner that learns the iteration from kernel identities sees the recorded pattern.
+pub const ENTRY_COPY_PREFIX: &str = "tensile_rerun_op_k";
+
+/// The name of the copy of the entry that stands for recorded kernel `kernel`.
+pub fn entry_for(kernel: u32) -> String {
+    format!("{ENTRY_COPY_PREFIX}{kernel}")
+}
+
+/// The project's PTX with one more copy of the entry per kernel of `kernels` (named by
+/// [`entry_for`]; same body, same parameters, the same CPU twin). `None` if the PTX has no
+/// such entry (it always has; the check keeps a broken build from launching garbage).
+pub fn ptx_with_entries(kernels: &[u32]) -> Option<String> {
+    let ptx = crate::PTX;
+    let start = ptx.find(&format!(".visible .entry {ENTRY}("))?;
+    let end = start + ptx[start..].find("\n}\n")? + 3;
+    let entry = &ptx[start..end];
+    let mut out = String::with_capacity(ptx.len() + kernels.len() * (entry.len() + 1));
+    out.push_str(ptx);
+    for &k in kernels {
+        out.push('\n');
+        // Every name in the entry (the entry's and its parameter's) starts with ENTRY.
+        out.push_str(&entry.replace(ENTRY, &entry_for(k)));
+    }
+    Some(out)
+}
+
 /// Most allocations one launch checks (`RERUN_MAX_SLOTS`); a recorded launch touching more is
 /// replayed as several launches.
 pub const MAX_SLOTS: usize = 120;
@@ -269,6 +297,22 @@ pub fn modelled_duration(l: &Launch<'_>) -> Option<Duration> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn each_recorded_kernel_gets_a_copy_of_the_entry_that_runs_its_twin() {
+        let ptx = ptx_with_entries(&[3, 70]).unwrap();
+        let entries = |text: &str| text.matches(".visible .entry ").count();
+        assert_eq!(entries(&ptx), entries(crate::PTX) + 2);
+        for k in [3, 70] {
+            let name = entry_for(k);
+            assert!(ptx.contains(&format!(".visible .entry {name}(")), "{name}");
+            assert!(ptx.contains(&format!("{name}_param_0")), "{name}'s parameter");
+            let twin = crate::twins::twin(&name).unwrap();
+            assert_eq!(twin.name, ENTRY);
+        }
+        assert!(crate::twins::twin("tensile_rerun_opx").is_none());
+    }
+
     use super::*;
     use crate::testing::FlatMemory;
     use crate::twins::{twin, Dim3};

@@ -153,6 +153,12 @@ static TWINS: &[Twin] = &[
 
 /// The twin of the entry called `name`, if this crate has one.
 pub fn twin(name: &str) -> Option<Twin> {
+    // The copies of the rerun entry run its twin.
+    let name = if name.starts_with(crate::rerun::ENTRY_COPY_PREFIX) {
+        crate::rerun::ENTRY
+    } else {
+        name
+    };
     TWINS.iter().find(|t| t.name == name).copied()
 }
 

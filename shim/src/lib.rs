@@ -18,6 +18,7 @@ pub use tensile_driver_abi as abi;
 pub mod alloc_index;
 pub mod callers;
 pub mod config;
+pub mod coordination;
 pub mod executor;
 pub mod hooks;
 pub mod interpose;

@@ -2,7 +2,8 @@
 //! new plan to the executor.
 //!
 //! The planner is the analyzer's [`Learner`] running on this thread (`TENSILE_COORDINATOR=off`),
-//! or the coordinator, reached through its shared-memory segment. Either way the application's threads only put records in the tap (a bounded channel that drops and
+//! or the coordinator, reached through its shared-memory segment ([`crate::coordination`]).
+//! Either way the application's threads only put records in the tap (a bounded channel that drops and
 //! counts when full); detection and planning (milliseconds) happen here, never in a hook.
 //!
 //! The thread also keeps the memory manager's policy knobs in step with the executor: while a
@@ -19,6 +20,7 @@ use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
 use crate::config::{Coordinator, PlanBandwidths, Policy};
+use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
 use crate::runtime::Runtime;
 
@@ -101,15 +103,22 @@ pub fn start_for(rt: &'static Runtime) {
         return;
     }
     let cost = cost_model(config.plan_gbps);
-    match config.coordinator {
-        Coordinator::Off => {}
-        // The coordinator client is not wired in yet: the same learning runs here.
-        Coordinator::Auto | Coordinator::Named(_) => {
-            tracing::debug!("planning in the process (the coordinator is not joined yet)");
-        }
-    }
+    let gbps = config.plan_gbps;
+    let name = match &config.coordinator {
+        Coordinator::Off => None,
+        Coordinator::Auto => Some(DEFAULT_NAME.to_owned()),
+        Coordinator::Named(n) => Some(n.clone()),
+    };
     start(rt, move |budget| {
-        Box::new(LocalLearner::new(budget, cost)) as Box<dyn PlanSource>
+        if let Some(name) = name {
+            match CoordinatorSource::connect(&name, true, gbps, budget) {
+                Ok(source) => return Box::new(source) as Box<dyn PlanSource>,
+                Err(why) => tracing::warn!(
+                    "no coordinator ({why}); learning and planning in the process instead"
+                ),
+            }
+        }
+        Box::new(LocalLearner::new(budget, cost))
     });
 }
 

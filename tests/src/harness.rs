@@ -180,6 +180,9 @@ impl Run {
             }
         }
         cmd.env("LD_LIBRARY_PATH", &a.simgpu_dir);
+        // Plans are learned in the process unless a test asks for a coordinator: a test must
+        // not start (or join) a machine-wide coordinator behind its neighbours' backs.
+        cmd.env("TENSILE_COORDINATOR", "off");
         if self.preload {
             cmd.env("LD_PRELOAD", &a.preload);
         }

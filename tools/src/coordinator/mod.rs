@@ -19,12 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tensile_analyzer::cost::format_bytes;
+use tensile_analyzer::CostModel;
 use tensile_protocol::{
     Command, CoordinatorSegment, Delivery, Geometry, JobSnapshot, SegmentError,
 };
 
 pub use log::Log;
-pub use planner::{JobPlanner, PlannerState, WatchOnly};
+pub use planner::{JobPlanner, LearnerPlanner, PlannerState};
 
 /// Arguments of `tensile coordinator`.
 #[derive(clap::Args)]
@@ -41,6 +42,37 @@ pub struct CoordinatorArgs {
     /// Job slots in the segment: the most jobs served at once.
     #[arg(long, default_value_t = Geometry::default().slot_count)]
     pub slots: u32,
+    /// The copy bandwidths the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
+    /// TENSILE_PLAN_GBPS); default the H100's 55,55,92.
+    #[arg(long, value_name = "H2D,D2H,BOTH")]
+    pub plan_gbps: Option<String>,
+}
+
+/// The planner's cost model for `--plan-gbps`.
+fn cost_model(text: Option<&str>) -> Result<CostModel, String> {
+    let mut cost = CostModel::default();
+    let Some(text) = text else {
+        return Ok(cost);
+    };
+    let values: Vec<f64> = text
+        .split(',')
+        .map(|v| {
+            v.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x > 0.0)
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| format!("--plan-gbps {text}: expected three positive numbers of GB/s"))?;
+    let [h2d, d2h, both] = values[..] else {
+        return Err(format!(
+            "--plan-gbps {text}: expected three numbers (to the device, to the host, both)"
+        ));
+    };
+    cost.h2d_gbps = h2d;
+    cost.d2h_gbps = d2h;
+    cost.bidir_gbps = both;
+    Ok(cost)
 }
 
 /// How often the loop runs when there is nothing to read.
@@ -66,6 +98,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             args.idle_exit
         ));
     }
+    let cost = cost_model(args.plan_gbps.as_deref())?;
     let out: Box<dyn std::io::Write + Send> = match &args.log {
         Some(path) => Box::new(
             std::fs::OpenOptions::new()
@@ -109,7 +142,13 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             request_stop as *const () as libc::sighandler_t,
         );
     }
-    let mut coordinator = Coordinator::new(segment, log, Box::new(|_| Box::new(WatchOnly)));
+    let mut coordinator = Coordinator::new(
+        segment,
+        log,
+        Box::new(move |job: &JobSnapshot| {
+            Box::new(LearnerPlanner::new(job.budget_bytes, cost)) as Box<dyn JobPlanner>
+        }),
+    );
     let idle_exit = Duration::from_secs_f64(args.idle_exit);
     let path = coordinator.segment.path();
     coordinator.log.line(&format!(

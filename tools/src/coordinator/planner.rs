@@ -1,6 +1,8 @@
 //! What the coordinator asks of a job's planner, so the loop does not depend on which planner
 //! it is: the analyzer's online learner in production, a scripted double in tests.
 
+use tensile_analyzer::online::{Learner, LearnerOptions, LearnerState};
+use tensile_analyzer::CostModel;
 use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
@@ -10,13 +12,6 @@ pub enum PlannerState {
     /// Watching the stream; no plan yet (or the last one was dropped).
     Learning,
     /// Made plan `version`.
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "made by the analyzer's learner once it is wired in"
-        )
-    )]
     Planned { version: u32 },
 }
 
@@ -34,24 +29,46 @@ pub trait JobPlanner: Send {
     fn state(&self) -> PlannerState;
 }
 
-/// Until the analyzer's online learner is wired in: a planner that only watches. Jobs stay
-/// on their own on-demand policy (`learning` in `tensile status`), as they do when no
-/// coordinator runs.
-#[derive(Debug, Default)]
-pub struct WatchOnly;
+/// The analyzer's online learner as a job's planner: the same learning and planning a job runs
+/// in its own process with `TENSILE_COORDINATOR=off`.
+pub struct LearnerPlanner {
+    learner: Learner,
+}
 
-impl JobPlanner for WatchOnly {
-    fn push(&mut self, _record: &Record) {}
+impl LearnerPlanner {
+    /// A learner for a job asking for `budget_bytes`, pricing copies with `cost`.
+    pub fn new(budget_bytes: u64, cost: CostModel) -> LearnerPlanner {
+        let mut options = LearnerOptions::for_budget(budget_bytes.max(1));
+        options.cost = cost;
+        LearnerPlanner {
+            learner: Learner::new(options),
+        }
+    }
+}
 
-    fn poll(&mut self) -> Option<ExecPlan> {
-        None
+impl JobPlanner for LearnerPlanner {
+    fn push(&mut self, record: &Record) {
+        self.learner.push(record);
     }
 
-    fn lost(&mut self, _records: u64) {}
+    fn poll(&mut self) -> Option<ExecPlan> {
+        self.learner.poll()
+    }
 
-    fn set_budget(&mut self, _bytes: u64) {}
+    fn lost(&mut self, records: u64) {
+        self.learner.lost_records(records);
+    }
+
+    fn set_budget(&mut self, bytes: u64) {
+        if bytes > 0 {
+            self.learner.set_budget(bytes);
+        }
+    }
 
     fn state(&self) -> PlannerState {
-        PlannerState::Learning
+        match self.learner.state() {
+            LearnerState::Planned { version, .. } => PlannerState::Planned { version },
+            _ => PlannerState::Learning,
+        }
     }
 }

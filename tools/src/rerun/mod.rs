@@ -482,10 +482,11 @@ impl Session {
             self.scaled_budget.to_string(),
         ));
         if policy == PolicyKind::Plan {
-            // The planner's announcements are the run's record of when plans came.
+            // The planner's announcements are the run's record of when plans came; the
+            // manager's info level brings the executor's counters at exit.
             env.push((
                 "TENSILE_LOG".into(),
-                "warn,tensile_shim::planning=info".into(),
+                "warn,tensile_shim::planning=info,tensile_shim::managed=info".into(),
             ));
             env.push(("TENSILE_COORDINATOR".into(), "off".into()));
             if !self.gpu {

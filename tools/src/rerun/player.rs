@@ -12,17 +12,18 @@
 //! previous stamps back, as a swap-in from a stale host copy would; the program's next use of
 //! the allocation must report it.
 
+use std::collections::HashMap;
 use std::ffi::{c_uint, c_void, CString};
 use std::time::Instant;
 
 use serde_json::json;
 use tensile_driver_abi::{CUdeviceptr, CUevent, CUfunction, CUstream};
 use tensile_kernels::rerun::{
-    stamp_bytes, stamp_count, RerunArgs, RerunResult, Slot, ENTRY, RESULT_BYTES,
+    entry_for, stamp_bytes, stamp_count, RerunArgs, RerunResult, Slot, RESULT_BYTES,
 };
 
 use super::driver::{check, Driver};
-use super::script::{Script, SlotIdx, Step, StreamIdx};
+use super::script::{Script, SlotIdx, Step, StreamIdx, FINAL_CHECK_KERNEL};
 
 /// `CU_MEMHOSTALLOC_PORTABLE`: pinned memory every context may use.
 const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
@@ -62,7 +63,8 @@ struct SlotState {
 struct Player<'a> {
     d: Driver,
     script: &'a Script,
-    func: CUfunction,
+    /// The stand-in entry of each recorded kernel.
+    funcs: HashMap<u32, CUfunction>,
     streams: Vec<CUstream>,
     events: Vec<CUevent>,
     slots: Vec<SlotState>,
@@ -114,18 +116,28 @@ impl<'a> Player<'a> {
                 "cuDevicePrimaryCtxRetain",
             )?;
             check((d.cuCtxSetCurrent)(ctx), "cuCtxSetCurrent")?;
-            let ptx = CString::new(tensile_kernels::PTX).map_err(|e| e.to_string())?;
+            // One copy of the stand-in entry per recorded kernel, so the replayed launches are
+            // as distinct as the recorded ones (a planner learns the iteration from them).
+            let mut kernels = script.kernels();
+            kernels.push(FINAL_CHECK_KERNEL);
+            let ptx = tensile_kernels::rerun::ptx_with_entries(&kernels)
+                .ok_or("the kernels' PTX has no tensile_rerun_op entry")?;
+            let ptx = CString::new(ptx).map_err(|e| e.to_string())?;
             let mut module = std::ptr::null_mut();
             check(
                 (d.cuModuleLoadData)(&mut module, ptx.as_ptr().cast()),
                 "cuModuleLoadData",
             )?;
-            let name = CString::new(ENTRY).map_err(|e| e.to_string())?;
-            let mut func = std::ptr::null_mut();
-            check(
-                (d.cuModuleGetFunction)(&mut func, module, name.as_ptr()),
-                "cuModuleGetFunction(tensile_rerun_op)",
-            )?;
+            let mut funcs = HashMap::with_capacity(kernels.len());
+            for &k in &kernels {
+                let name = CString::new(entry_for(k)).map_err(|e| e.to_string())?;
+                let mut func = std::ptr::null_mut();
+                check(
+                    (d.cuModuleGetFunction)(&mut func, module, name.as_ptr()),
+                    "cuModuleGetFunction(tensile_rerun_op_k*)",
+                )?;
+                funcs.insert(k, func);
+            }
             let mut streams = vec![std::ptr::null_mut()];
             let mut events = Vec::new();
             for _ in 0..=script.streams {
@@ -154,7 +166,7 @@ impl<'a> Player<'a> {
             Ok(Player {
                 d,
                 script,
-                func,
+                funcs,
                 streams,
                 events,
                 slots: vec![SlotState::default(); script.slot_names.len()],
@@ -246,7 +258,7 @@ impl<'a> Player<'a> {
                 result: self.result,
                 slots: chunk.to_vec(),
             };
-            self.launch(&args, 0)?;
+            self.launch(FINAL_CHECK_KERNEL, &args, 0)?;
         }
         Ok(())
     }
@@ -417,14 +429,18 @@ impl<'a> Player<'a> {
         from_steps.unwrap_or(self.script.piece_bytes)
     }
 
-    fn launch(&mut self, args: &RerunArgs, stream: StreamIdx) -> Result<(), String> {
+    fn launch(&mut self, kernel: u32, args: &RerunArgs, stream: StreamIdx) -> Result<(), String> {
+        let func = *self
+            .funcs
+            .get(&kernel)
+            .ok_or_else(|| format!("no stand-in entry for kernel {kernel}"))?;
         let mut params = args.encode();
         let mut kernel_params = [params.as_mut_ptr().cast::<c_void>()];
         // SAFETY: see `new`; `params` outlives the call (the driver copies it at launch).
         unsafe {
             check(
                 (self.d.cuLaunchKernel)(
-                    self.func,
+                    func,
                     1,
                     1,
                     1,
@@ -450,6 +466,7 @@ impl<'a> Player<'a> {
     fn kernel(
         &mut self,
         op: u32,
+        kernel: u32,
         stream: StreamIdx,
         duration_ns: u64,
         slots: &[SlotIdx],
@@ -476,16 +493,21 @@ impl<'a> Player<'a> {
             });
             state.version = written;
         }
-        self.launch(&args, stream)?;
+        self.launch(kernel, &args, stream)?;
         if iteration.is_some() && iteration == self.fault_iteration && !self.fault_done {
-            self.inject_stale_stamps(&args, stream)?;
+            self.inject_stale_stamps(kernel, &args, stream)?;
         }
         Ok(())
     }
 
     /// The fault switch: puts back the previous stamps of the largest allocation this launch
     /// stamped, behind the program's back (its expected version stays the new one).
-    fn inject_stale_stamps(&mut self, args: &RerunArgs, stream: StreamIdx) -> Result<(), String> {
+    fn inject_stale_stamps(
+        &mut self,
+        kernel: u32,
+        args: &RerunArgs,
+        stream: StreamIdx,
+    ) -> Result<(), String> {
         let Some(target) = args
             .slots
             .iter()
@@ -511,7 +533,7 @@ impl<'a> Player<'a> {
             "rerun-player: fault switch: allocation {name} gets its stamps from before op {} back",
             args.op
         );
-        self.launch(&stale, stream)
+        self.launch(kernel, &stale, stream)
     }
 
     fn host_buffer(&mut self, index: Option<usize>, bytes: usize) -> Result<*mut c_void, String> {
@@ -644,10 +666,11 @@ impl<'a> Player<'a> {
             Step::Free { slot, stream } => self.free(*slot, *stream),
             Step::Kernel {
                 op,
+                kernel,
                 stream,
                 duration_ns,
                 slots,
-            } => self.kernel(*op, *stream, *duration_ns, slots, iteration),
+            } => self.kernel(*op, *kernel, *stream, *duration_ns, slots, iteration),
             Step::CopyIn {
                 slot,
                 bytes,

@@ -41,9 +41,11 @@ pub enum Step {
     },
     /// Free `slot`'s allocation.
     Free { slot: SlotIdx, stream: StreamIdx },
-    /// One stand-in launch: `op` is the recorded op it replays.
+    /// One stand-in launch: `op` is the recorded op it replays, `kernel` the recorded kernel
+    /// (or [`MEMSET_KERNEL`], [`DEVICE_COPY_KERNEL`] for the ops a kernel stands in for).
     Kernel {
         op: u32,
+        kernel: u32,
         stream: StreamIdx,
         duration_ns: u64,
         slots: Vec<SlotIdx>,
@@ -87,6 +89,22 @@ pub struct Script {
 }
 
 impl Script {
+    /// The recorded kernels the script launches stand-ins for, each once, in order.
+    pub fn kernels(&self) -> Vec<u32> {
+        let mut k: Vec<u32> = self
+            .prologue
+            .iter()
+            .chain(&self.iteration)
+            .filter_map(|s| match s {
+                Step::Kernel { kernel, .. } => Some(*kernel),
+                _ => None,
+            })
+            .collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    }
+
     /// Launches of stand-in kernels in one iteration.
     pub fn kernels_per_iteration(&self) -> usize {
         self.iteration
@@ -174,6 +192,13 @@ fn kernel_medians(trace: &Trace) -> HashMap<u32, u64> {
         .collect()
 }
 
+/// The kernel a recorded memset is replayed as.
+pub const MEMSET_KERNEL: u32 = u32::MAX - 1;
+/// The kernel a recorded device-to-device copy is replayed as.
+pub const DEVICE_COPY_KERNEL: u32 = u32::MAX - 2;
+/// The kernel of the player's final check of every stamp (no recorded op).
+pub const FINAL_CHECK_KERNEL: u32 = u32::MAX - 3;
+
 /// Appends the steps of one op touching `slots` (already deduplicated).
 #[allow(clippy::too_many_arguments)]
 fn op_steps(
@@ -217,9 +242,15 @@ fn op_steps(
         // Launches, memsets, device-to-device copies: a stand-in kernel touching every slot for
         // the op's time; more slots than one launch holds go to several launches that share it.
         _ => {
+            let kernel = match kind {
+                OpKind::Launch { kernel } => kernel,
+                OpKind::Memset => MEMSET_KERNEL,
+                OpKind::Copy { .. } => DEVICE_COPY_KERNEL,
+            };
             if slots.is_empty() {
                 out.push(Step::Kernel {
                     op,
+                    kernel,
                     stream,
                     duration_ns,
                     slots: Vec::new(),
@@ -232,6 +263,7 @@ fn op_steps(
                 let share = duration_ns / parts + u64::from((i as u64) < duration_ns % parts);
                 out.push(Step::Kernel {
                     op,
+                    kernel,
                     stream,
                     duration_ns: share,
                     slots: chunk.to_vec(),

@@ -1,0 +1,332 @@
+//! The job's side of the coordinator: a [`PlanSource`] that streams this process's records to
+//! `tensile coordinator` through its shared-memory segment and takes the plans it sends back.
+//!
+//! Joining happens on the planning thread, never in a hook. With `TENSILE_COORDINATOR=auto`
+//! (the default) or a name, a job that finds no coordinator starts one: the `tensile` binary
+//! next to `libtensile.so`, detached, without `LD_PRELOAD`, its log in a file named in the log
+//! line. If none can be joined the caller learns in the process instead.
+//!
+//! When the coordinator goes away mid-run (killed, crashed), the job says so once and goes on:
+//! the plan it runs stays valid (it depends on the job alone), whatever the plan does not cover
+//! is swapped on demand, and it tries to rejoin (starting a new coordinator) every
+//! [`REJOIN_INTERVAL`]; the new one learns the job again from its stream.
+
+use std::ffi::CStr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tensile_protocol::{Command as Order, CommandRead, ExecPlan, JobClient, JobOptions, PlanState};
+use tensile_protocol::{SegmentError, StepCounters};
+use tensile_trace::Record;
+
+use crate::config::PlanBandwidths;
+use crate::executor::ExecutorState;
+use crate::planning::PlanSource;
+use crate::runtime::Runtime;
+
+/// The coordinator's name under `TENSILE_COORDINATOR=auto`.
+pub const DEFAULT_NAME: &str = "default";
+/// How long a job waits for a coordinator it started to open its segment.
+const START_PATIENCE: Duration = Duration::from_secs(3);
+/// How often a job whose coordinator went away tries to rejoin.
+pub const REJOIN_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a coordinator started by a job stays after the last job left, in seconds.
+const SPAWNED_IDLE_EXIT_S: &str = "30";
+
+/// Streams to a coordinator and takes its plans.
+pub struct CoordinatorSource {
+    name: String,
+    start_if_missing: bool,
+    plan_gbps: Option<PlanBandwidths>,
+    client: Option<JobClient>,
+    budget: u64,
+    next_rejoin: Instant,
+    said_gone: bool,
+    said_bad_command: bool,
+    /// Launches per iteration and predicted step of the last plan received.
+    plan_shape: Option<(u32, u64)>,
+    /// Counters at the last report: launches, stalls, bytes to host and to the device, when.
+    last_report: Option<(u64, u64, u64, u64, Instant)>,
+}
+
+impl CoordinatorSource {
+    /// Joins coordinator `name`, starting it first if none runs and `start_if_missing`.
+    /// `Err` says in one line why no coordinator can be joined.
+    pub fn connect(
+        name: &str,
+        start_if_missing: bool,
+        plan_gbps: Option<PlanBandwidths>,
+        budget: u64,
+    ) -> Result<CoordinatorSource, String> {
+        let mut source = CoordinatorSource {
+            name: name.to_owned(),
+            start_if_missing,
+            plan_gbps,
+            client: None,
+            budget,
+            next_rejoin: Instant::now(),
+            said_gone: false,
+            said_bad_command: false,
+            plan_shape: None,
+            last_report: None,
+        };
+        let client = source.join()?;
+        tracing::info!(
+            "joined coordinator {} (slot {})",
+            client.segment_path(),
+            client.slot_index()
+        );
+        source.client = Some(client);
+        Ok(source)
+    }
+
+    fn options(&self) -> JobOptions {
+        JobOptions {
+            budget_bytes: self.budget_asked(),
+            command_line: crate::recorder::command_line(),
+            ..JobOptions::default()
+        }
+    }
+
+    /// The budget stated in the slot (0 while the manager has not started).
+    fn budget_asked(&self) -> u64 {
+        if self.budget == u64::MAX {
+            0
+        } else {
+            self.budget
+        }
+    }
+
+    fn join(&self) -> Result<JobClient, String> {
+        match JobClient::join(&self.name, &self.options()) {
+            Ok(c) => return Ok(c),
+            Err(SegmentError::NotFound { .. } | SegmentError::CoordinatorGone { .. })
+                if self.start_if_missing => {}
+            Err(e) => return Err(e.to_string()),
+        }
+        let log = self.start_coordinator()?;
+        let deadline = Instant::now() + START_PATIENCE;
+        loop {
+            match JobClient::join(&self.name, &self.options()) {
+                Ok(c) => {
+                    tracing::info!(
+                        "started coordinator {:?} (its log: {})",
+                        self.name,
+                        log.display()
+                    );
+                    return Ok(c);
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!(
+                        "started a coordinator but could not join it within {:.0} s ({e}; its \
+                         log: {})",
+                        START_PATIENCE.as_secs_f64(),
+                        log.display()
+                    ))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    /// Starts `tensile coordinator` detached; returns its log file.
+    fn start_coordinator(&self) -> Result<PathBuf, String> {
+        let binary = tensile_binary()
+            .ok_or("no `tensile` binary next to libtensile.so to start a coordinator with")?;
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let log = std::env::temp_dir().join(format!("tensile-coordinator-{uid}-{}.log", self.name));
+        let mut cmd = Command::new(&binary);
+        cmd.arg("coordinator")
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--idle-exit")
+            .arg(SPAWNED_IDLE_EXIT_S)
+            .arg("--log")
+            .arg(&log);
+        if let Some(b) = self.plan_gbps {
+            cmd.arg("--plan-gbps")
+                .arg(format!("{},{},{}", b.to_device, b.to_host, b.both));
+        }
+        // The coordinator must not load the shim into itself, nor share our terminal's
+        // signals (it outlives us, serving other jobs).
+        cmd.env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setsid is async-signal-safe and touches nothing of the parent.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        // Reaped when it exits, so it never lingers as a zombie of the job.
+        let _ = std::thread::Builder::new()
+            .name("tensile-coord-reaper".into())
+            .spawn(move || {
+                let _ = child.wait();
+            });
+        Ok(log)
+    }
+
+    /// The coordinator went away: say so once, and rejoin (starting a new one) when due.
+    fn rejoin_if_due(&mut self) {
+        if !self.said_gone {
+            tracing::warn!(
+                "the coordinator {:?} went away; the current plan (if any) keeps running and the \
+                 rest is swapped on demand; rejoining every {:.0} s",
+                self.name,
+                REJOIN_INTERVAL.as_secs_f64()
+            );
+            self.said_gone = true;
+        }
+        if Instant::now() < self.next_rejoin {
+            return;
+        }
+        self.next_rejoin = Instant::now() + REJOIN_INTERVAL;
+        if let Ok(client) = self.join() {
+            tracing::warn!("rejoined coordinator {}", client.segment_path());
+            // The new coordinator relearns from here on.
+            self.client = Some(client);
+            self.said_gone = false;
+        }
+    }
+}
+
+impl PlanSource for CoordinatorSource {
+    fn push(&mut self, record: &Record) {
+        if let Some(c) = &mut self.client {
+            c.push(record);
+        }
+    }
+
+    fn lost(&mut self, count: u64) {
+        if let Some(c) = &mut self.client {
+            c.note_lost(count);
+        }
+    }
+
+    fn set_budget(&mut self, bytes: u64) {
+        self.budget = bytes;
+        if let Some(c) = &self.client {
+            c.set_budget(self.budget_asked());
+        }
+    }
+
+    fn poll(&mut self) -> Option<ExecPlan> {
+        if self.client.as_ref().is_some_and(|c| !c.connected()) {
+            // Leaving a dead coordinator's segment frees nothing anyone waits for.
+            self.client = None;
+        }
+        let Some(client) = &mut self.client else {
+            self.rejoin_if_due();
+            return None;
+        };
+        client.flush();
+        client.heartbeat();
+        match client.poll_command() {
+            CommandRead::New(Ok(Order::Plan(plan))) => {
+                tracing::info!(
+                    "plan {} learned: {} launches per iteration, {} moves, predicted step \
+                     {:.1} ms (compute {:.1} ms), from the coordinator",
+                    plan.version,
+                    plan.period,
+                    plan.steps.len(),
+                    plan.predicted_step_ns as f64 / 1e6,
+                    plan.compute_ns as f64 / 1e6
+                );
+                self.plan_shape = Some((plan.period, plan.predicted_step_ns));
+                Some(plan)
+            }
+            CommandRead::New(Ok(Order::Budget(bytes))) => {
+                // Grants below the job's own budget are the multi-job issue's; until then the
+                // grant is what the job asked for.
+                tracing::debug!("coordinator granted {bytes} bytes");
+                None
+            }
+            CommandRead::New(Ok(Order::DropPlan)) => {
+                tracing::debug!("coordinator dropped the plan; the next one replaces it");
+                None
+            }
+            CommandRead::New(Err(e)) => {
+                if !self.said_bad_command {
+                    tracing::warn!("unusable command from the coordinator ({e}); ignored");
+                    self.said_bad_command = true;
+                }
+                None
+            }
+            CommandRead::Nothing | CommandRead::Busy => None,
+        }
+    }
+
+    fn report(&mut self, rt: &Runtime) {
+        let Some(client) = &self.client else {
+            return;
+        };
+        let (version, state) = match rt.executor.state() {
+            ExecutorState::NoPlan => (0, PlanState::Learning),
+            ExecutorState::Planned { version } => (version, PlanState::Planned),
+            ExecutorState::Fallback { version } => (version, PlanState::Fallback),
+        };
+        client.set_plan(version, state);
+        client.set_launches(rt.tracker.launches());
+        let Some(m) = rt.memory() else {
+            return;
+        };
+        client.set_memory(m.mm.device_bytes_held() as u64, rt.tracker.live_bytes());
+        // Per step: the counters' growth since the last report, scaled by the launches of one
+        // iteration of the plan (no plan, no steps to speak of).
+        let s = m.mm.stats();
+        let now = (
+            rt.tracker.launches(),
+            s.stalled_launches,
+            s.bytes_to_host,
+            s.bytes_to_device,
+            Instant::now(),
+        );
+        if let (Some((period, predicted)), Some(last)) = (self.plan_shape, self.last_report) {
+            let launches = now.0.saturating_sub(last.0);
+            if launches >= u64::from(period) {
+                let per_step = |d: u64| d.saturating_mul(u64::from(period)) / launches;
+                client.set_step_counters(&StepCounters {
+                    stalls: per_step(now.1.saturating_sub(last.1)),
+                    bytes_to_host: per_step(now.2.saturating_sub(last.2)),
+                    bytes_to_device: per_step(now.3.saturating_sub(last.3)),
+                    predicted_step_ns: predicted,
+                    measured_step_ns: per_step(now.4.duration_since(last.4).as_nanos() as u64),
+                });
+                self.last_report = Some(now);
+            }
+        } else {
+            self.last_report = Some(now);
+        }
+    }
+}
+
+/// `tensile` in the directory of the `libtensile.so` this code is in.
+fn tensile_binary() -> Option<PathBuf> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    let here = tensile_binary as *const ();
+    // SAFETY: dladdr only reads the loader's tables; `info` is a valid out-pointer.
+    if unsafe { libc::dladdr(here.cast(), &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dladdr returned a NUL-terminated path owned by the loader.
+    let lib = unsafe { CStr::from_ptr(info.dli_fname) };
+    let lib = PathBuf::from(lib.to_string_lossy().into_owned());
+    let binary = lib.parent()?.join("tensile");
+    binary.is_file().then_some(binary)
+}
