@@ -306,7 +306,10 @@ mod tests {
         for k in [3, 70] {
             let name = entry_for(k);
             assert!(ptx.contains(&format!(".visible .entry {name}(")), "{name}");
-            assert!(ptx.contains(&format!("{name}_param_0")), "{name}'s parameter");
+            assert!(
+                ptx.contains(&format!("{name}_param_0")),
+                "{name}'s parameter"
+            );
             let twin = crate::twins::twin(&name).unwrap();
             assert_eq!(twin.name, ENTRY);
         }
