@@ -34,9 +34,14 @@ pub const REJOIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a coordinator started by a job stays after the last job left, in seconds.
 const SPAWNED_IDLE_EXIT_S: &str = "30";
 
+/// What a coordinator joined mid-run must be told first: the kernels and live allocations
+/// (see [`crate::tracker::Tracker::state_records`]).
+pub type StateRecords = Box<dyn Fn() -> Vec<Record> + Send>;
+
 /// Streams to a coordinator and takes its plans.
 pub struct CoordinatorSource {
     name: String,
+    state: StateRecords,
     start_if_missing: bool,
     plan_gbps: Option<PlanBandwidths>,
     client: Option<JobClient>,
@@ -53,14 +58,20 @@ pub struct CoordinatorSource {
 impl CoordinatorSource {
     /// Joins coordinator `name`, starting it first if none runs and `start_if_missing`.
     /// `Err` says in one line why no coordinator can be joined.
+    ///
+    /// The first join needs no `state`: the stream starts with the process. A coordinator
+    /// joined later (after the first went away) gets `state()` before the stream goes on, so
+    /// it knows the parameters and the kernels made before it came.
     pub fn connect(
         name: &str,
         start_if_missing: bool,
         plan_gbps: Option<PlanBandwidths>,
         budget: u64,
+        state: StateRecords,
     ) -> Result<CoordinatorSource, String> {
         let mut source = CoordinatorSource {
             name: name.to_owned(),
+            state,
             start_if_missing,
             plan_gbps,
             client: None,
@@ -192,8 +203,16 @@ impl CoordinatorSource {
             return;
         }
         self.next_rejoin = Instant::now() + REJOIN_INTERVAL;
-        if let Ok(client) = self.join() {
-            tracing::warn!("rejoined coordinator {}", client.segment_path());
+        if let Ok(mut client) = self.join() {
+            let state = (self.state)();
+            tracing::warn!(
+                "rejoined coordinator {} (told it {} kernels and live allocations first)",
+                client.segment_path(),
+                state.len()
+            );
+            for record in &state {
+                client.push(record);
+            }
             // The new coordinator relearns from here on.
             self.client = Some(client);
             self.said_gone = false;

@@ -246,6 +246,26 @@ impl KernelRegistry {
         map.values().find(|m| m.id == id).map(|m| m.name.clone())
     }
 
+    /// Every kernel known, as its trace record announced it, by id (for a new listener that
+    /// missed the announcements).
+    #[cold]
+    pub fn announced(&self) -> Vec<tensile_trace::KernelInfo> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let mut kernels: Vec<_> = map
+            .values()
+            .map(|m| tensile_trace::KernelInfo {
+                id: m.id,
+                name: m.name.clone(),
+                nparams: m.layout.params().len() as u32,
+            })
+            .collect();
+        drop(map);
+        // Several handles (one per loaded module) may share a kernel's id.
+        kernels.sort_by_key(|k| k.id);
+        kernels.dedup_by_key(|k| k.id);
+        kernels
+    }
+
     /// The number of handles currently known.
     pub fn len(&self) -> usize {
         self.map.read().unwrap_or_else(|e| e.into_inner()).len()

@@ -326,14 +326,14 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     let as_driver: Arc<dyn Driver> = driver.clone();
     let mm = MemoryManager::new(as_driver, mc)
         .map_err(|e| SetupError::Driver("reserving the arena", e))?;
-    if config.policy == Policy::Plan {
-        tracing::info!(
-            "tensile: TENSILE_POLICY=plan: the planner is not integrated yet; using lru"
-        );
-    }
+    let policy = match (config.policy, &config.plan_file) {
+        (Policy::Plan, Some(_)) => "the plan file's plan, on demand beside it",
+        (Policy::Plan, None) => "learned plans, on demand until the first and beside them",
+        _ => "lru on demand",
+    };
     tracing::info!(
         "tensile: memory manager on device {}: budget {} (card: {} free of {}), host pool cap {} \
-         (room for a footprint up to {}), policy lru",
+         (room for a footprint up to {}), swapping: {policy}",
         mc.device,
         format_size(s.device_budget as u64),
         format_size(free as u64),

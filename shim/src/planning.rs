@@ -30,6 +30,12 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const RECORDS_PER_POLL: usize = 1 << 14;
 
 static STOP: AtomicBool = AtomicBool::new(false);
+/// Whether the planning thread runs (set when it starts, cleared once its source is dropped:
+/// a coordinator's slot is left then).
+static RUNNING: AtomicBool = AtomicBool::new(false);
+/// How long exit waits for the planning thread to leave its coordinator cleanly. A plan search
+/// in progress can take longer; then the coordinator finds the slot of a dead process instead.
+const STOP_WAIT: Duration = Duration::from_millis(250);
 
 /// What the thread feeds records to and gets plans from.
 pub trait PlanSource: Send {
@@ -111,7 +117,8 @@ pub fn start_for(rt: &'static Runtime) {
     };
     start(rt, move |budget| {
         if let Some(name) = name {
-            match CoordinatorSource::connect(&name, true, gbps, budget) {
+            let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
+            match CoordinatorSource::connect(&name, true, gbps, budget, state) {
                 Ok(source) => return Box::new(source) as Box<dyn PlanSource>,
                 Err(why) => tracing::warn!(
                     "no coordinator ({why}); learning and planning in the process instead"
@@ -144,29 +151,41 @@ pub fn start(
         tracing::warn!("the record tap was taken already; no plans will be made");
         return false;
     };
+    RUNNING.store(true, Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("tensile-planner".into())
         .spawn(move || {
             // A panic here is a bug in the planner; the application goes on, on demand.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                run(rt, &tap, make_source(budget_of(rt)))
+                // The loop starts from the budget the source was made for, so a budget that
+                // becomes known while the source starts (a coordinator takes a while) is
+                // passed on at the first poll.
+                let budget = budget_of(rt);
+                run(rt, &tap, make_source(budget), budget)
             }));
             if r.is_err() {
                 tracing::error!("the planner failed; swapping on demand from now on");
             }
+            RUNNING.store(false, Ordering::Release);
         });
     match spawned {
         Ok(_) => true,
         Err(e) => {
+            RUNNING.store(false, Ordering::Release);
             tracing::warn!("cannot start the planning thread ({e}); swapping on demand");
             false
         }
     }
 }
 
-/// Asks the planning thread to stop (at exit).
+/// Asks the planning thread to stop (at exit) and waits a little for it to leave its
+/// coordinator, so the coordinator logs a job that left rather than one that died.
 pub fn stop() {
     STOP.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + STOP_WAIT;
+    while RUNNING.load(Ordering::Acquire) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// The budget to plan for: the manager's, once it runs; until then, no limit (a plan made then
@@ -175,8 +194,12 @@ fn budget_of(rt: &Runtime) -> u64 {
     rt.memory().map_or(u64::MAX, |m| m.mm.budget() as u64)
 }
 
-fn run(rt: &'static Runtime, tap: &Receiver<Record>, mut source: Box<dyn PlanSource>) {
-    let mut budget = budget_of(rt);
+fn run(
+    rt: &'static Runtime,
+    tap: &Receiver<Record>,
+    mut source: Box<dyn PlanSource>,
+    mut budget: u64,
+) {
     let mut lost_seen = rt.records().map_or(0, |s| s.tap_dropped());
     let mut last_poll = Instant::now();
     let mut since_poll = 0usize;

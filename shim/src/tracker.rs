@@ -140,6 +140,37 @@ impl Tracker {
         }
     }
 
+    /// What a listener joining mid-run needs to read the records that follow: a `Kernel`
+    /// record per known kernel, then an `Alloc` record per live allocation (stamped `t_ns`,
+    /// on the null stream: where each was made is not kept).
+    ///
+    /// Records already on their way may repeat some of these or free one of them; a reader
+    /// of a live stream drops what it cannot place.
+    #[cold]
+    pub fn state_records(&self, t_ns: u64) -> Vec<Record> {
+        let mut records: Vec<Record> = self
+            .kernels
+            .announced()
+            .into_iter()
+            .map(Record::Kernel)
+            .collect();
+        let allocs = self.allocs.snapshot();
+        let mut live: Vec<Range> = allocs.iter().collect();
+        // In the order they were made, as a stream from the start would have had them.
+        live.sort_by_key(|r| r.id);
+        records.extend(live.into_iter().map(|r| {
+            Record::Alloc(Alloc {
+                t_ns,
+                stream: 0,
+                id: r.id,
+                ptr: r.start,
+                bytes: r.len,
+                kind: AllocKind::Sync,
+            })
+        }));
+        records
+    }
+
     /// The id of the allocation containing `addr`, or 0 (host or untracked memory).
     #[inline]
     pub fn alloc_id_of(&self, addr: u64) -> u64 {
@@ -382,5 +413,47 @@ mod tests {
         assert_eq!(t.alloc_id_of(0x10_00ff), a);
         assert_eq!(t.live_bytes(), 256);
         assert!(t.begin_free(0x10_0001).is_none());
+    }
+
+    #[test]
+    fn state_records_name_the_kernels_then_the_live_allocations_in_order_made() {
+        let t = Tracker::new(Introspection::default());
+        // Made at falling addresses, so address order and the order made differ.
+        let a = t.allocated(None, 0, 0, 0x30_0000, 256, AllocKind::Sync);
+        let b = t.allocated(None, 0, 0, 0x20_0000, 512, AllocKind::Async);
+        let c = t.allocated(None, 0, 0, 0x10_0000, 128, AllocKind::Sync);
+        let r = t.begin_free(0x20_0000).unwrap();
+        t.end_free(None, 0, 0, r, true);
+        let p: u64 = 0x30_0000;
+        let params: [*const c_void; 2] = [(&p as *const u64).cast(), (&p as *const u64).cast()];
+        let mut out = Vec::new();
+        // SAFETY: two 8-byte parameters, as the layout says.
+        unsafe {
+            t.resolve_launch_with(
+                None,
+                0x1234 as *mut c_void,
+                params.as_ptr(),
+                std::ptr::null(),
+                &mut out,
+                two_pointer_kernel,
+            )
+        };
+        let records = t.state_records(77);
+        let Record::Kernel(k) = &records[0] else {
+            panic!("the kernel first: {records:?}");
+        };
+        assert_eq!((k.name.as_str(), k.nparams), ("k", 2));
+        let allocs: Vec<(u64, u64, u64, u64)> = records[1..]
+            .iter()
+            .map(|r| match r {
+                Record::Alloc(x) => (x.id, x.ptr, x.bytes, x.t_ns),
+                other => panic!("an allocation: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            allocs,
+            vec![(a, 0x30_0000, 256, 77), (c, 0x10_0000, 128, 77)]
+        );
+        assert!(b > a && c > b);
     }
 }

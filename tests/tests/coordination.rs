@@ -1,0 +1,166 @@
+//! Jobs and the coordinator, through `LD_PRELOAD` on the simulated GPU.
+//!
+//! A job under `TENSILE_POLICY=plan` that names a coordinator no one runs starts one (the
+//! `tensile` binary next to `libtensile.so`), streams its records to it and runs the plan it
+//! sends back; a coordinator killed with SIGKILL mid-run costs the job nothing but its plans:
+//! it says so once, goes on (results bit for bit those of a run without the shim), rejoins
+//! the coordinator it starts anew, and runs that one's plan (made knowing the allocations the
+//! job made before it came).
+//!
+//! Each test uses a coordinator name of its own, so tests run in parallel, and stops the
+//! coordinators it caused.
+
+use std::time::{Duration, Instant};
+
+use tensile_protocol::SegmentView;
+use tensile_tests::expect::named_digests;
+use tensile_tests::harness::{Output, Run};
+
+/// Layers, tensor KiB (one 2 MiB page), as in `plan_exec`.
+const LAYERS: &str = "6";
+const TENSOR_KIB: &str = "2048";
+/// Under the budget below, a third of the footprint.
+const BUDGET: &str = "20MiB";
+
+fn train(iterations: u32) -> Run {
+    Run::new(env!("CARGO_BIN_EXE_wl_train"))
+        .arg("proc:13000:0")
+        .arg(LAYERS)
+        .arg(TENSOR_KIB)
+        .arg(iterations.to_string())
+}
+
+fn planned_job(iterations: u32, coordinator: &str) -> Run {
+    train(iterations)
+        .preload(true)
+        .env("TENSILE_POLICY", "plan")
+        .env("TENSILE_DEVICE_MEMORY", BUDGET)
+        .env("TENSILE_COORDINATOR", coordinator)
+        .env("TENSILE_LOG", "info")
+}
+
+/// A coordinator name no other test (or test run) uses.
+fn unique_name(test: &str) -> String {
+    format!("t{}-{test}", std::process::id())
+}
+
+/// The pid of the coordinator serving `name`, if one runs.
+fn coordinator_pid(name: &str) -> Option<u32> {
+    let view = SegmentView::open(name).ok()?;
+    let c = view.coordinator();
+    c.running.then_some(c.process.pid)
+}
+
+/// Stops the coordinator of `name` (if any) and waits for its segment to go.
+fn stop_coordinator(name: &str) {
+    if let Some(pid) = coordinator_pid(name) {
+        // SAFETY: plain kill(2) on a pid we read from our own segment.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while coordinator_pid(name).is_some() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The executor's counters from its exit line.
+fn executor_counter(out: &Output, name: &str) -> u64 {
+    let line = out
+        .stderr
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once("plan executor: ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no executor line in:\n{}", out.stderr));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words
+        .chunks(2)
+        .find(|kv| kv[0] == name)
+        .and_then(|kv| kv.get(1)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line}"))
+}
+
+#[test]
+fn a_job_that_finds_no_coordinator_starts_one_and_runs_its_plan() {
+    let name = unique_name("start");
+    let native = train(12).output();
+    native.assert_ok("native");
+    let out = planned_job(12, &name).output();
+    stop_coordinator(&name);
+    out.assert_ok("job");
+    assert_eq!(
+        named_digests(&out.stdout),
+        named_digests(&native.stdout),
+        "results differ from the run without the shim"
+    );
+    assert!(
+        out.stderr.contains("started coordinator"),
+        "the job did not start a coordinator:\n{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("from the coordinator"),
+        "no plan came from the coordinator:\n{}",
+        out.stderr
+    );
+    assert!(executor_counter(&out, "plans_loaded") >= 1);
+    assert!(executor_counter(&out, "steps_done") > 0);
+    assert_eq!(executor_counter(&out, "mismatches"), 0);
+}
+
+#[test]
+fn a_coordinator_killed_mid_run_is_survived_and_rejoined() {
+    let name = unique_name("killed");
+    let native = train(40).output();
+    native.assert_ok("native");
+    let job = planned_job(40, &name);
+    let killer_name = name.clone();
+    // Once the job has started the coordinator and streamed for a while, kill it.
+    let killer = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(pid) = coordinator_pid(&killer_name) {
+                std::thread::sleep(Duration::from_millis(800));
+                // SAFETY: plain kill(2) on a pid read from our own segment.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                return Some(pid);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        None
+    });
+    let out = job.output();
+    let killed = killer.join().unwrap();
+    stop_coordinator(&name);
+    out.assert_ok("job");
+    assert!(killed.is_some(), "no coordinator ran to kill");
+    assert_eq!(
+        named_digests(&out.stdout),
+        named_digests(&native.stdout),
+        "results differ from the run without the shim"
+    );
+    assert_eq!(
+        out.stderr.matches("went away").count(),
+        1,
+        "the job should say once that its coordinator went away:\n{}",
+        out.stderr
+    );
+    let (_, after_rejoin) = out
+        .stderr
+        .split_once("rejoined coordinator")
+        .unwrap_or_else(|| panic!("the job did not rejoin a new coordinator:\n{}", out.stderr));
+    // The new coordinator was told the parameters made before it came: its plan moves them
+    // (a coordinator that saw only the stream after the rejoin plans no moves at all).
+    let moves_after: Vec<u64> = after_rejoin
+        .lines()
+        .filter(|l| l.contains("from the coordinator"))
+        .filter_map(|l| {
+            let (before, _) = l.split_once(" moves")?;
+            before.rsplit(' ').next()?.parse().ok()
+        })
+        .collect();
+    assert!(
+        moves_after.iter().any(|&m| m > 0),
+        "no plan with moves from the new coordinator (moves per plan: {moves_after:?}):\n{}",
+        out.stderr
+    );
+}
