@@ -84,11 +84,12 @@ impl PlanSource for LocalLearner {
         let plan = self.learner.poll();
         if let (Some(p), Some(cost)) = (&plan, self.learner.last_poll_cost()) {
             tracing::info!(
-                "plan {} learned: {} launches per iteration, {} moves, predicted step {:.1} ms \
-                 (compute {:.1} ms); detection {:.1} ms, planning {:.1} ms over {} ops",
+                "plan {} learned: {} launches per iteration, {} moves ({:.1} MiB out per iteration), \
+                 predicted step {:.1} ms (compute {:.1} ms); detection {:.1} ms, planning {:.1} ms over {} ops",
                 p.version,
                 p.period,
                 p.steps.len(),
+                p.bytes_out_per_iteration() as f64 / (1 << 20) as f64,
                 p.predicted_step_ns as f64 / 1e6,
                 p.compute_ns as f64 / 1e6,
                 cost.detect.as_secs_f64() * 1e3,
