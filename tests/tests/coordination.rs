@@ -7,12 +7,18 @@
 //! the coordinator it starts anew, and runs that one's plan (made knowing the allocations the
 //! job made before it came).
 //!
+//! A segment of another version is refused in one line, and the job learns and plans in its own
+//! process instead.
+//!
 //! Each test uses a coordinator name of its own, so tests run in parallel, and stops the
 //! coordinators it caused.
 
 use std::time::{Duration, Instant};
 
-use tensile_protocol::SegmentView;
+use std::os::unix::fs::FileExt;
+
+use tensile_protocol::segment::{shm_name, shm_path, Geometry, LAYOUT_VERSION};
+use tensile_protocol::{CoordinatorSegment, SegmentView};
 use tensile_tests::expect::named_digests;
 use tensile_tests::harness::{Output, Run};
 
@@ -163,4 +169,59 @@ fn a_coordinator_killed_mid_run_is_survived_and_rejoined() {
         "no plan with moves from the new coordinator (moves per plan: {moves_after:?}):\n{}",
         out.stderr
     );
+}
+
+#[test]
+fn a_segment_of_another_version_is_refused_once_and_the_job_plans_alone() {
+    let name = unique_name("version");
+    // A coordinator of "another version" runs: this process holds a segment whose header
+    // says a later layout.
+    let segment = CoordinatorSegment::create(
+        &name,
+        Geometry {
+            slot_count: 2,
+            ..Geometry::default()
+        },
+    )
+    .unwrap();
+    let path = shm_path(&shm_name(&name).unwrap());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .write_all_at(&(LAYOUT_VERSION + 1).to_le_bytes(), 8)
+        .unwrap();
+    let native = train(12).output();
+    native.assert_ok("native");
+    let out = planned_job(12, &name).output();
+    drop(segment);
+    out.assert_ok("job");
+    assert_eq!(
+        named_digests(&out.stdout),
+        named_digests(&native.stdout),
+        "results differ from the run without the shim"
+    );
+    let refusals: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("no coordinator"))
+        .collect();
+    assert_eq!(refusals.len(), 1, "one line expected:\n{}", out.stderr);
+    assert!(
+        refusals[0].contains(&format!("version {}", LAYOUT_VERSION + 1)),
+        "the line names the other version: {}",
+        refusals[0]
+    );
+    assert!(
+        !out.stderr.contains("started coordinator"),
+        "a running coordinator's segment must not be replaced:\n{}",
+        out.stderr
+    );
+    // Learned and planned in the process instead.
+    assert!(
+        executor_counter(&out, "plans_loaded") >= 1,
+        "{}",
+        out.stderr
+    );
+    assert_eq!(executor_counter(&out, "mismatches"), 0);
 }
