@@ -446,3 +446,51 @@ fn the_window_stays_within_its_bound_while_learning() {
     });
     assert!(plans.is_empty());
 }
+
+/// A coordinator joined mid-run is told the live allocations while some of their records are
+/// still on their way, so a live stream can announce an allocation twice: the second is
+/// refused, the first keeps its id (its free and the launches that touch it still find it),
+/// and a plan comes as without the repeat.
+#[test]
+fn an_allocation_announced_twice_while_live_is_refused_and_a_plan_still_comes() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wl_train.trace.gz");
+    let file = std::fs::File::open(&path).unwrap();
+    let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
+    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
+    let trace = load(&path, LoadOptions::default()).unwrap();
+    // Every allocation live a third of the way in, announced again there.
+    let cut = records.len() / 3;
+    let mut live: Vec<Alloc> = Vec::new();
+    for r in &records[..cut] {
+        match r {
+            Record::Alloc(a) => live.push(a.clone()),
+            Record::Free(f) => live.retain(|a| a.id != f.id),
+            _ => {}
+        }
+    }
+    assert!(!live.is_empty());
+    let freed_later = live
+        .iter()
+        .filter(|a| {
+            records[cut..]
+                .iter()
+                .any(|r| matches!(r, Record::Free(f) if f.id == a.id))
+        })
+        .count();
+    assert!(
+        freed_later > 0,
+        "some of them must be freed after the repeat"
+    );
+    let mut repeated = records[..cut].to_vec();
+    repeated.extend(live.into_iter().map(Record::Alloc));
+    repeated.extend_from_slice(&records[cut..]);
+
+    let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+    let plans = feed(&mut learner, &repeated, 50, |_, _| {});
+    let (_, plan) = plans.first().expect("a plan despite the repeat");
+    let mut clean = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+    let clean_plans = feed(&mut clean, &records, 50, |_, _| {});
+    let (_, clean_plan) = clean_plans.first().expect("a plan");
+    assert_eq!(plan.period, clean_plan.period);
+    assert_eq!(plan.steps.len(), clean_plan.steps.len());
+}

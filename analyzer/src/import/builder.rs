@@ -127,13 +127,16 @@ impl TraceBuilder {
                 "allocation id 0 is reserved for host memory".into(),
             ));
         }
-        let idx = self.trace.allocations.len() as AllocIdx;
-        if let Some(prev) = self.by_id.insert(id, idx) {
-            let prev = &self.trace.allocations[prev as usize];
-            if prev.free.is_none() {
+        // Refused before anything changes: a live stream repeats an allocation it re-announces
+        // (a coordinator joined mid-run is told the live allocations while some of their
+        // records are still on their way), and the first one must stay the one its id names.
+        if let Some(&prev) = self.by_id.get(&id) {
+            if self.trace.allocations[prev as usize].free.is_none() {
                 return Err(ModelError(format!("allocation id {id} is allocated twice")));
             }
         }
+        let idx = self.trace.allocations.len() as AllocIdx;
+        self.by_id.insert(id, idx);
         let before_op = self.next_op();
         self.trace.allocations.push(Allocation {
             trace_id: id,

@@ -195,6 +195,8 @@ struct Job {
     last_poll: Option<Instant>,
     records: u64,
     lost: u64,
+    /// The planner's failures already logged.
+    planner_failures: u64,
 }
 
 /// The coordinator's state between ticks.
@@ -298,6 +300,7 @@ impl Coordinator {
                         last_poll: None,
                         records: 0,
                         lost: 0,
+                        planner_failures: 0,
                     },
                 );
             }
@@ -367,6 +370,15 @@ impl Coordinator {
                         Err(e) => log.line(&format!("job {}: plan not sent: {e}", job.pid)),
                     }
                 }
+            }
+            let failures = job.planner.failures();
+            if failures > job.planner_failures {
+                job.planner_failures = failures;
+                log.line(&format!(
+                    "job {}: its planner failed (a bug; {failures} time(s) so far) and starts \
+                     over, relearning the job",
+                    job.pid
+                ));
             }
             if let Err(e) = segment.flush_commands(slot, job.incarnation) {
                 log.line(&format!("job {}: command not sent: {e}", job.pid));

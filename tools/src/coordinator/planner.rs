@@ -27,12 +27,19 @@ pub trait JobPlanner: Send {
     fn set_budget(&mut self, bytes: u64);
     /// Where it stands.
     fn state(&self) -> PlannerState;
+    /// How many times it failed (panicked) and started over; one job's stream must not take
+    /// the coordinator, and every other job's plans, down with it.
+    fn failures(&self) -> u64 {
+        0
+    }
 }
 
 /// The analyzer's online learner as a job's planner: the same learning and planning a job runs
 /// in its own process with `TENSILE_COORDINATOR=off`.
 pub struct LearnerPlanner {
     learner: Learner,
+    options: LearnerOptions,
+    failures: u64,
 }
 
 impl LearnerPlanner {
@@ -41,28 +48,49 @@ impl LearnerPlanner {
         let mut options = LearnerOptions::for_budget(budget_bytes.max(1));
         options.cost = cost;
         LearnerPlanner {
-            learner: Learner::new(options),
+            learner: Learner::new(options.clone()),
+            options,
+            failures: 0,
+        }
+    }
+
+    /// Runs `f` on the learner; if it panics (a bug, on some stream), starts over with a new
+    /// learner for the same budget, which learns the job again from what follows.
+    fn guarded<T: Default>(&mut self, f: impl FnOnce(&mut Learner) -> T) -> T {
+        let learner = &mut self.learner;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(learner))) {
+            Ok(v) => v,
+            Err(_) => {
+                self.failures += 1;
+                self.learner = Learner::new(self.options.clone());
+                T::default()
+            }
         }
     }
 }
 
 impl JobPlanner for LearnerPlanner {
     fn push(&mut self, record: &Record) {
-        self.learner.push(record);
+        self.guarded(|l| l.push(record));
     }
 
     fn poll(&mut self) -> Option<ExecPlan> {
-        self.learner.poll()
+        self.guarded(|l| l.poll())
     }
 
     fn lost(&mut self, records: u64) {
-        self.learner.lost_records(records);
+        self.guarded(|l| l.lost_records(records));
     }
 
     fn set_budget(&mut self, bytes: u64) {
         if bytes > 0 {
-            self.learner.set_budget(bytes);
+            self.options.budget_bytes = bytes;
+            self.guarded(|l| l.set_budget(bytes));
         }
+    }
+
+    fn failures(&self) -> u64 {
+        self.failures
     }
 
     fn state(&self) -> PlannerState {
@@ -70,5 +98,37 @@ impl JobPlanner for LearnerPlanner {
             LearnerState::Planned { version, .. } => PlannerState::Planned { version },
             _ => PlannerState::Learning,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensile_trace::{Alloc, AllocKind};
+
+    #[test]
+    fn a_learner_that_panics_is_replaced_and_counted_and_the_planner_goes_on() {
+        let mut p = LearnerPlanner::new(64 << 20, CostModel::default());
+        p.push(&Record::Alloc(Alloc {
+            t_ns: 1,
+            stream: 0,
+            id: 1,
+            ptr: 1 << 21,
+            bytes: 1 << 21,
+            kind: AllocKind::Sync,
+        }));
+        // (The default hook prints the panic: this one is meant.)
+        p.guarded(|_| -> () { panic!("a bug in the learner (this test's own)") });
+        assert_eq!(p.failures(), 1);
+        assert_eq!(p.state(), PlannerState::Learning);
+        // A fresh learner: the allocation pushed before is forgotten, so its free is one
+        // the window never saw (refused, not a panic).
+        p.push(&Record::Free(tensile_trace::Free {
+            t_ns: 2,
+            stream: 0,
+            id: 1,
+        }));
+        assert!(p.poll().is_none());
+        assert_eq!(p.failures(), 1);
     }
 }
