@@ -33,7 +33,7 @@
 use std::time::{Duration, Instant};
 
 use tensile_protocol::ExecPlan;
-use tensile_trace::{CopyKind, Record};
+use tensile_trace::Record;
 
 use crate::bound::{lower_bound_with, BoundOptions};
 use crate::cost::{Budget, CostModel};
@@ -41,7 +41,7 @@ use crate::cycle::{Cycle, MoveUnits};
 use crate::exec_plan::convert;
 use crate::import::builder::TraceBuilder;
 use crate::iteration::{allocated_before_ops, detect, Iterations};
-use crate::model::{CopyDir, OpKind, SourceFormat, SyncScope};
+use crate::model::{OpKind, SourceFormat};
 use crate::plan::plan;
 use crate::search::{improve, SearchOptions};
 
@@ -173,52 +173,14 @@ impl Learner {
     pub fn push(&mut self, record: &Record) {
         // Errors are records the window cannot place (a free of an allocation it never saw,
         // a duration of a launch it dropped): leaving them out is all a live stream allows.
+        if let Record::Launch(l) = record {
+            self.check_launch(l.seq, l.kernel);
+        }
+        let _ = self.window.record(record);
         match record {
-            Record::Kernel(k) => self.window.kernel(k.id, k.nparams, k.name.clone()),
-            Record::Alloc(a) => {
-                let _ = self.window.alloc(a.t_ns, a.stream, a.id, a.ptr, a.bytes);
-            }
-            Record::Free(f) => {
-                let _ = self.window.free(f.t_ns, f.id);
-            }
-            Record::Launch(l) => {
-                self.check_launch(l.seq, l.kernel);
-                let _ = self.window.launch(
-                    l.t_ns,
-                    l.stream,
-                    l.seq,
-                    l.kernel,
-                    l.accesses.iter().map(|a| a.alloc),
-                );
-                self.launches_learning += 1;
-            }
-            Record::LaunchTime(t) => {
-                let _ = self.window.duration(t.seq, t.gpu_ns);
-                self.measure(t.seq, t.gpu_ns);
-            }
-            Record::Copy(c) => {
-                let dir = match c.kind {
-                    CopyKind::HostToDevice => CopyDir::HostToDevice,
-                    CopyKind::DeviceToHost => CopyDir::DeviceToHost,
-                    CopyKind::DeviceToDevice => CopyDir::DeviceToDevice,
-                    CopyKind::Any => CopyDir::Any,
-                };
-                let _ = self
-                    .window
-                    .copy(c.t_ns, c.stream, dir, c.dst, c.src, c.bytes);
-            }
-            Record::Memset(m) => {
-                let _ = self.window.memset(m.t_ns, m.stream, m.dst, m.bytes);
-            }
-            Record::Sync(s) => {
-                let scope = match s.scope {
-                    tensile_trace::SyncScope::Stream(h) => SyncScope::Stream(h),
-                    tensile_trace::SyncScope::Event(h) => SyncScope::Event(h),
-                    tensile_trace::SyncScope::Context => SyncScope::Device,
-                };
-                self.window.sync(s.t_ns, scope);
-            }
-            Record::Header(_) | Record::Stats(_) | Record::End(_) => {}
+            Record::Launch(_) => self.launches_learning += 1,
+            Record::LaunchTime(t) => self.measure(t.seq, t.gpu_ns),
+            _ => {}
         }
         self.bound_window();
     }

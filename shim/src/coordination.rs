@@ -253,16 +253,7 @@ impl PlanSource for CoordinatorSource {
         client.heartbeat();
         match client.poll_command() {
             CommandRead::New(Ok(Order::Plan(plan))) => {
-                tracing::info!(
-                    "plan {} learned: {} launches per iteration, {} moves ({:.1} MiB out per \
-                     iteration), predicted step {:.1} ms (compute {:.1} ms), from the coordinator",
-                    plan.version,
-                    plan.period,
-                    plan.steps.len(),
-                    plan.bytes_out_per_iteration() as f64 / (1 << 20) as f64,
-                    plan.predicted_step_ns as f64 / 1e6,
-                    plan.compute_ns as f64 / 1e6
-                );
+                tracing::info!("{}, from the coordinator", crate::planning::learned(&plan));
                 self.plan_shape = Some((plan.period, plan.predicted_step_ns));
                 Some(plan)
             }

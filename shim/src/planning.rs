@@ -84,14 +84,8 @@ impl PlanSource for LocalLearner {
         let plan = self.learner.poll();
         if let (Some(p), Some(cost)) = (&plan, self.learner.last_poll_cost()) {
             tracing::info!(
-                "plan {} learned: {} launches per iteration, {} moves ({:.1} MiB out per iteration), \
-                 predicted step {:.1} ms (compute {:.1} ms); detection {:.1} ms, planning {:.1} ms over {} ops",
-                p.version,
-                p.period,
-                p.steps.len(),
-                p.bytes_out_per_iteration() as f64 / (1 << 20) as f64,
-                p.predicted_step_ns as f64 / 1e6,
-                p.compute_ns as f64 / 1e6,
+                "{}; detection {:.1} ms, planning {:.1} ms over {} ops",
+                learned(p),
                 cost.detect.as_secs_f64() * 1e3,
                 cost.plan.as_secs_f64() * 1e3,
                 cost.window_ops
@@ -128,6 +122,21 @@ pub fn start_for(rt: &'static Runtime) {
         }
         Box::new(LocalLearner::new(budget, cost))
     });
+}
+
+/// The log's words for a plan that came in (wherever it was learned; tests and `tensile
+/// rerun` read these lines).
+pub(crate) fn learned(plan: &ExecPlan) -> String {
+    format!(
+        "plan {} learned: {} launches per iteration, {} moves ({:.1} MiB out per iteration), \
+         predicted step {:.1} ms (compute {:.1} ms)",
+        plan.version,
+        plan.period,
+        plan.steps.len(),
+        plan.bytes_out_per_iteration() as f64 / (1 << 20) as f64,
+        plan.predicted_step_ns as f64 / 1e6,
+        plan.compute_ns as f64 / 1e6
+    )
 }
 
 /// The planner's cost model: the H100's, with the copy bandwidths `TENSILE_PLAN_GBPS` gives.

@@ -6,6 +6,8 @@
 
 use std::collections::HashMap;
 
+use tensile_trace::{CopyKind, Record};
+
 use super::error::ModelError;
 use crate::model::{
     AllocIdx, Allocation, CopyDir, FreeEvent, Kernel, Op, OpKind, SourceFormat, Sync, SyncScope,
@@ -101,6 +103,48 @@ impl TraceBuilder {
 
     fn next_op(&self) -> u32 {
         self.trace.ops.len() as u32
+    }
+
+    /// Adds one record of the project's own format (a file being read, or the online
+    /// learner's live stream). `Header`, `Stats` and `End` describe the stream, not the run:
+    /// nothing to add (the caller decides what they mean).
+    pub(crate) fn record(&mut self, record: &Record) -> Result<(), ModelError> {
+        match record {
+            Record::Kernel(k) => {
+                self.kernel(k.id, k.nparams, k.name.clone());
+                Ok(())
+            }
+            Record::Alloc(a) => self.alloc(a.t_ns, a.stream, a.id, a.ptr, a.bytes),
+            Record::Free(f) => self.free(f.t_ns, f.id),
+            Record::Launch(l) => self.launch(
+                l.t_ns,
+                l.stream,
+                l.seq,
+                l.kernel,
+                l.accesses.iter().map(|a| a.alloc),
+            ),
+            Record::LaunchTime(t) => self.duration(t.seq, t.gpu_ns),
+            Record::Copy(c) => {
+                let dir = match c.kind {
+                    CopyKind::HostToDevice => CopyDir::HostToDevice,
+                    CopyKind::DeviceToHost => CopyDir::DeviceToHost,
+                    CopyKind::DeviceToDevice => CopyDir::DeviceToDevice,
+                    CopyKind::Any => CopyDir::Any,
+                };
+                self.copy(c.t_ns, c.stream, dir, c.dst, c.src, c.bytes)
+            }
+            Record::Memset(m) => self.memset(m.t_ns, m.stream, m.dst, m.bytes),
+            Record::Sync(s) => {
+                let scope = match s.scope {
+                    tensile_trace::SyncScope::Stream(h) => SyncScope::Stream(h),
+                    tensile_trace::SyncScope::Event(h) => SyncScope::Event(h),
+                    tensile_trace::SyncScope::Context => SyncScope::Device,
+                };
+                self.sync(s.t_ns, scope);
+                Ok(())
+            }
+            Record::Header(_) | Record::Stats(_) | Record::End(_) => Ok(()),
+        }
     }
 
     pub(crate) fn kernel(&mut self, id: u32, nparams: u32, name: String) {

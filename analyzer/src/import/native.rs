@@ -6,11 +6,11 @@
 
 use std::io::Read;
 
-use tensile_trace::{CopyKind, Reader, Record, TraceError};
+use tensile_trace::{Reader, Record, TraceError};
 
 use super::builder::TraceBuilder;
 use super::error::{LoadError, Location};
-use crate::model::{CopyDir, SourceFormat, SyncScope, Trace};
+use crate::model::{SourceFormat, Trace};
 
 /// Reads a whole tensile trace. `input` must start at the magic bytes.
 pub fn read_tensile(
@@ -41,44 +41,11 @@ pub fn read_tensile(
                     reason: "a second header record".into(),
                 })
             }
-            Record::Kernel(k) => {
-                builder.kernel(k.id, k.nparams, k.name);
-                Ok(())
-            }
-            Record::Alloc(a) => builder.alloc(a.t_ns, a.stream, a.id, a.ptr, a.bytes),
-            Record::Free(f) => builder.free(f.t_ns, f.id),
-            Record::Launch(l) => builder.launch(
-                l.t_ns,
-                l.stream,
-                l.seq,
-                l.kernel,
-                l.accesses.iter().map(|a| a.alloc),
-            ),
-            Record::LaunchTime(t) => builder.duration(t.seq, t.gpu_ns),
-            Record::Copy(c) => {
-                let dir = match c.kind {
-                    CopyKind::HostToDevice => CopyDir::HostToDevice,
-                    CopyKind::DeviceToHost => CopyDir::DeviceToHost,
-                    CopyKind::DeviceToDevice => CopyDir::DeviceToDevice,
-                    CopyKind::Any => CopyDir::Any,
-                };
-                builder.copy(c.t_ns, c.stream, dir, c.dst, c.src, c.bytes)
-            }
-            Record::Memset(m) => builder.memset(m.t_ns, m.stream, m.dst, m.bytes),
-            Record::Sync(s) => {
-                let scope = match s.scope {
-                    tensile_trace::SyncScope::Stream(h) => SyncScope::Stream(h),
-                    tensile_trace::SyncScope::Event(h) => SyncScope::Event(h),
-                    tensile_trace::SyncScope::Context => SyncScope::Device,
-                };
-                builder.sync(s.t_ns, scope);
-                Ok(())
-            }
-            Record::Stats(_) => Ok(()),
             Record::End(_) => {
                 complete = true;
                 Ok(())
             }
+            other => builder.record(&other),
         };
         result.map_err(|e| e.at(path, at))?;
     }
