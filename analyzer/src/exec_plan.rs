@@ -22,10 +22,10 @@
 //!
 //! This module decides nothing about what to move; that is the planner's job.
 
-use tensile_protocol::{Action, ExecPlan, Iteration, PieceRef, Role, Step, When};
+use tensile_protocol::{Action, ExecPlan, Iteration, PieceRef, Role, Step, Use, When};
 
 use crate::cost::{Budget, CostModel};
-use crate::cycle::{Cycle, Tensor};
+use crate::cycle::{Cycle, Tensor, TensorId};
 use crate::model::{AllocIdx, OpKind, Trace};
 use crate::plan::{Eviction, SwapPlan};
 use crate::sim::{simulate, Policy, SimError, SimOptions};
@@ -268,6 +268,66 @@ pub fn convert(
             && span.contains(&(trace.allocations[t.source as usize].before_op as usize))
     };
 
+    // How tensor `t` is named from the launch `launch` (unrolled: iteration 0 is the span's).
+    let role_at = |t: TensorId, launch: u64| -> Result<Role, ExecPlanError> {
+        let tensor = &cycle.tensors[t as usize];
+        if tensor.alloc_at.is_none() {
+            return Ok(Role::Persistent {
+                alloc_id: trace.allocations[tensor.source as usize].trace_id,
+            });
+        }
+        let ProtocolRole {
+            iteration: home,
+            ordinal,
+        } = protocol_role(
+            trace,
+            &all_launches,
+            anchor,
+            launches as usize,
+            tensor.source,
+        )
+        .ok_or(ExecPlanError::Unplaceable(t))?;
+        let iteration = match (launch / launches) as i64 - home {
+            0 => Iteration::Current,
+            1 => Iteration::Previous,
+            d => {
+                return Err(ExecPlanError::TooLongLived {
+                    tensor: t,
+                    distance: d.unsigned_abs(),
+                })
+            }
+        };
+        Ok(Role::Transient {
+            ordinal,
+            bytes: tensor.bytes,
+            iteration,
+        })
+    };
+
+    // What each launch touches, for the shim's eviction of what the plan did not foresee.
+    // Work that is not a launch counts at the next launch; a use before its tensor's
+    // allocation in the span belongs to the next iteration (its lifetime wraps). Tensors no
+    // role names are left out (the shim then knows nothing of their future).
+    let mut uses: Vec<Use> = Vec::new();
+    for (q, op) in cycle.ops.iter().enumerate() {
+        for &t in &op.tensors {
+            let tensor = &cycle.tensors[t as usize];
+            if unnameable(tensor) {
+                continue;
+            }
+            let wraps = tensor.alloc_at.is_some_and(|a| (q as u32) < a);
+            let launch = map.next_launch[q] + if wraps { launches } else { 0 };
+            if let Ok(role) = role_at(t, launch) {
+                uses.push(Use {
+                    position: (launch % launches) as u32,
+                    role,
+                });
+            }
+        }
+    }
+    uses.sort_by_key(|u| u.position);
+    uses.dedup();
+
     // Steps, with a key that orders the steps at one launch point as their ops are ordered.
     let mut steps: Vec<(i64, Step)> = Vec::new();
     let mut executed = plan.clone();
@@ -304,40 +364,7 @@ pub fn convert(
             (out, Action::SwapOut, out_u, 1),
             (fetch, Action::Prefetch, fetch_u, 0),
         ] {
-            let role = match tensor.alloc_at {
-                None => Role::Persistent {
-                    alloc_id: trace.allocations[tensor.source as usize].trace_id,
-                },
-                Some(_) => {
-                    let ProtocolRole {
-                        iteration: home,
-                        ordinal,
-                    } = protocol_role(
-                        trace,
-                        &all_launches,
-                        anchor,
-                        launches as usize,
-                        tensor.source,
-                    )
-                    .ok_or(ExecPlanError::Unplaceable(piece.tensor))?;
-                    let step_iteration = (point.launch / launches) as i64;
-                    let iteration = match step_iteration - home {
-                        0 => Iteration::Current,
-                        1 => Iteration::Previous,
-                        d => {
-                            return Err(ExecPlanError::TooLongLived {
-                                tensor: piece.tensor,
-                                distance: d.unsigned_abs(),
-                            })
-                        }
-                    };
-                    Role::Transient {
-                        ordinal,
-                        bytes: tensor.bytes,
-                        iteration,
-                    }
-                }
-            };
+            let role = role_at(piece.tensor, point.launch)?;
             let k = point.launch / launches;
             let key = 2 * (u as i64 - (k * u64::from(period)) as i64) + late;
             steps.push((
@@ -395,6 +422,7 @@ pub fn convert(
         kernels,
         anchor_seq: trace.ops[anchor_op].seq,
         steps: steps.into_iter().map(|(_, s)| s).collect(),
+        uses,
         host_resident,
         budget_bytes: plan.budget_bytes,
         predicted_step_ns: report.step_ns,
@@ -519,6 +547,13 @@ mod tests {
                 step(2, When::AfterLaunch, Action::SwapOut),
             ]
         );
+        // The tensor's uses: the memset counts at the next launch (position 1), the last
+        // launch at its own.
+        let used = |position| Use {
+            position,
+            role: Role::Persistent { alloc_id: 5 },
+        };
+        assert_eq!(p.uses, vec![used(1), used(2)]);
         // The memset and copy are priced by the cost model; the three launches ran 1 ms each.
         assert!(p.compute_ns > 3_000_000);
         assert!(p.predicted_step_ns >= p.compute_ns);
@@ -548,6 +583,7 @@ mod tests {
         let c = convert_span(vec![round_trip((1, 4), 1, 4), round_trip((4, 6), 4, 5)], 0);
         assert_eq!(c.dropped_round_trips, 2);
         assert!(c.plan.steps.is_empty());
+        assert!(c.plan.uses.is_empty(), "no role names it, so no use either");
         assert!(c.executed.evictions.is_empty());
     }
 }

@@ -238,6 +238,7 @@ mod tests {
             kernels: (0..period).map(|p| p ^ version).collect(),
             anchor_seq: u64::from(version) * 1000,
             steps,
+            uses: Vec::new(),
             host_resident: Vec::new(),
             budget_bytes: u64::from(version) << 20,
             predicted_step_ns: u64::from(version) * 3,

@@ -30,7 +30,7 @@ pub mod view;
 pub use command::{Command, CommandError, CommandRead};
 pub use coordinator::{CoordinatorSegment, Delivery, Reclaimed};
 pub use job::{JobClient, JobOptions};
-pub use plan::{Action, ExecPlan, Iteration, PieceRef, PlanDecodeError, Role, Step, When};
+pub use plan::{Action, ExecPlan, Iteration, PieceRef, PlanDecodeError, Role, Step, Use, When};
 pub use process::ProcessIdentity;
 pub use ring::Corruption;
 pub use segment::{Geometry, SegmentError, LAYOUT_VERSION};

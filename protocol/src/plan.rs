@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 pub const PLAN_MAGIC: [u8; 8] = *b"TNSLPLN\0";
 
 /// The plan encoding this crate writes and reads; bumped on any incompatible change.
-pub const PLAN_FORMAT_VERSION: u16 = 1;
+pub const PLAN_FORMAT_VERSION: u16 = 2;
 
 /// The largest encoded plan accepted; anything bigger is corruption, not a plan.
 pub const MAX_PLAN_BYTES: usize = 64 << 20;
@@ -105,6 +105,18 @@ pub struct Step {
     pub piece: PieceRef,
 }
 
+/// An allocation a launch of the iteration touches: what the plan knows of the future, so
+/// that the shim can tell which resident page is needed last when it must evict one the plan
+/// did not foresee (Belady's choice instead of the least recently used).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Use {
+    /// Launch position in the iteration, `< period` (work that is not a launch counts at the
+    /// next launch).
+    pub position: u32,
+    /// The allocation, named as a step names it from that launch.
+    pub role: Role,
+}
+
 /// A periodic plan for one job, in the shim's terms (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExecPlan {
@@ -119,6 +131,8 @@ pub struct ExecPlan {
     pub anchor_seq: u64,
     /// The moves, sorted by `(position, when)`.
     pub steps: Vec<Step>,
+    /// Every allocation each launch of the iteration touches, sorted by position.
+    pub uses: Vec<Use>,
     /// Pieces of persistent allocations that no launch of the iteration touches: written out
     /// once, kept on the host.
     pub host_resident: Vec<PieceRef>,
@@ -226,6 +240,19 @@ impl ExecPlan {
             check_piece(&s.piece)
                 .map_err(|e| PlanDecodeError::Invalid(format!("step {i}: {e}")))?;
         }
+        let mut last_use = 0u32;
+        for (i, u) in self.uses.iter().enumerate() {
+            if u.position >= self.period {
+                return invalid(format!(
+                    "use {i} at position {}, past the period of {}",
+                    u.position, self.period
+                ));
+            }
+            if u.position < last_use {
+                return invalid(format!("use {i} is out of order"));
+            }
+            last_use = u.position;
+        }
         for (i, p) in self.host_resident.iter().enumerate() {
             if !matches!(p.role, Role::Persistent { .. }) {
                 return invalid(format!("host-resident piece {i} is not persistent"));
@@ -323,6 +350,16 @@ mod tests {
                     piece: piece(0),
                 },
             ],
+            uses: vec![
+                Use {
+                    position: 0,
+                    role: piece(0).role,
+                },
+                Use {
+                    position: 3,
+                    role: Role::Persistent { alloc_id: 5 },
+                },
+            ],
             host_resident: vec![PieceRef {
                 role: Role::Persistent { alloc_id: 5 },
                 offset: 0,
@@ -406,6 +443,18 @@ mod tests {
         overrun.steps[0].piece.offset = 3 << 20;
         assert!(matches!(
             overrun.validate(),
+            Err(PlanDecodeError::Invalid(_))
+        ));
+        let mut use_late = sample();
+        use_late.uses[1].position = 4;
+        assert!(matches!(
+            use_late.validate(),
+            Err(PlanDecodeError::Invalid(_))
+        ));
+        let mut uses_unordered = sample();
+        uses_unordered.uses.swap(0, 1);
+        assert!(matches!(
+            uses_unordered.validate(),
             Err(PlanDecodeError::Invalid(_))
         ));
         let mut short = sample();

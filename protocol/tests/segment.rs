@@ -485,6 +485,7 @@ fn commands_reach_the_job_in_order_one_at_a_time() {
         kernels: vec![1, 2, 3],
         anchor_seq: 7,
         steps: Vec::new(),
+        uses: Vec::new(),
         host_resident: Vec::new(),
         budget_bytes: 1 << 30,
         predicted_step_ns: 5,

@@ -255,6 +255,7 @@ fn bench_launch_path(c: &mut Criterion) {
         kernels: (0..KERNELS).map(|p| id_of((k + 1 + p) % KERNELS)).collect(),
         anchor_seq: anchor,
         steps: vec![],
+        uses: vec![],
         host_resident: vec![],
         budget_bytes: 0,
         predicted_step_ns: 0,

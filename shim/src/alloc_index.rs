@@ -172,6 +172,23 @@ impl Snapshot {
         self.chunks.iter().flat_map(|c| c.ranges())
     }
 
+    /// The live allocations overlapping `[start, start + len)`, by start address.
+    pub fn overlapping(&self, start: u64, len: u64) -> impl Iterator<Item = Range> + '_ {
+        let end = start.saturating_add(len);
+        let c = self.chunk_for(start);
+        // From the last range starting at or below `start` (it may reach into the window).
+        let first = self.chunks.get(c).map_or(0, |ch| {
+            ch.starts.partition_point(|&s| s <= start).saturating_sub(1)
+        });
+        self.chunks
+            .iter()
+            .skip(c)
+            .enumerate()
+            .flat_map(move |(k, ch)| ch.ranges().skip(if k == 0 { first } else { 0 }))
+            .take_while(move |r| r.start < end)
+            .filter(move |r| r.start + r.len > start)
+    }
+
     /// Whether any live range overlaps `r`.
     fn overlaps(&self, r: &Range) -> bool {
         if self.is_empty() || r.len == 0 {
@@ -311,6 +328,30 @@ mod tests {
 
     fn r(start: u64, len: u64, id: u64) -> Range {
         Range { start, len, id }
+    }
+
+    #[test]
+    fn lists_the_ranges_overlapping_a_window_across_chunks() {
+        let ix = AllocIndex::default();
+        // Enough ranges for several chunks: 0x100 bytes every 0x1000.
+        let n = 3 * MAX_CHUNK as u64;
+        for i in 0..n {
+            assert!(ix.insert(r(0x1000 * (i + 1), 0x100, i)).is_empty());
+        }
+        let s = ix.snapshot();
+        let ids = |start, len| s.overlapping(start, len).map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(0, 0x1000), Vec::<u64>::new());
+        assert_eq!(ids(0, 0x1001), vec![0]);
+        // Starting inside a range takes it; ending where one starts does not.
+        assert_eq!(ids(0x10ff, 0x1f01), vec![0, 1]);
+        assert_eq!(ids(0x1100, 0xf00), Vec::<u64>::new());
+        let mid = 0x1000 * (MAX_CHUNK as u64 + 1);
+        assert_eq!(
+            ids(mid - 0x2000, 0x5000),
+            (MAX_CHUNK as u64 - 2..MAX_CHUNK as u64 + 3).collect::<Vec<_>>()
+        );
+        assert_eq!(ids(0x1000 * (n + 1), 0x1000), Vec::<u64>::new());
+        assert_eq!(s.overlapping(0, u64::MAX).count() as u64, n);
     }
 
     #[test]

@@ -326,6 +326,11 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     let as_driver: Arc<dyn Driver> = driver.clone();
     let mm = MemoryManager::new(as_driver, mc)
         .map_err(|e| SetupError::Driver("reserving the arena", e))?;
+    if config.policy == Policy::Plan {
+        // While a plan is in effect, what the manager evicts on its own is the page the plan
+        // needs last, not the least recently used.
+        mm.set_eviction_advice(Some(Arc::new(crate::executor::PlanAdvice)));
+    }
     let policy = match (config.policy, &config.plan_file) {
         (Policy::Plan, Some(_)) => "the plan file's plan, on demand beside it",
         (Policy::Plan, None) => "learned plans, on demand until the first and beside them",

@@ -208,6 +208,7 @@ fn simple_plan(t: &Traced) -> ExecPlan {
         kernels: t.kernels[..PERIOD as usize].to_vec(),
         anchor_seq: anchor,
         steps,
+        uses: vec![],
         host_resident: vec![],
         budget_bytes: 20 * MIB,
         predicted_step_ns: 0,

@@ -126,6 +126,19 @@ impl RoleTables {
         }
     }
 
+    /// The transient allocations tabled, as `(id, (iteration, ordinal, bytes))`.
+    pub fn transient_slots(&self) -> impl Iterator<Item = (u64, (i64, u32, u64))> + '_ {
+        [&self.current, &self.previous]
+            .into_iter()
+            .flatten()
+            .flat_map(|t| {
+                t.slots
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, s)| (s.id, (t.iteration, i as u32, s.bytes)))
+            })
+    }
+
     /// The allocation of `role` for a step at a launch of iteration `launch_iteration`.
     pub fn resolve(&self, role: Role, launch_iteration: i64) -> Result<Slot, Unresolved> {
         match role {
@@ -229,6 +242,7 @@ mod tests {
                     bytes: 4 * MIB,
                 },
             }],
+            uses: vec![],
             host_resident: vec![],
             budget_bytes: 0,
             predicted_step_ns: 0,

@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use tensile_protocol::plan::{Iteration, Role};
+use tensile_protocol::plan::{Iteration, Role, Use};
 use tensile_trace::AllocKind;
 
 use super::*;
@@ -86,6 +86,7 @@ fn plan(kernels: Vec<u32>, steps: Vec<Step>) -> ExecPlan {
         kernels,
         anchor_seq: 0,
         steps,
+        uses: vec![],
         host_resident: vec![],
         budget_bytes: 0,
         predicted_step_ns: 0,
@@ -349,4 +350,75 @@ fn a_plan_that_breaks_the_rules_is_refused_and_the_old_one_goes_on() {
     launch(&e, &t, kernel(1, "a"));
     assert_eq!(calls(&mover, &e).len(), 1);
     assert_eq!(e.stats().plans_loaded, 1);
+}
+
+#[test]
+fn the_advice_counts_launches_to_each_pages_next_use_in_the_plan() {
+    let e = Executor::new(Arc::new(Recording::default()));
+    let t = Tracker::new(Introspection::default());
+    let (a, b) = (kernel(1, "a"), kernel(2, "b"));
+    let base = 0x7000_0000_0000u64;
+    let w = alloc(&e, &t, base, PAGE);
+    // Made before the plan and named by none of its roles.
+    alloc(&e, &t, base + 0x2000_0000, PAGE);
+    let act = Role::Transient {
+        ordinal: 0,
+        bytes: 2 * PAGE,
+        iteration: Iteration::Current,
+    };
+    let weight = Role::Persistent { alloc_id: w };
+    let used = |position, role| Use { position, role };
+    let mut p = plan(vec![1, 2, 1], vec![]);
+    p.uses = vec![used(0, weight), used(1, act), used(2, weight), used(2, act)];
+    let pages = |e: &Executor, act_at: u64| {
+        let mut out = Vec::new();
+        // The weight's page, the activation's two, a page holding nothing, the unnamed one.
+        let asked = [
+            base,
+            act_at,
+            act_at + PAGE,
+            base + 0x4000_0000,
+            base + 0x2000_0000,
+        ];
+        assert!(e.next_uses(&t, &asked, PAGE, &mut out));
+        out
+    };
+    let mut out = Vec::new();
+    assert!(
+        !e.next_uses(&t, &[base], PAGE, &mut out),
+        "advice without a plan"
+    );
+    e.install(p, &t);
+    let act_at = base + 0x1_0000_0000;
+    alloc(&e, &t, act_at, 2 * PAGE);
+    let (never, unknown) = (NextUse::Never, NextUse::Unknown);
+    assert_eq!(
+        pages(&e, act_at),
+        vec![
+            NextUse::In(0),
+            NextUse::In(1),
+            NextUse::In(1),
+            never,
+            unknown
+        ]
+    );
+    launch(&e, &t, a);
+    assert_eq!(
+        pages(&e, act_at),
+        vec![
+            NextUse::In(1),
+            NextUse::In(0),
+            NextUse::In(0),
+            never,
+            unknown
+        ]
+    );
+    launch(&e, &t, b);
+    launch(&e, &t, a);
+    // The next iteration: the weight is next used by its first launch; the activation of
+    // the iteration before is used no more.
+    assert_eq!(
+        pages(&e, act_at),
+        vec![NextUse::In(0), never, never, never, unknown]
+    );
 }

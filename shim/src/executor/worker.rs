@@ -1,5 +1,9 @@
-//! The executor's worker thread: carries out the moves the launch path decided, through
-//! the memory manager's verbs, so that no launch waits for the manager's lock.
+//! The executor's worker threads: carry out the moves the launch path decided, through the
+//! memory manager's verbs, so that no launch waits for the manager's lock.
+//!
+//! One thread per verb. A prefetch may wait for room (for swap-outs in flight to land); the
+//! swap-outs queued behind it are what makes that room, so they must not wait in the same
+//! queue. (The host runs ahead of the device, so a prefetch often waits.)
 //!
 //! The queue is bounded: a launch path that finds it full drops the move and counts it
 //! (the page is then served on demand, like anything the plan did not foresee). An error
@@ -47,10 +51,11 @@ enum Msg {
     Flush(Sender<()>),
 }
 
-/// The sending end; the thread runs until every sender is gone.
+/// The sending ends, one per verb; each thread runs until its sender is gone.
 #[derive(Debug)]
 pub struct Worker {
-    tx: Sender<Msg>,
+    swap_out: Sender<Msg>,
+    prefetch: Sender<Msg>,
 }
 
 impl std::fmt::Debug for Msg {
@@ -63,37 +68,51 @@ impl std::fmt::Debug for Msg {
 }
 
 impl Worker {
-    /// Starts the thread. `None` (logged) if it cannot be spawned: the plan is not executed.
+    /// Starts the threads. `None` (logged) if one cannot be spawned: the plan is not executed.
     pub fn start(mover: Arc<dyn Mover>, counters: Arc<Counters>) -> Option<Worker> {
-        let (tx, rx) = channel::bounded(QUEUE_CAPACITY);
-        match std::thread::Builder::new()
-            .name("tensile-exec".into())
-            .spawn(move || run(rx, mover.as_ref(), &counters))
-        {
-            Ok(_) => Some(Worker { tx }),
-            Err(e) => {
-                tracing::warn!(
-                    "tensile: cannot start the plan executor's thread ({e}); swapping on demand"
-                );
-                None
+        let spawn = |name: &str| -> Option<Sender<Msg>> {
+            let (tx, rx) = channel::bounded(QUEUE_CAPACITY);
+            let (mover, counters) = (Arc::clone(&mover), Arc::clone(&counters));
+            match std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || run(rx, mover.as_ref(), &counters))
+            {
+                Ok(_) => Some(tx),
+                Err(e) => {
+                    tracing::warn!(
+                        "tensile: cannot start the plan executor's thread `{name}` ({e}); \
+                         swapping on demand"
+                    );
+                    None
+                }
             }
-        }
+        };
+        // A thread already started stops when its sender is dropped with the `None`.
+        let swap_out = spawn("tensile-out")?;
+        let prefetch = spawn("tensile-in")?;
+        Some(Worker { swap_out, prefetch })
     }
 
-    /// Queues `job`; `false` if the queue is full (the caller counts the dropped steps).
+    /// Queues `job`; `false` if its queue is full (the caller counts the dropped steps).
     pub fn send(&self, job: Job) -> bool {
-        match self.tx.try_send(Msg::Job(job)) {
+        let queue = match job.verb {
+            Verb::SwapOut => &self.swap_out,
+            Verb::Prefetch => &self.prefetch,
+        };
+        match queue.try_send(Msg::Job(job)) {
             Ok(()) => true,
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
         }
     }
 
-    /// Waits (at most `patience`) until every job queued before this call is done.
+    /// Waits (at most `patience` per queue) until every job queued before this call is done.
     pub fn flush(&self, patience: std::time::Duration) -> bool {
-        let (done, wait) = channel::bounded(1);
-        self.tx
-            .send_timeout(Msg::Flush(done), patience)
-            .is_ok_and(|()| wait.recv_timeout(patience).is_ok())
+        [&self.swap_out, &self.prefetch].into_iter().all(|queue| {
+            let (done, wait) = channel::bounded(1);
+            queue
+                .send_timeout(Msg::Flush(done), patience)
+                .is_ok_and(|()| wait.recv_timeout(patience).is_ok())
+        })
     }
 }
 

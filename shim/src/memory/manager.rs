@@ -36,6 +36,7 @@ use tensile_driver_abi::{
     CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
 };
 
+use super::advice::{EvictionAdvice, NextUse};
 use super::driver::{Driver, Event, PhysHandle, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
@@ -170,6 +171,8 @@ struct Inner {
     /// in flight: the caller gives back what it took, releases the lock, waits for these
     /// copies' events and retries.
     copy_waits: Vec<Event>,
+    /// Which pages to evict first, when a policy that knows the future says so.
+    advice: Option<Arc<dyn EvictionAdvice>>,
     /// How many more times the current operation may wait for copies without the lock;
     /// after that it waits with the lock held (bounds the retries).
     unlocked_copy_waits_left: u32,
@@ -275,6 +278,7 @@ impl MemoryManager {
             pin_stall: None,
             pin_waiters: 0,
             copy_waits: Vec::new(),
+            advice: None,
             unlocked_copy_waits_left: 0,
         };
         Ok(Self {
@@ -534,6 +538,12 @@ impl MemoryManager {
         self.lock().cfg.free_reserve_pages = pages;
     }
 
+    /// Asks `advice` which pages to evict first from now on (`None`: least recently used
+    /// first). See [`EvictionAdvice`] for what it may do.
+    pub fn set_eviction_advice(&self, advice: Option<Arc<dyn EvictionAdvice>>) {
+        self.lock().advice = advice;
+    }
+
     /// The current value of [`Self::set_free_reserve_pages`].
     pub fn free_reserve_pages(&self) -> usize {
         self.lock().cfg.free_reserve_pages
@@ -756,6 +766,7 @@ impl Inner {
             return Err(CUDA_ERROR_INVALID_VALUE);
         };
         self.pages.ensure_len(last + 1);
+        self.drop_stale_host_pages(first, last);
         self.clock += 1;
         for p in first..=last {
             if let Some(e) = self.pages.entry_mut(p) {
@@ -788,12 +799,86 @@ impl Inner {
                 self.dead_device.remove(&p);
             }
         }
-        if let Err(e) = self.back_pages(&want, &optional) {
+        let ready = match self.device_frames_for_new(want.len()) {
+            Ok(frames) => frames,
+            Err(e) => {
+                // Copies out are in flight: the caller waits for them without the lock and
+                // starts the allocation over.
+                self.undo_alloc(a.ptr);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.back_pages(&want, ready, &optional) {
             // Undo the allocation; the pages it got stay backed and become dead.
             self.undo_alloc(a.ptr);
             return Err(e);
         }
         Ok(a.ptr)
+    }
+
+    /// Device frames for `n` pages of a new allocation, evicting to make room when none is
+    /// free. A new page backed by host memory instead would be copied in at its first use,
+    /// though its content is undefined, and that copy cannot be skipped: an access the shim
+    /// did not see may have written the page through its host mapping. The eviction would
+    /// happen at that first use anyway; made now, it saves the copy in (ResNet-50's rerun
+    /// under a plan: 40% of the pages fetched on demand were such pages).
+    ///
+    /// Gives none, and the pages are backed by host memory as before, when the allocation is
+    /// over half the budget or room cannot be made without waiting for other threads' pins.
+    /// `Err` only when copies out are in flight and the caller should wait for them
+    /// ([`Self::acquire_device_frames`]).
+    fn device_frames_for_new(&mut self, n: usize) -> Result<Vec<DevFrame>, CUresult> {
+        if n == 0 || n > self.dev.budget_frames() / 2 {
+            return Ok(Vec::new());
+        }
+        match self.acquire_device_frames(n) {
+            Ok(frames) => Ok(frames),
+            Err(e) if !self.copy_waits.is_empty() => Err(e),
+            Err(e) => {
+                tracing::debug!(code = e, "no device room for a new allocation: host-backed");
+                self.pin_stall = None;
+                Ok(Vec::new())
+            }
+        }
+    }
+
+    /// Pages `first..=last`, about to hold a new allocation, that are on the host with no
+    /// live allocation hold bytes nobody can ask for: copying them back at the new
+    /// allocation's first use would be wasted bandwidth. The idle ones give their host frame
+    /// back and are backed afresh like any unbacked page (on the device when there is room).
+    /// Pages sharing a host mapping with a page outside that set are left as they are (taking
+    /// the mapping apart could wait for the neighbour's work); they stay correct, only slower.
+    fn drop_stale_host_pages(&mut self, first: usize, last: usize) {
+        let completed = self.fences.completed().to_vec();
+        let stale: BTreeSet<usize> = (first..=last)
+            .filter(|&p| {
+                self.pages.get(p).is_some_and(|e| {
+                    e.live == 0
+                        && matches!(e.state, ResidencyState::Host(_))
+                        && e.is_idle(&completed)
+                })
+            })
+            .collect();
+        let alone: Vec<usize> = stale
+            .iter()
+            .copied()
+            .filter(|&p| {
+                let (run, n) = self.host_run_of(p).unwrap_or((p, 1));
+                (run..run + n).all(|q| stale.contains(&q))
+            })
+            .collect();
+        if alone.is_empty() {
+            return;
+        }
+        let r = self
+            .unmap_host_pages(&alone)
+            .and_then(|()| alone.iter().try_for_each(|&p| self.unback(p, &completed)));
+        self.remap_host();
+        if let Err(code) = r {
+            // Whatever was not unbacked is still mapped to its host frame: correct, and
+            // copied back at its first use like any page on the host.
+            tracing::debug!(code, "dropping dead host pages for a new allocation failed");
+        }
     }
 
     fn undo_alloc(&mut self, ptr: CUdeviceptr) {
@@ -816,13 +901,23 @@ impl Inner {
         }
     }
 
-    /// Gives every page in `want` a frame (device if any is free or reclaimable without a
-    /// copy, else host), and `optional` pages device frames while free ones last. Maps them
+    /// Gives every page in `want` a frame (one of `ready` while they last, then device if any
+    /// is free or reclaimable without a copy, else host), and `optional` pages device frames while free ones last. Maps them
     /// and sets access in runs.
-    fn back_pages(&mut self, want: &[usize], optional: &[usize]) -> Result<(), CUresult> {
+    fn back_pages(
+        &mut self,
+        want: &[usize],
+        ready: Vec<DevFrame>,
+        optional: &[usize],
+    ) -> Result<(), CUresult> {
         let mut plan: Vec<(usize, Frame)> = Vec::with_capacity(want.len() + optional.len());
         let mut result = Ok(());
+        let mut ready = ready.into_iter();
         for &p in want {
+            if let Some(d) = ready.next() {
+                plan.push((p, Frame::Device(d)));
+                continue;
+            }
             let f = match self.take_device_cheap() {
                 Ok(Some(d)) => Frame::Device(d),
                 Ok(None) => match self.take_host() {
@@ -838,6 +933,10 @@ impl Inner {
                 }
             };
             plan.push((p, f));
+        }
+        // Frames made ready for pages a failure left without one go back.
+        for d in ready {
+            self.dev.give(d);
         }
         if result.is_ok() {
             for &p in optional {
@@ -1599,8 +1698,9 @@ impl Inner {
             self.wait_incoming()?;
             candidates = self.eviction_candidates();
         }
-        // Oldest first, idle and busy alike: a hot page that happens to be idle right now
-        // stays, a colder page still used by queued work leaves once that work is done. A
+        // In rank order (oldest first, or needed last first when an adviser knows the future:
+        // `eviction_candidates`), idle and busy alike: a hot page that happens to be idle right
+        // now stays, a colder page still used by queued work leaves once that work is done. A
         // busy page is taken only while fewer than `need` victims are found; beyond that (the
         // optional part of a batch, or eviction ahead of need) it is skipped. Its copy is
         // ordered after its uses on the device (the swap-out stream waits for their fences),
@@ -1766,17 +1866,36 @@ impl Inner {
         Ok(())
     }
 
-    /// Unpinned `Device` pages as (last access, page, idle), least recently used first.
+    /// Unpinned `Device` pages as (rank, page, idle), the first to evict first: least
+    /// recently used first, or, when an adviser knows the future ([`EvictionAdvice`]), the
+    /// pages it knows no further use of (oldest first), then the page needed last.
     fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
         let completed = self.fences.completed();
-        let mut aged: Vec<(u64, usize, bool)> = self
+        let mut ranked: Vec<(u64, usize, bool)> = self
             .pages
             .iter()
             .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
             .map(|(p, e)| (e.last_access, p, e.is_idle(completed)))
             .collect();
-        aged.sort_unstable();
-        aged
+        if let Some(advice) = &self.advice {
+            let pages: Vec<CUdeviceptr> = ranked.iter().map(|&(_, p, _)| self.va(p)).collect();
+            let mut next = Vec::with_capacity(pages.len());
+            if advice.next_uses(&pages, self.page as u64, &mut next) && next.len() == pages.len() {
+                // Ages are clock values far below 2^62. Pages no longer needed keep their
+                // age and go first; then the pages needed again, the furthest first; the pages
+                // the adviser cannot place last, oldest first (it knows nothing of their uses,
+                // and evicting a hot one the plan does not see would cost a fetch per use).
+                for (c, n) in ranked.iter_mut().zip(next) {
+                    match n {
+                        NextUse::Never => {}
+                        NextUse::In(launches) => c.0 = (1 << 62) + u64::from(u32::MAX - launches),
+                        NextUse::Unknown => c.0 += 1 << 63,
+                    }
+                }
+            }
+        }
+        ranked.sort_unstable();
+        ranked
     }
 
     /// Waits for the swap-ins in flight and completes them.
@@ -2039,25 +2158,112 @@ impl Inner {
         let completed = self.fences.completed().to_vec();
         // Pinned pages belong to a call in flight (it may still add uses); dead pages that are
         // still busy are left for the next eviction to drop (a drop needs them idle).
-        let victims: Vec<usize> = self
-            .pages_in(ranges)
+        let pages = self.pages_in(ranges);
+        let (victims, arriving): (Vec<usize>, Vec<usize>) = pages
             .into_iter()
             .filter(|&p| {
-                self.pages.get(p).is_some_and(|e| {
-                    matches!(e.state, ResidencyState::Device(_))
-                        && e.pins == 0
-                        && (e.live > 0 || e.is_idle(&completed))
+                self.pages.get(p).is_some_and(|e| match e.state {
+                    ResidencyState::Device(_) => {
+                        e.pins == 0 && (e.live > 0 || e.is_idle(&completed))
+                    }
+                    ResidencyState::ToDevice { .. } => e.pins == 0 && e.live > 0,
+                    _ => false,
                 })
             })
-            .collect();
-        if victims.is_empty() {
-            return Ok(0);
-        }
-        // The copy stream waits (on the device, not here) for the last use of each page.
-        self.order_swap_out_after_uses(&victims)?;
+            .partition(|&p| {
+                self.pages
+                    .get(p)
+                    .is_some_and(|e| matches!(e.state, ResidencyState::Device(_)))
+            });
         let before = self.outgoing.len();
-        self.swap_out_pages(victims, 0, SwapOrder::AfterUses)?;
+        if !victims.is_empty() {
+            // The copy stream waits (on the device, not here) for the last use of each page.
+            self.order_swap_out_after_uses(&victims)?;
+            self.swap_out_pages(victims, 0, SwapOrder::AfterUses)?;
+        }
+        if !arriving.is_empty() {
+            self.swap_out_arriving(arriving)?;
+        }
         Ok(self.outgoing.len() - before)
+    }
+
+    /// Starts the swap-out of `pages` (unpinned, live, `ToDevice`), ordered after their copy
+    /// in and their uses: the host runs ahead of the device, so a page the plan brought in
+    /// for one launch is often still arriving when the plan sends it back right after that
+    /// launch. Skipping it would leave it on the device, where the plan counts it gone. The
+    /// copy goes back into the page's own host frame (the copy in has read it by then).
+    fn swap_out_arriving(&mut self, pages: Vec<usize>) -> Result<(), CUresult> {
+        let mut arrivals: Vec<Event> = pages
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::ToDevice { event, .. }) => Some(event),
+                _ => None,
+            })
+            .collect();
+        arrivals.sort_unstable();
+        arrivals.dedup();
+        for &ev in &arrivals {
+            self.driver.stream_wait_event(self.swap_out_stream, ev)?;
+        }
+        self.order_swap_out_after_uses(&pages)?;
+        let ev = self.copy_event()?;
+        let copies: Vec<(CUdeviceptr, CUdeviceptr)> = pages
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::ToDevice { host, .. }) => {
+                    Some((self.host.window_address(host), self.va(p)))
+                }
+                _ => None,
+            })
+            .collect();
+        // On failure the pages stay arriving, and their host frames go back to the pool once
+        // they have arrived: copies into those frames already queued must be done by then.
+        let abandon = |s: &mut Self, ev: Event| {
+            if let Err(e) = s.driver.stream_synchronize(s.swap_out_stream) {
+                tracing::error!(code = e, "the swap-out stream failed");
+            }
+            s.spare_events.push(ev);
+        };
+        for (dst, src, len) in coalesce(&copies, self.page) {
+            if let Err(e) = self
+                .driver
+                .memcpy_dtod_async(dst, src, len, self.swap_out_stream)
+            {
+                abandon(self, ev);
+                return Err(e);
+            }
+        }
+        if let Err(e) = self.driver.event_record(ev, self.swap_out_stream) {
+            abandon(self, ev);
+            return Err(e);
+        }
+        let mut started = 0u32;
+        let mut stayed = false;
+        for &p in &pages {
+            match self.pages.start_swap_out_while_arriving(p, ev) {
+                Ok(arriving) => {
+                    self.incoming.remove(&p);
+                    self.outgoing.insert(p);
+                    self.unref_event(arriving);
+                    started += 1;
+                }
+                Err(_) => stayed = true,
+            }
+        }
+        if stayed {
+            // Not expected (the lock is held since the pages were chosen), but a page that
+            // stayed arriving must not have its frame written after it is given back.
+            if let Err(e) = self.driver.event_synchronize(ev) {
+                tracing::error!(code = e, "a swap-out copy failed");
+            }
+        }
+        self.ref_event(ev, started);
+        if started == 0 {
+            self.spare_events.push(ev);
+        }
+        self.stats.bytes_to_host += u64::from(started) * self.page as u64;
+        self.stats.pages_evicted += u64::from(started);
+        Ok(())
     }
 
     fn prefetch(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {

@@ -12,6 +12,7 @@
 //!
 //! | module | concept |
 //! | --- | --- |
+//! | [`advice`] | which pages to evict first, from a policy that knows the future |
 //! | [`budget`] | parsing `TENSILE_DEVICE_MEMORY` / `TENSILE_HOST_MEMORY` |
 //! | [`driver`] | the driver operations the manager needs |
 //! | [`fake`] | an in-memory driver for tests |
@@ -26,6 +27,7 @@
 //! | [`manager`] | the manager tying these together |
 //! | [`stats`] | swap statistics |
 
+pub mod advice;
 pub mod budget;
 pub mod cuda;
 

@@ -297,6 +297,34 @@ impl PageTable {
         Ok(())
     }
 
+    /// `ToDevice → ToHost` for an unpinned page still arriving: the caller has queued, on a
+    /// stream that waits for the copy in and every recorded use, the copy back into the same
+    /// host frame, whose completion is `event`. Returns the copy-in's event (no longer the
+    /// page's).
+    pub fn start_swap_out_while_arriving(
+        &mut self,
+        page: usize,
+        event: Event,
+    ) -> Result<Event, TransitionError> {
+        let e = self.at(page, "start_swap_out_while_arriving")?;
+        let ResidencyState::ToDevice {
+            dev,
+            host,
+            event: arriving,
+        } = e.state
+        else {
+            return Err(Self::wrong(page, e, "start_swap_out_while_arriving"));
+        };
+        if e.pins != 0 {
+            return Err(TransitionError::Busy {
+                page,
+                transition: "start_swap_out_while_arriving",
+            });
+        }
+        e.state = ResidencyState::ToHost { dev, host, event };
+        Ok(arriving)
+    }
+
     /// `ToHost → Device`: the page is needed again before it left. Returns the host frame
     /// and the copy's event: the frame may be reused only once that event has completed.
     pub fn cancel_swap_out(&mut self, page: usize) -> Result<(HostFrame, Event), TransitionError> {

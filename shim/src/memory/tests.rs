@@ -8,6 +8,7 @@ use tensile_driver_abi::{
     CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_UNKNOWN,
 };
 
+use super::advice::{EvictionAdvice, NextUse};
 use super::fake::{FakeCall, FakeConfig, FakeDriver, Progress, ReadSlot};
 use super::*;
 
@@ -229,25 +230,31 @@ fn host_pool_exhausted_is_out_of_memory() {
     // 2 device pages, 2 host pages.
     let (fake, mm) = setup(2, 2, Progress::Immediate);
     let s = Stream(0);
-    let bufs: Vec<_> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
-    write(&fake, &mm, s, bufs[0], pattern(0, PAGE));
-    write(&fake, &mm, s, bufs[1], pattern(1, PAGE));
-    // The last two went to host pages; nothing is left for a fifth.
-    assert!(matches!(
-        mm.residency(bufs[3]),
-        Some(ResidencyState::Host(_))
-    ));
+    let mut bufs = Vec::new();
+    for i in 0..2u8 {
+        bufs.push(mm.alloc(PAGE, None).unwrap());
+        write(&fake, &mm, s, bufs[i as usize], pattern(i, PAGE));
+    }
+    // The next two make room on the device: the first two go to the host pages.
+    bufs.push(mm.alloc(PAGE, None).unwrap());
+    bufs.push(mm.alloc(PAGE, None).unwrap());
+    mm.poll().unwrap();
+    for &b in &bufs[..2] {
+        assert!(matches!(mm.residency(b), Some(ResidencyState::Host(_))));
+    }
+    // Nothing is left for a fifth: no host page for what it would evict, nor for itself.
     assert_eq!(mm.alloc(PAGE, None), Err(CUDA_ERROR_OUT_OF_MEMORY));
-    // Bringing bufs[2] in needs a host page for what it evicts: none is free.
+    // Bringing bufs[0] in needs a host page for what it evicts: none is free.
     assert_eq!(
-        mm.prepare_access(s, &[(bufs[2], PAGE)]).unwrap_err(),
+        mm.prepare_access(s, &[(bufs[0], PAGE)]).unwrap_err(),
         CUDA_ERROR_OUT_OF_MEMORY
     );
     // Freeing a swapped-out buffer gives its host page back, and work goes on.
-    mm.free(bufs[3], None).unwrap();
+    mm.free(bufs[1], None).unwrap();
     write(&fake, &mm, s, bufs[2], pattern(2, PAGE));
-    for (i, &b) in bufs[..3].iter().enumerate() {
-        let r = read(&fake, &mm, s, b, PAGE);
+    write(&fake, &mm, s, bufs[3], pattern(3, PAGE));
+    for i in [0usize, 2, 3] {
+        let r = read(&fake, &mm, s, bufs[i], PAGE);
         assert_eq!(
             r.get().as_deref(),
             Some(&pattern(i as u8, PAGE)[..]),
@@ -1449,6 +1456,185 @@ fn without_a_free_reserve_nothing_leaves_ahead_of_need() {
     );
     for (i, &p) in ptrs.iter().enumerate() {
         assert!(read(&fake, &mm, s, p, PAGE).get().unwrap() == pattern(i as u8, PAGE));
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn a_page_still_arriving_leaves_after_its_copy_in_with_what_its_use_wrote() {
+    let (fake, mm) = setup(8, 64, Progress::Manual);
+    let s = fake.stream_create().unwrap();
+    let x = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, x, pattern(41, PAGE));
+    fake.run_all();
+    assert_eq!(mm.start_swap_out(&[(x, PAGE)]).unwrap(), 1);
+    fake.run_all();
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(x), Some(ResidencyState::Host(_))));
+    // Brought back, not landed yet; a launch writes it; the plan sends it out right after
+    // (the host runs ahead of the device: the copy in has not run when the swap-out comes).
+    assert_eq!(mm.prefetch(&[(x, PAGE)]).unwrap(), 1);
+    assert!(matches!(
+        mm.residency(x),
+        Some(ResidencyState::ToDevice { .. })
+    ));
+    write(&fake, &mm, s, x, pattern(42, PAGE));
+    assert_eq!(
+        mm.swap_out_after_use(&[(x, PAGE)]).unwrap(),
+        1,
+        "a page still arriving was left on the device"
+    );
+    assert!(matches!(
+        mm.residency(x),
+        Some(ResidencyState::ToHost { .. })
+    ));
+    fake.run_all();
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(x), Some(ResidencyState::Host(_))));
+    let r = read(&fake, &mm, s, x, PAGE);
+    fake.run_all();
+    assert!(
+        r.get().unwrap() == pattern(42, PAGE),
+        "x came back without the write made while it was arriving"
+    );
+    mm.poll().unwrap();
+    assert_consistent(&fake, &mm);
+}
+
+/// An adviser with a fixed answer per page (`Never` for pages it was not told about).
+struct FixedAdvice(std::collections::HashMap<CUdeviceptr, NextUse>);
+
+impl EvictionAdvice for FixedAdvice {
+    fn next_uses(&self, pages: &[CUdeviceptr], _: u64, out: &mut Vec<NextUse>) -> bool {
+        out.clear();
+        out.extend(
+            pages
+                .iter()
+                .map(|p| self.0.get(p).copied().unwrap_or(NextUse::Never)),
+        );
+        true
+    }
+}
+
+#[test]
+fn with_advice_pages_never_used_again_leave_first_then_the_one_needed_last() {
+    let (fake, mm) = setup(4, 64, Progress::Immediate);
+    mm.set_free_reserve_pages(0);
+    let s = fake.stream_create().unwrap();
+    let p: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &ptr) in p.iter().enumerate() {
+        write(&fake, &mm, s, ptr, pattern(60 + i as u8, PAGE));
+    }
+    // p[0] is the least recently used, and needed by the very next launch.
+    let advice = [
+        (p[0], NextUse::In(0)),
+        (p[1], NextUse::In(3)),
+        (p[2], NextUse::In(40)),
+    ];
+    mm.set_eviction_advice(Some(Arc::new(FixedAdvice(advice.into_iter().collect()))));
+    // A fifth page needs a frame; eviction takes a batch of two.
+    let q = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, q, pattern(64, PAGE));
+    mm.poll().unwrap();
+    assert!(!on_device(&mm, p[3]), "the page never used again stayed");
+    assert!(!on_device(&mm, p[2]), "the page needed last stayed");
+    assert!(on_device(&mm, p[0]) && on_device(&mm, p[1]));
+    // Without advice: least recently used first again (the sixth page takes the frame left
+    // free by the batch, the seventh evicts).
+    mm.set_eviction_advice(None);
+    let r: Vec<CUdeviceptr> = (0..2).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &ptr) in r.iter().enumerate() {
+        write(&fake, &mm, s, ptr, pattern(65 + i as u8, PAGE));
+    }
+    mm.poll().unwrap();
+    assert!(
+        !on_device(&mm, p[0]),
+        "the oldest page stayed without advice"
+    );
+    for (i, &ptr) in p.iter().chain([&q]).chain(&r).enumerate() {
+        assert!(read(&fake, &mm, s, ptr, PAGE).get().unwrap() == pattern(60 + i as u8, PAGE));
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn a_new_allocation_on_a_dead_page_on_the_host_copies_nothing_back() {
+    let (fake, mm) = setup(2, 64, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let a = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, a, pattern(51, PAGE));
+    assert_eq!(mm.start_swap_out(&[(a, PAGE)]).unwrap(), 1);
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(a), Some(ResidencyState::Host(_))));
+    mm.free(a, None).unwrap();
+    let b = mm.alloc(PAGE, None).unwrap();
+    assert_eq!(b, a, "the arena did not reuse the freed page");
+    let before = mm.stats().bytes_to_device;
+    write(&fake, &mm, s, b, pattern(52, PAGE));
+    assert_eq!(
+        mm.stats().bytes_to_device,
+        before,
+        "the dead page's old bytes were copied back for the new allocation"
+    );
+    assert!(read(&fake, &mm, s, b, PAGE).get().unwrap() == pattern(52, PAGE));
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn with_advice_pages_the_adviser_cannot_place_leave_last() {
+    let (fake, mm) = setup(4, 64, Progress::Immediate);
+    mm.set_free_reserve_pages(0);
+    let s = fake.stream_create().unwrap();
+    let p: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &ptr) in p.iter().enumerate() {
+        write(&fake, &mm, s, ptr, pattern(80 + i as u8, PAGE));
+    }
+    // The oldest page is memory the adviser knows nothing of: it may be hot.
+    let advice = [
+        (p[0], NextUse::Unknown),
+        (p[1], NextUse::In(9)),
+        (p[2], NextUse::In(5)),
+        (p[3], NextUse::In(1)),
+    ];
+    mm.set_eviction_advice(Some(Arc::new(FixedAdvice(advice.into_iter().collect()))));
+    // A fifth page needs a frame; eviction takes a batch of two.
+    let q = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, q, pattern(84, PAGE));
+    mm.poll().unwrap();
+    assert!(
+        on_device(&mm, p[0]),
+        "the page the adviser cannot place left"
+    );
+    assert!(!on_device(&mm, p[1]) && !on_device(&mm, p[2]));
+    assert!(on_device(&mm, p[3]));
+    for (i, &ptr) in p.iter().chain([&q]).enumerate() {
+        assert!(read(&fake, &mm, s, ptr, PAGE).get().unwrap() == pattern(80 + i as u8, PAGE));
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn a_new_allocation_under_pressure_makes_room_on_the_device_and_its_first_use_copies_nothing_in() {
+    let (fake, mm) = setup(2, 64, Progress::Immediate);
+    mm.set_free_reserve_pages(0);
+    let s = fake.stream_create().unwrap();
+    let a = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, a, pattern(91, PAGE));
+    let b = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, b, pattern(92, PAGE));
+    let c = mm.alloc(PAGE, None).unwrap();
+    mm.poll().unwrap();
+    assert!(on_device(&mm, c), "the new allocation was put on the host");
+    assert!(!on_device(&mm, a), "the least recently used page stayed");
+    let copied_in = mm.stats().bytes_to_device;
+    write(&fake, &mm, s, c, pattern(93, PAGE));
+    assert_eq!(
+        mm.stats().bytes_to_device,
+        copied_in,
+        "the first use of a new allocation copied its undefined bytes in"
+    );
+    for (seed, ptr) in [(91, a), (92, b), (93, c)] {
+        assert!(read(&fake, &mm, s, ptr, PAGE).get().unwrap() == pattern(seed, PAGE));
     }
     assert_consistent(&fake, &mm);
 }

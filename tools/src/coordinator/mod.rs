@@ -463,6 +463,7 @@ mod tests {
                 kernels: vec![0, 1, 2],
                 anchor_seq: 0,
                 steps: Vec::new(),
+                uses: Vec::new(),
                 host_resident: Vec::new(),
                 budget_bytes: seen.budget,
                 predicted_step_ns: 1_500_000,

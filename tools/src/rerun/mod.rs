@@ -394,6 +394,8 @@ struct ManagedRun {
     bytes_h2d: u64,
     bytes_d2h: u64,
     stall_ns: u64,
+    /// Most device memory the library held at once over the run, at the trace's sizes.
+    peak_resident: u64,
     verified: bool,
     stamps_checked: u64,
     failure: Option<String>,
@@ -520,6 +522,7 @@ impl Session {
                 bytes_h2d: 0,
                 bytes_d2h: 0,
                 stall_ns: 0,
+                peak_resident: 0,
                 verified: false,
                 stamps_checked,
                 run_bytes: (0, 0),
@@ -559,6 +562,7 @@ impl Session {
             bytes_h2d: per_iteration(|s| s.bytes_to_device) * self.scale,
             bytes_d2h: per_iteration(|s| s.bytes_to_host) * self.scale,
             stall_ns: self.trace_time(per_iteration(|s| s.stall_ns)),
+            peak_resident: full.stats.as_ref().map_or(0, |s| s.peak_resident_bytes) * self.scale,
             verified: true,
             stamps_checked,
             failure: None,
@@ -751,6 +755,7 @@ fn run_json(r: &ManagedRun) -> Value {
         "bytes_h2d": r.bytes_h2d,
         "bytes_d2h": r.bytes_d2h,
         "stall_ns": r.stall_ns,
+        "peak_resident_bytes": r.peak_resident,
         "verified": r.verified,
         "stamps_checked": r.stamps_checked,
         "failure": r.failure,
@@ -810,13 +815,13 @@ fn human(
     out.push('\n');
     let _ = writeln!(
         out,
-        "{:<14} {:>12} {:>11} {:>11} {:>12} {:>10}  stamps",
-        "policy", "step", "H2D/iter", "D2H/iter", "stall/iter", "checked"
+        "{:<14} {:>12} {:>11} {:>11} {:>12} {:>11} {:>10}  stamps",
+        "policy", "step", "H2D/iter", "D2H/iter", "stall/iter", "peak res.", "checked"
     );
     for r in runs {
         let _ = writeln!(
             out,
-            "{:<14} {:>12} {:>11} {:>11} {:>12} {:>10}  {}",
+            "{:<14} {:>12} {:>11} {:>11} {:>12} {:>11} {:>10}  {}",
             format!("{} measured", policy_name(r.policy)),
             if r.verified {
                 ms(r.step_ns)
@@ -826,6 +831,7 @@ fn human(
             format_bytes(r.bytes_h2d),
             format_bytes(r.bytes_d2h),
             ms(r.stall_ns),
+            format_bytes(r.peak_resident),
             r.stamps_checked,
             match &r.failure {
                 None => "verified".to_string(),
