@@ -430,7 +430,19 @@ impl Learner {
     }
 
     fn plan_cycle(&mut self, cycle: &Cycle) -> Result<ExecPlan, String> {
-        let budget = Budget::new(self.options.budget_bytes);
+        // Under shim pages, the partial last pages the planner does not count come off first.
+        // Where no plan fits what is left (the tails, which never move, may fill it), the
+        // plan for the whole budget is still better than none: the manager's eviction, advised
+        // by the plan, makes the rest of the room.
+        let whole = Budget::new(self.options.budget_bytes);
+        let within = cycle.plan_budget(whole.bytes);
+        match self.plan_for(cycle, within) {
+            Err(_) if within != whole => self.plan_for(cycle, whole),
+            result => result,
+        }
+    }
+
+    fn plan_for(&mut self, cycle: &Cycle, budget: Budget) -> Result<ExecPlan, String> {
         let cost = &self.options.cost;
         let planned = plan(cycle, &budget, cost).map_err(|e| e.to_string())?;
         // The bound without the schedule LP: cheap, and all a build without the solver has.

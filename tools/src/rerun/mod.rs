@@ -577,34 +577,61 @@ impl Session {
 }
 
 /// `tensile replay`'s prediction for each policy (`None` where it has none). The plan is
-/// predicted in the units the library moves (whole 2 MiB pages, small tensors left in place:
-/// `tensile replay --shim-pages`), since that is the plan the library executes.
+/// predicted as the library makes it: in the units it moves (whole 2 MiB pages, small tensors
+/// left in place: `tensile replay --shim-pages`), on the cycle at the played sizes (the trace's
+/// divided by `scale`: the page does not scale, so which tensors are small and how much of
+/// a last page is empty depends on it), with copies at the played rates, for the budget less
+/// the partial last pages ([`Cycle::plan_budget`]); its bytes are reported at trace size.
 fn predict(
     analysis: &Analysis,
     policies: &[PolicyKind],
     budget: u64,
+    scale: u64,
     cost: &CostModel,
 ) -> Vec<(PolicyKind, Option<Predicted>)> {
-    let in_pages = analysis.cycle.clone().with_units(MoveUnits::ShimPages);
+    let mut played = analysis.cycle.clone().with_units(MoveUnits::ShimPages);
+    for t in &mut played.tensors {
+        t.bytes = t.bytes.div_ceil(scale);
+    }
+    let played_cost = CostModel {
+        h2d_gbps: cost.h2d_gbps / scale as f64,
+        d2h_gbps: cost.d2h_gbps / scale as f64,
+        bidir_gbps: cost.bidir_gbps / scale as f64,
+        d2d_gbps: cost.d2d_gbps / scale as f64,
+        memset_gbps: cost.memset_gbps / scale as f64,
+        ..*cost
+    };
     policies
         .iter()
         .map(|&policy| {
-            let cycle = match policy {
-                PolicyKind::Plan => &in_pages,
-                _ => &analysis.cycle,
+            let (cycle, budgets, cost, bytes_scale) = match policy {
+                // As the learner: the budget less the tails, else (no plan fits that) all of it.
+                PolicyKind::Plan => {
+                    let whole = Budget::new(budget.div_ceil(scale));
+                    let within = played.plan_budget(whole.bytes);
+                    (&played, vec![within, whole], &played_cost, scale)
+                }
+                _ => (&analysis.cycle, vec![Budget::new(budget)], cost, 1),
             };
-            let predicted = match evaluate_many_with(
-                cycle,
-                &[policy],
-                Budget::new(budget),
-                cost,
-                &BoundOptions::default(),
-                &SearchOptions::default(),
-            ) {
+            let evaluate = |budget: Budget| {
+                evaluate_many_with(
+                    cycle,
+                    &[policy],
+                    budget,
+                    cost,
+                    &BoundOptions::default(),
+                    &SearchOptions::default(),
+                )
+            };
+            let mut result = evaluate(budgets[0]);
+            if result.is_err() && budgets.len() > 1 && budgets[1] != budgets[0] {
+                result = evaluate(budgets[1]);
+            }
+            let predicted = match result {
                 Ok(results) => results.first().map(|r| Predicted {
                     step_ns: r.report.step_ns,
-                    bytes_h2d: r.report.bytes_h2d,
-                    bytes_d2h: r.report.bytes_d2h,
+                    bytes_h2d: r.report.bytes_h2d * bytes_scale,
+                    bytes_d2h: r.report.bytes_d2h * bytes_scale,
                     stall_ns: r.report.stall_ns,
                 }),
                 Err((p, e)) => {
@@ -699,7 +726,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     };
 
     let (native_step_ns, native) = session.native(&trace)?;
-    let runs = predict(&analysis, &policies, budget, &cost)
+    let runs = predict(&analysis, &policies, budget, scale, &cost)
         .into_iter()
         .map(|(policy, predicted)| session.managed(policy, predicted))
         .collect::<Result<Vec<_>, _>>()?;
