@@ -1914,13 +1914,7 @@ impl Inner {
         pages: &BTreeSet<usize>,
         event: impl Fn(ResidencyState) -> Option<Event>,
     ) -> Result<(), CUresult> {
-        let mut evs: Vec<Event> = pages
-            .iter()
-            .filter_map(|&p| self.pages.get(p).and_then(|e| event(e.state)))
-            .collect();
-        evs.sort_unstable();
-        evs.dedup();
-        for ev in evs {
+        for ev in self.swap_events(pages.iter().copied(), event) {
             self.driver.event_synchronize(ev)?;
         }
         Ok(())
@@ -1940,13 +1934,22 @@ impl Inner {
 
     /// The events of the swap-outs in flight, each once.
     fn outgoing_events(&self) -> Vec<Event> {
-        let mut evs: Vec<Event> = self
-            .outgoing
-            .iter()
-            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
-                Some(ResidencyState::ToHost { event, .. }) => Some(event),
-                _ => None,
-            })
+        self.swap_events(self.outgoing.iter().copied(), |state| match state {
+            ResidencyState::ToHost { event, .. } => Some(event),
+            _ => None,
+        })
+    }
+
+    /// The events of `pages` still in a swap (`event` gives it for a page still in that
+    /// swap), each once, in order.
+    fn swap_events(
+        &self,
+        pages: impl IntoIterator<Item = usize>,
+        event: impl Fn(ResidencyState) -> Option<Event>,
+    ) -> Vec<Event> {
+        let mut evs: Vec<Event> = pages
+            .into_iter()
+            .filter_map(|p| self.pages.get(p).and_then(|e| event(e.state)))
             .collect();
         evs.sort_unstable();
         evs.dedup();
@@ -2193,15 +2196,10 @@ impl Inner {
     /// launch. Skipping it would leave it on the device, where the plan counts it gone. The
     /// copy goes back into the page's own host frame (the copy in has read it by then).
     fn swap_out_arriving(&mut self, pages: Vec<usize>) -> Result<(), CUresult> {
-        let mut arrivals: Vec<Event> = pages
-            .iter()
-            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
-                Some(ResidencyState::ToDevice { event, .. }) => Some(event),
-                _ => None,
-            })
-            .collect();
-        arrivals.sort_unstable();
-        arrivals.dedup();
+        let arrivals = self.swap_events(pages.iter().copied(), |state| match state {
+            ResidencyState::ToDevice { event, .. } => Some(event),
+            _ => None,
+        });
         for &ev in &arrivals {
             self.driver.stream_wait_event(self.swap_out_stream, ev)?;
         }
