@@ -256,12 +256,9 @@ impl Executor {
             return false;
         };
         let now = iteration_of(loaded.plan.anchor_seq, loaded.plan.period, seq);
-        let transient: std::collections::HashMap<u64, (i64, u32, u64)> = {
-            let roles = lock(&self.roles);
-            let Some(roles) = roles.as_ref() else {
-                return false;
-            };
-            roles.transient_slots().collect()
+        let roles = lock(&self.roles);
+        let Some(roles) = roles.as_ref() else {
+            return false;
         };
         let index = tracker.allocs.snapshot();
         out.clear();
@@ -276,8 +273,8 @@ impl Executor {
                 let known = if loaded.uses.is_persistent(r.id) {
                     loaded.uses.next_persistent(r.id, position)
                 } else {
-                    match transient.get(&r.id) {
-                        Some(&(home, ordinal, bytes))
+                    match roles.transient_of(r.id) {
+                        Some((home, ordinal, bytes))
                             if loaded.uses.is_transient(ordinal, bytes) =>
                         {
                             // `None`: the plan uses it no more before its free.

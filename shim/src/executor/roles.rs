@@ -51,6 +51,22 @@ pub fn iteration_of(anchor: u64, period: u32, seq: u64) -> i64 {
 struct Table {
     iteration: i64,
     slots: Vec<Slot>,
+    /// Allocation id to ordinal (index in `slots`), for the eviction advice's look-ups.
+    ordinals: HashMap<u64, u32>,
+}
+
+impl Table {
+    fn new(iteration: i64) -> Table {
+        Table {
+            iteration,
+            ..Table::default()
+        }
+    }
+
+    fn push(&mut self, slot: Slot) {
+        self.ordinals.insert(slot.id, self.slots.len() as u32);
+        self.slots.push(slot);
+    }
 }
 
 /// The allocations of the current and the previous iteration, and the plan's persistent
@@ -112,30 +128,27 @@ impl RoleTables {
             return;
         }
         match &mut self.current {
-            Some(t) if t.iteration == iteration => t.slots.push(slot),
+            Some(t) if t.iteration == iteration => t.push(slot),
             // Another thread numbered a launch meanwhile: an allocation never moves back.
             Some(t) if t.iteration > iteration => {}
             _ => {
                 let done = self.current.take();
                 self.previous = done.filter(|t| t.iteration == iteration - 1);
-                self.current = Some(Table {
-                    iteration,
-                    slots: vec![slot],
-                });
+                let mut table = Table::new(iteration);
+                table.push(slot);
+                self.current = Some(table);
             }
         }
     }
 
-    /// The transient allocations tabled, as `(id, (iteration, ordinal, bytes))`.
-    pub fn transient_slots(&self) -> impl Iterator<Item = (u64, (i64, u32, u64))> + '_ {
+    /// Allocation `id` if it is tabled as a transient: `(iteration, ordinal, bytes)`.
+    pub fn transient_of(&self, id: u64) -> Option<(i64, u32, u64)> {
         [&self.current, &self.previous]
             .into_iter()
             .flatten()
-            .flat_map(|t| {
-                t.slots
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, s)| (s.id, (t.iteration, i as u32, s.bytes)))
+            .find_map(|t| {
+                let &ordinal = t.ordinals.get(&id)?;
+                Some((t.iteration, ordinal, t.slots[ordinal as usize].bytes))
             })
     }
 

@@ -33,6 +33,7 @@ fn config_fenced(budget_pages: usize, host_cap_pages: usize, fence_every: u32) -
         evict_batch: 2,
         free_reserve_pages: 2,
         fence_every,
+        advice_sample: super::manager::ADVICE_SAMPLE,
     }
 }
 
@@ -1635,6 +1636,48 @@ fn a_new_allocation_under_pressure_makes_room_on_the_device_and_its_first_use_co
     );
     for (seed, ptr) in [(91, a), (92, b), (93, c)] {
         assert!(read(&fake, &mm, s, ptr, PAGE).get().unwrap() == pattern(seed, PAGE));
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn with_many_pages_the_adviser_is_asked_about_a_spread_sample() {
+    let (fake, mm) = {
+        let fake = Arc::new(FakeDriver::new(FakeConfig {
+            device_capacity: 1 << 40,
+            host_capacity: 1 << 40,
+            progress: Progress::Immediate,
+        }));
+        let cfg = ManagerConfig {
+            advice_sample: 3,
+            ..config(6, 64)
+        };
+        (fake.clone(), MemoryManager::new(fake, cfg).unwrap())
+    };
+    mm.set_free_reserve_pages(0);
+    let s = fake.stream_create().unwrap();
+    let p: Vec<CUdeviceptr> = (0..6).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &ptr) in p.iter().enumerate() {
+        write(&fake, &mm, s, ptr, pattern(100 + i as u8, PAGE));
+    }
+    // Six pages, a sample of three: every second page is asked about. The pages needed
+    // last (p[1], p[3]) are not in the sample; of those in it, p[2] and p[4] are needed last.
+    let advice = [
+        (p[0], NextUse::In(1)),
+        (p[1], NextUse::In(100)),
+        (p[2], NextUse::In(50)),
+        (p[3], NextUse::In(200)),
+        (p[4], NextUse::In(2)),
+        (p[5], NextUse::In(3)),
+    ];
+    mm.set_eviction_advice(Some(Arc::new(FixedAdvice(advice.into_iter().collect()))));
+    let q = mm.alloc(PAGE, None).unwrap();
+    write(&fake, &mm, s, q, pattern(106, PAGE));
+    mm.poll().unwrap();
+    let gone: Vec<usize> = (0..6).filter(|&i| !on_device(&mm, p[i])).collect();
+    assert_eq!(gone, vec![2, 4]);
+    for (i, &ptr) in p.iter().chain([&q]).enumerate() {
+        assert!(read(&fake, &mm, s, ptr, PAGE).get().unwrap() == pattern(100 + i as u8, PAGE));
     }
     assert_consistent(&fake, &mm);
 }

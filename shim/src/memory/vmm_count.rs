@@ -208,6 +208,7 @@ fn a_tensor_leaves_and_returns_with_one_host_mapping_and_one_access_call_each_wa
         evict_batch: 4,
         free_reserve_pages: 0,
         fence_every: 1,
+        advice_sample: super::manager::ADVICE_SAMPLE,
     };
     let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
     let s = fake.stream_create().expect("stream");
