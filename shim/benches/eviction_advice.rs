@@ -14,38 +14,23 @@
 use std::hint::black_box;
 use std::sync::Arc;
 
+mod common;
+
+use common::{Idle, SHAPE};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use tensile_protocol::plan::{ExecPlan, Iteration, Role, Use};
-use tensile_shim::executor::worker::Mover;
 use tensile_shim::executor::Executor;
 use tensile_shim::kernels::Introspection;
 use tensile_shim::kernels::KernelMeta;
 use tensile_shim::memory::advice::NextUse;
 use tensile_shim::params::ParamLayout;
-use tensile_shim::tracker::{LaunchShape, Tracker};
+use tensile_shim::tracker::Tracker;
 use tensile_trace::AllocKind;
 
 const PAGE: u64 = 2 << 20;
 const PERIOD: u32 = 800;
 const USES_PER_LAUNCH: u64 = 24;
 const BASE: u64 = 0x7f00_0000_0000;
-
-struct Idle;
-impl Mover for Idle {
-    fn swap_out(&self, _: &[(u64, usize)]) -> Result<usize, u32> {
-        Ok(0)
-    }
-    fn prefetch(&self, _: &[(u64, usize)]) -> Result<usize, u32> {
-        Ok(0)
-    }
-}
-
-const SHAPE: LaunchShape = LaunchShape {
-    grid: [1, 1, 1],
-    block: [1, 1, 1],
-    shared_mem_bytes: 0,
-    stream: 0,
-};
 
 /// An executor in the second iteration of its plan, with `pages` one-page allocations live.
 fn setup(pages: u64) -> (Executor, Tracker, Vec<u64>) {

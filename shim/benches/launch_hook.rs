@@ -21,17 +21,19 @@
 use std::ffi::c_void;
 use std::hint::black_box;
 
+mod common;
+
+use common::{Idle, SHAPE};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use std::sync::Arc;
 
 use tensile_protocol::plan::ExecPlan;
-use tensile_shim::executor::worker::Mover;
 use tensile_shim::executor::Executor;
 use tensile_shim::hooks::launch::with_scratch;
 use tensile_shim::kernels::{Description, Introspection};
 use tensile_shim::params::{ParamInfo, ParamLayout};
 use tensile_shim::recorder::RecordSink;
-use tensile_shim::tracker::{LaunchShape, Tracker};
+use tensile_shim::tracker::Tracker;
 use tensile_trace::AllocKind;
 
 const KERNELS: usize = 64;
@@ -163,24 +165,6 @@ fn bench_launch(c: &mut Criterion) {
     }
     group.finish();
 }
-
-/// A mover that moves nothing (no step runs in these cases).
-struct Idle;
-impl Mover for Idle {
-    fn swap_out(&self, _: &[(u64, usize)]) -> Result<usize, u32> {
-        Ok(0)
-    }
-    fn prefetch(&self, _: &[(u64, usize)]) -> Result<usize, u32> {
-        Ok(0)
-    }
-}
-
-const SHAPE: LaunchShape = LaunchShape {
-    grid: [4, 1, 1],
-    block: [128, 1, 1],
-    shared_mem_bytes: 0,
-    stream: 0x1234,
-};
 
 /// The launch hook's own work around the forward, as `hooks::launch` does it.
 #[inline(never)]

@@ -42,12 +42,16 @@ fn setup(
     host_pages: usize,
     progress: Progress,
 ) -> (Arc<FakeDriver>, MemoryManager) {
+    setup_with(config(budget_pages, host_pages), progress)
+}
+
+fn setup_with(cfg: ManagerConfig, progress: Progress) -> (Arc<FakeDriver>, MemoryManager) {
     let fake = Arc::new(FakeDriver::new(FakeConfig {
         device_capacity: 1 << 40,
         host_capacity: 1 << 40,
         progress,
     }));
-    let mm = MemoryManager::new(fake.clone(), config(budget_pages, host_pages)).unwrap();
+    let mm = MemoryManager::new(fake.clone(), cfg).unwrap();
     (fake, mm)
 }
 
@@ -1642,18 +1646,11 @@ fn a_new_allocation_under_pressure_makes_room_on_the_device_and_its_first_use_co
 
 #[test]
 fn with_many_pages_the_adviser_is_asked_about_a_spread_sample() {
-    let (fake, mm) = {
-        let fake = Arc::new(FakeDriver::new(FakeConfig {
-            device_capacity: 1 << 40,
-            host_capacity: 1 << 40,
-            progress: Progress::Immediate,
-        }));
-        let cfg = ManagerConfig {
-            advice_sample: 3,
-            ..config(6, 64)
-        };
-        (fake.clone(), MemoryManager::new(fake, cfg).unwrap())
+    let cfg = ManagerConfig {
+        advice_sample: 3,
+        ..config(6, 64)
     };
+    let (fake, mm) = setup_with(cfg, Progress::Immediate);
     mm.set_free_reserve_pages(0);
     let s = fake.stream_create().unwrap();
     let p: Vec<CUdeviceptr> = (0..6).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
