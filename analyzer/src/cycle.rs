@@ -209,6 +209,20 @@ impl Cycle {
         Budget::new(device_bytes.saturating_sub(self.page_tail_waste()))
     }
 
+    /// The budgets to plan for, in order, when the device holds `device_bytes`: the
+    /// [`Self::plan_budget`], then, if it is smaller, the whole budget. Where no plan fits the
+    /// first (the tails, which never move, may fill it), a plan for the whole budget is still
+    /// better than none: the shim's eviction, advised by the plan, makes the rest of the room.
+    pub fn plan_budgets(&self, device_bytes: u64) -> Vec<Budget> {
+        let within = self.plan_budget(device_bytes);
+        let whole = Budget::new(device_bytes);
+        if within == whole {
+            vec![whole]
+        } else {
+            vec![within, whole]
+        }
+    }
+
     /// Total GPU time of the ops, without any swapping.
     pub fn compute_ns(&self) -> u64 {
         self.ops.iter().map(|o| o.duration_ns).sum()
@@ -519,5 +533,14 @@ mod tests {
             100 * MIB - 3 * MIB / 2
         );
         assert_eq!(in_pages.plan_budget(MIB).bytes, 0);
+        assert_eq!(
+            in_pages.plan_budgets(100 * MIB),
+            vec![Budget::new(100 * MIB - 3 * MIB / 2), Budget::new(100 * MIB)]
+        );
+        let bytes_only = in_pages.with_units(MoveUnits::Bytes);
+        assert_eq!(
+            bytes_only.plan_budgets(100 * MIB),
+            vec![Budget::new(100 * MIB)]
+        );
     }
 }

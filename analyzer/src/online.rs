@@ -430,16 +430,15 @@ impl Learner {
     }
 
     fn plan_cycle(&mut self, cycle: &Cycle) -> Result<ExecPlan, String> {
-        // Under shim pages, the partial last pages the planner does not count come off first.
-        // Where no plan fits what is left (the tails, which never move, may fill it), the
-        // plan for the whole budget is still better than none: the manager's eviction, advised
-        // by the plan, makes the rest of the room.
-        let whole = Budget::new(self.options.budget_bytes);
-        let within = cycle.plan_budget(whole.bytes);
-        match self.plan_for(cycle, within) {
-            Err(_) if within != whole => self.plan_for(cycle, whole),
-            result => result,
+        // Under shim pages, the partial last pages the planner does not count come off first
+        // (`Cycle::plan_budgets`).
+        let mut budgets = cycle.plan_budgets(self.options.budget_bytes).into_iter();
+        let mut result = Err("no budget to plan for".to_string());
+        while result.is_err() {
+            let Some(budget) = budgets.next() else { break };
+            result = self.plan_for(cycle, budget);
         }
+        result
     }
 
     fn plan_for(&mut self, cycle: &Cycle, budget: Budget) -> Result<ExecPlan, String> {

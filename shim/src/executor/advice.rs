@@ -12,6 +12,8 @@ use std::collections::HashMap;
 
 use tensile_protocol::plan::{ExecPlan, Iteration, Role};
 
+use crate::memory::advice::NextUse;
+
 /// The plan's uses, by allocation role, for next-use questions.
 #[derive(Debug, Default)]
 pub struct UseTable {
@@ -67,16 +69,6 @@ impl UseTable {
         table
     }
 
-    /// Whether a launch uses persistent allocation `id`.
-    pub fn is_persistent(&self, id: u64) -> bool {
-        self.persistent.contains_key(&id)
-    }
-
-    /// Whether a launch uses the transient role `(ordinal, bytes)`.
-    pub fn is_transient(&self, ordinal: u32, bytes: u64) -> bool {
-        self.transient.contains_key(&(ordinal, bytes))
-    }
-
     /// Launches from `position` (the next launch's) until persistent allocation `id` is used,
     /// counting into later iterations; `None` if no launch uses it.
     pub fn next_persistent(&self, id: u64, position: u32) -> Option<u32> {
@@ -88,8 +80,9 @@ impl UseTable {
         }
     }
 
-    /// Launches until the transient allocation `(ordinal, bytes)` of iteration `home` is used,
-    /// from `position` of iteration `now`; `None` if it is not used again (it is freed first).
+    /// When the transient allocation `(ordinal, bytes)` of iteration `home` is used next, from
+    /// `position` of iteration `now`: in so many launches, or never (it is freed first);
+    /// `None` if no launch uses that role.
     pub fn next_transient(
         &self,
         ordinal: u32,
@@ -97,15 +90,17 @@ impl UseTable {
         home: i64,
         now: i64,
         position: u32,
-    ) -> Option<u32> {
+    ) -> Option<NextUse> {
         let uses = self.transient.get(&(ordinal, bytes))?;
         let period = i64::from(self.period);
         let from = now * period + i64::from(position);
-        uses.iter()
+        let next = uses
+            .iter()
             .map(|&(q, later)| (home + i64::from(later)) * period + i64::from(q) - from)
             .filter(|&d| d >= 0)
             .min()
-            .and_then(|d| u32::try_from(d).ok())
+            .and_then(|d| u32::try_from(d).ok());
+        Some(next.map_or(NextUse::Never, NextUse::In))
     }
 }
 
@@ -168,12 +163,13 @@ mod tests {
             transient(8, 0, Iteration::Current),
         ]));
         // Made in iteration 5; now at position 4 of iteration 5.
-        assert_eq!(t.next_transient(0, 4 << 20, 5, 5, 4), Some(4));
-        assert_eq!(t.next_transient(0, 4 << 20, 5, 5, 9), Some(2));
+        let next = |bytes, now, position| t.next_transient(0, bytes, 5, now, position);
+        assert_eq!(next(4 << 20, 5, 4), Some(NextUse::In(4)));
+        assert_eq!(next(4 << 20, 5, 9), Some(NextUse::In(2)));
         // In iteration 6, before and after its last use.
-        assert_eq!(t.next_transient(0, 4 << 20, 5, 6, 0), Some(1));
-        assert_eq!(t.next_transient(0, 4 << 20, 5, 6, 2), None);
-        // Another size at that ordinal is another role.
-        assert_eq!(t.next_transient(0, 8 << 20, 5, 5, 0), None);
+        assert_eq!(next(4 << 20, 6, 0), Some(NextUse::In(1)));
+        assert_eq!(next(4 << 20, 6, 2), Some(NextUse::Never));
+        // Another size at that ordinal is another role, which no launch uses.
+        assert_eq!(next(8 << 20, 5, 0), None);
     }
 }

@@ -270,25 +270,21 @@ impl Executor {
             let mut next = NextUse::Never;
             for r in index.overlapping(page, page_bytes) {
                 // Persistent first: one made after the plan arrived is tabled too.
-                let known = if loaded.uses.is_persistent(r.id) {
-                    loaded.uses.next_persistent(r.id, position)
-                } else {
-                    match roles.transient_of(r.id) {
-                        Some((home, ordinal, bytes))
-                            if loaded.uses.is_transient(ordinal, bytes) =>
-                        {
-                            // `None`: the plan uses it no more before its free.
-                            loaded
-                                .uses
-                                .next_transient(ordinal, bytes, home, now, position)
-                        }
-                        _ => {
+                let known = match loaded.uses.next_persistent(r.id, position) {
+                    Some(launches) => NextUse::In(launches),
+                    None => match roles.transient_of(r.id).and_then(|(home, ordinal, bytes)| {
+                        loaded
+                            .uses
+                            .next_transient(ordinal, bytes, home, now, position)
+                    }) {
+                        Some(known) => known,
+                        None => {
                             next = NextUse::Unknown;
                             break;
                         }
-                    }
+                    },
                 };
-                if let Some(launches) = known {
+                if let NextUse::In(launches) = known {
                     next = match next {
                         NextUse::In(sooner) => NextUse::In(sooner.min(launches)),
                         _ => NextUse::In(launches),

@@ -25,7 +25,8 @@ pub enum NextUse {
 /// Asked, with the manager's lock held, each time the manager chooses pages to evict.
 ///
 /// An implementation must not call back into the memory manager (it would deadlock), and
-/// should answer in microseconds: it is on the path of an access that waits for room.
+/// should be cheap per page: it is on the path of an access that waits for room (the manager
+/// asks about a sample of at most `ManagerConfig::advice_sample` pages).
 pub trait EvictionAdvice: Send + Sync {
     /// Fills `out` with one answer per page of `pages` (addresses of page starts, each page
     /// `page_bytes` long), or returns `false` without touching it when it has no advice now

@@ -909,8 +909,8 @@ impl Inner {
     }
 
     /// Gives every page in `want` a frame (one of `ready` while they last, then device if any
-    /// is free or reclaimable without a copy, else host), and `optional` pages device frames while free ones last. Maps them
-    /// and sets access in runs.
+    /// is free or reclaimable without a copy, else host), and `optional` pages device frames
+    /// while free ones last. Maps them and sets access in runs.
     fn back_pages(
         &mut self,
         want: &[usize],
@@ -1875,7 +1875,8 @@ impl Inner {
 
     /// Unpinned `Device` pages as (rank, page, idle), the first to evict first: least
     /// recently used first, or, when an adviser knows the future ([`EvictionAdvice`]), the
-    /// pages it knows no further use of (oldest first), then the page needed last.
+    /// pages it knows no further use of (oldest first), then the page needed last, then the
+    /// pages it cannot place (oldest first), then those left out of its sample (oldest first).
     fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
         let completed = self.fences.completed();
         let mut ranked: Vec<(u64, usize, bool)> = self
@@ -1886,8 +1887,8 @@ impl Inner {
             .collect();
         if let Some(advice) = &self.advice {
             // The adviser is asked about an evenly spread sample of at most `advice_sample`
-            // pages (every page while there are fewer): the answer costs about 0.3 µs a page
-            // with the lock held (`cargo bench -p tensile-shim --bench eviction_advice`), 7 ms
+            // pages (every page while there are fewer): the answer costs about 0.25 µs a page
+            // with the lock held (`cargo bench -p tensile-shim --bench eviction_advice`), 6 ms
             // for the 20,000 pages of a 40 GiB budget. The furthest next use in the sample
             // stands for the furthest overall; the pages left out rank after every sampled
             // one, oldest first.
@@ -2186,23 +2187,18 @@ impl Inner {
         let completed = self.fences.completed().to_vec();
         // Pinned pages belong to a call in flight (it may still add uses); dead pages that are
         // still busy are left for the next eviction to drop (a drop needs them idle).
-        let pages = self.pages_in(ranges);
-        let (victims, arriving): (Vec<usize>, Vec<usize>) = pages
-            .into_iter()
-            .filter(|&p| {
-                self.pages.get(p).is_some_and(|e| match e.state {
-                    ResidencyState::Device(_) => {
-                        e.pins == 0 && (e.live > 0 || e.is_idle(&completed))
-                    }
-                    ResidencyState::ToDevice { .. } => e.pins == 0 && e.live > 0,
-                    _ => false,
-                })
-            })
-            .partition(|&p| {
-                self.pages
-                    .get(p)
-                    .is_some_and(|e| matches!(e.state, ResidencyState::Device(_)))
-            });
+        let mut victims: Vec<usize> = Vec::new();
+        let mut arriving: Vec<usize> = Vec::new();
+        for p in self.pages_in(ranges) {
+            let Some(e) = self.pages.get(p).filter(|e| e.pins == 0) else {
+                continue;
+            };
+            match e.state {
+                ResidencyState::Device(_) if e.live > 0 || e.is_idle(&completed) => victims.push(p),
+                ResidencyState::ToDevice { .. } if e.live > 0 => arriving.push(p),
+                _ => {}
+            }
+        }
         let before = self.outgoing.len();
         if !victims.is_empty() {
             // The copy stream waits (on the device, not here) for the last use of each page.

@@ -605,12 +605,13 @@ fn predict(
         .iter()
         .map(|&policy| {
             let (cycle, budgets, cost, bytes_scale) = match policy {
-                // As the learner: the budget less the tails, else (no plan fits that) all of it.
-                PolicyKind::Plan => {
-                    let whole = Budget::new(budget.div_ceil(scale));
-                    let within = played.plan_budget(whole.bytes);
-                    (&played, vec![within, whole], &played_cost, scale)
-                }
+                // As the learner plans (`Cycle::plan_budgets`).
+                PolicyKind::Plan => (
+                    &played,
+                    played.plan_budgets(budget.div_ceil(scale)),
+                    &played_cost,
+                    scale,
+                ),
                 _ => (&analysis.cycle, vec![Budget::new(budget)], cost, 1),
             };
             let evaluate = |budget: Budget| {
@@ -623,9 +624,11 @@ fn predict(
                     &SearchOptions::default(),
                 )
             };
-            let mut result = evaluate(budgets[0]);
-            if result.is_err() && budgets.len() > 1 && budgets[1] != budgets[0] {
-                result = evaluate(budgets[1]);
+            let mut budgets = budgets.into_iter();
+            let mut result = evaluate(budgets.next().expect("at least one budget"));
+            while result.is_err() {
+                let Some(budget) = budgets.next() else { break };
+                result = evaluate(budget);
             }
             let predicted = match result {
                 Ok(results) => results.first().map(|r| Predicted {
