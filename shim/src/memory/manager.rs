@@ -2276,9 +2276,12 @@ impl Inner {
                 tracing::error!(code = e, "a swap-out copy failed");
             }
         }
-        self.ref_event(ev, started);
+        // An event is either referenced by pages or spare, never both (shutdown destroys each
+        // once).
         if started == 0 {
             self.spare_events.push(ev);
+        } else {
+            self.ref_event(ev, started);
         }
         self.stats.bytes_to_host += u64::from(started) * self.page as u64;
         self.stats.pages_evicted += u64::from(started);
