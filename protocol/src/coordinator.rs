@@ -188,9 +188,22 @@ impl CoordinatorSegment {
             .store(bytes, Ordering::Relaxed);
     }
 
+    /// Writes the verdict on the floor of the job in `slot` (see [`crate::Admission`]).
+    pub fn set_admission(
+        &self,
+        slot: u32,
+        admission: crate::Admission,
+        floor_bytes: u64,
+        grantable_bytes: u64,
+    ) {
+        self.segment
+            .slot(slot)
+            .set_admission(admission, floor_bytes, grantable_bytes);
+    }
+
     /// Queues `command` for the job in `slot` (incarnation `incarnation`) and writes what the
-    /// job is ready for. A plan or a drop replaces any plan or drop still queued: only the
-    /// latest matters.
+    /// job is ready for. A plan or a drop replaces any plan or drop still queued, and a budget
+    /// any budget still queued: only the latest matters.
     pub fn send(
         &mut self,
         slot: u32,
@@ -209,6 +222,9 @@ impl CoordinatorSegment {
             outbox
                 .queue
                 .retain(|c| !matches!(c, Command::Plan(_) | Command::DropPlan));
+        }
+        if matches!(command, Command::Budget(_)) {
+            outbox.queue.retain(|c| !matches!(c, Command::Budget(_)));
         }
         outbox.queue.push_back(command);
         self.flush_commands(slot, incarnation)

@@ -16,13 +16,16 @@ use crate::process::{monotonic_ns, ProcessIdentity};
 use crate::ring::{Producer, PushError, Ring};
 use crate::segment::{shm_name, Segment, SegmentError};
 use crate::shm::Access;
-use crate::slot::{JobSlot, PlanState, StepCounters};
+use crate::slot::{Admission, JobSlot, PlanState, Priority, StepCounters};
 
 /// How a job joins.
 #[derive(Debug, Clone)]
 pub struct JobOptions {
-    /// The device budget the job asks for.
+    /// The device budget the job asks for: the most it may be granted (0: no limit of its
+    /// own).
     pub budget_bytes: u64,
+    /// How it ranks against other jobs on the GPU.
+    pub priority: Priority,
     /// Its command line, for `tensile status` (truncated to 255 bytes).
     pub command_line: String,
     /// A batch is written as a frame once it holds this many bytes (capped at the largest
@@ -34,6 +37,7 @@ impl Default for JobOptions {
     fn default() -> JobOptions {
         JobOptions {
             budget_bytes: 0,
+            priority: Priority::Normal,
             command_line: String::new(),
             batch_bytes: 16 << 10,
         }
@@ -88,10 +92,12 @@ impl JobClient {
                 path: segment.path(),
                 slots,
             })?;
-        let (incarnation, head) =
-            segment
-                .slot(slot)
-                .finish_claim(me, options.budget_bytes, &options.command_line);
+        let (incarnation, head) = segment.slot(slot).finish_claim(
+            me,
+            options.budget_bytes,
+            options.priority,
+            &options.command_line,
+        );
         let command_seen = segment.slot(slot).command_acked.load(Ordering::Relaxed);
         let max_payload = (segment.geometry().ring_bytes / 2 - 8) as usize;
         let batch_limit = options.batch_bytes.clamp(64, max_payload);
@@ -211,6 +217,20 @@ impl JobClient {
         let s = self.slot_ref();
         s.resident_bytes.store(resident_bytes, Ordering::Relaxed);
         s.demand_bytes.store(demand_bytes, Ordering::Relaxed);
+    }
+
+    /// The card's total memory as this job's driver reports it.
+    pub fn set_card_bytes(&self, bytes: u64) {
+        self.slot_ref().card_bytes.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The coordinator's verdict on this job's floor: the verdict, the floor it saw, and the
+    /// most it could grant.
+    pub fn admission(&self) -> (Admission, u64, u64) {
+        let s = self.slot_ref().snapshot(self.slot);
+        s.map_or((Admission::Admitted, 0, 0), |s| {
+            (s.admission, s.floor_bytes, s.grantable_bytes)
+        })
     }
 
     /// Launches seen so far.

@@ -32,7 +32,7 @@ use crate::slot::{JobSlot, JobSnapshot, SLOT_BYTES};
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"TNSLSHM\0");
 
 /// The layout this crate creates and reads; bumped on any incompatible change.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Bytes of the header.
 pub const HEADER_BYTES: usize = 256;

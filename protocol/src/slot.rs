@@ -73,6 +73,83 @@ impl PlanState {
     }
 }
 
+/// How much a job's memory and copy time matter against other jobs' on the same GPU
+/// (`TENSILE_PRIORITY`). A high job keeps its working set; low jobs absorb a squeeze first,
+/// down to the floor their largest launch needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub enum Priority {
+    High,
+    #[default]
+    Normal,
+    Low,
+}
+
+impl Priority {
+    /// Every priority, most important first.
+    pub const ALL: [Priority; 3] = [Priority::High, Priority::Normal, Priority::Low];
+
+    fn to_word(self) -> u32 {
+        match self {
+            Priority::High => 0,
+            Priority::Normal => 1,
+            Priority::Low => 2,
+        }
+    }
+
+    fn from_word(w: u32) -> Option<Priority> {
+        match w {
+            0 => Some(Priority::High),
+            1 => Some(Priority::Normal),
+            2 => Some(Priority::Low),
+            _ => None,
+        }
+    }
+
+    /// The setting's word: `high`, `normal` or `low`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Normal => "normal",
+            Priority::Low => "low",
+        }
+    }
+
+    /// Reads a setting's word (case and surrounding blanks ignored).
+    pub fn parse(text: &str) -> Option<Priority> {
+        Priority::ALL
+            .into_iter()
+            .find(|p| text.trim().eq_ignore_ascii_case(p.name()))
+    }
+}
+
+/// Whether the coordinator can give a job the memory its largest launch needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Its floor fits (or is not known yet).
+    #[default]
+    Admitted,
+    /// Even with every other job squeezed to what it may be squeezed to, the job's largest
+    /// launch does not fit: its grant is below its floor until memory is freed.
+    Short,
+}
+
+impl Admission {
+    fn to_word(self) -> u32 {
+        match self {
+            Admission::Admitted => 0,
+            Admission::Short => 1,
+        }
+    }
+
+    fn from_word(w: u32) -> Admission {
+        if w == 1 {
+            Admission::Short
+        } else {
+            Admission::Admitted
+        }
+    }
+}
+
 /// One job's row. Field comments say who writes each.
 #[repr(C, align(64))]
 pub(crate) struct JobSlot {
@@ -134,7 +211,19 @@ pub(crate) struct JobSlot {
     _pad3: [AtomicU64; 5],
     /// Job, while claiming: its command line, NUL-padded. Offset 384.
     pub command_line: [AtomicU64; COMMAND_LINE_BYTES / 8],
-    _reserved: [AtomicU64; (SLOT_BYTES - 384 - COMMAND_LINE_BYTES) / 8],
+    /// Job, while claiming: its [`Priority`]. Offset 640.
+    pub priority: AtomicU32,
+    /// Coordinator: [`Admission`].
+    pub admission: AtomicU32,
+    /// Job: the card's total memory as its driver reports it (0: not known yet).
+    pub card_bytes: AtomicU64,
+    /// Coordinator: the bytes the job's largest launch needs resident at once, as it saw
+    /// them in the job's stream (0: no launch seen yet).
+    pub floor_bytes: AtomicU64,
+    /// Coordinator: the most it could grant the job with every other job at its own floor
+    /// (what [`Admission::Short`] compares the floor with).
+    pub grantable_bytes: AtomicU64,
+    _reserved: [AtomicU64; (SLOT_BYTES - 672) / 8],
 }
 
 const _: () = assert!(std::mem::size_of::<JobSlot>() == SLOT_BYTES);
@@ -142,6 +231,7 @@ const _: () = assert!(std::mem::offset_of!(JobSlot, ring_head) == 192);
 const _: () = assert!(std::mem::offset_of!(JobSlot, ring_tail) == 256);
 const _: () = assert!(std::mem::offset_of!(JobSlot, command_generation) == 320);
 const _: () = assert!(std::mem::offset_of!(JobSlot, command_line) == 384);
+const _: () = assert!(std::mem::offset_of!(JobSlot, priority) == 640);
 
 /// A slot as read at one moment (fields may come from neighbouring updates).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,6 +265,12 @@ pub struct JobSnapshot {
     pub ring_resets: u64,
     /// The command line as the job wrote it (lossy UTF-8, truncated).
     pub command_line: String,
+    /// `None`: a value no version writes.
+    pub priority: Option<Priority>,
+    pub admission: Admission,
+    pub card_bytes: u64,
+    pub floor_bytes: u64,
+    pub grantable_bytes: u64,
 }
 
 /// What a job reports about its last step, written into its slot.
@@ -226,6 +322,11 @@ impl JobSlot {
             commands_rejected: r(&self.commands_rejected),
             ring_resets: r(&self.ring_resets),
             command_line: self.command_line(),
+            priority: Priority::from_word(self.priority.load(Ordering::Relaxed)),
+            admission: Admission::from_word(self.admission.load(Ordering::Relaxed)),
+            card_bytes: r(&self.card_bytes),
+            floor_bytes: r(&self.floor_bytes),
+            grantable_bytes: r(&self.grantable_bytes),
         })
     }
 
@@ -294,6 +395,7 @@ impl JobSlot {
         &self,
         me: ProcessIdentity,
         budget_bytes: u64,
+        priority: Priority,
         command_line: &str,
     ) -> (u64, u64) {
         let z = |a: &AtomicU64| a.store(0, Ordering::Relaxed);
@@ -313,9 +415,17 @@ impl JobSlot {
             &self.predicted_step_ns,
             &self.measured_step_ns,
             &self.commands_rejected,
+            &self.card_bytes,
+            &self.floor_bytes,
+            &self.grantable_bytes,
+            // A new job starts with no grant: the coordinator's next tick gives it one.
+            &self.grant_bytes,
         ] {
             z(a);
         }
+        self.priority.store(priority.to_word(), Ordering::Relaxed);
+        self.admission
+            .store(Admission::Admitted.to_word(), Ordering::Relaxed);
         self.plan_version.store(0, Ordering::Relaxed);
         self.plan_state
             .store(PlanState::Learning.to_word(), Ordering::Relaxed);
@@ -365,6 +475,14 @@ impl JobSlot {
     pub fn set_plan(&self, version: u32, state: PlanState) {
         self.plan_version.store(version, Ordering::Relaxed);
         self.plan_state.store(state.to_word(), Ordering::Relaxed);
+    }
+
+    /// The coordinator's verdict on the job's floor (see [`Admission`]).
+    pub fn set_admission(&self, admission: Admission, floor_bytes: u64, grantable_bytes: u64) {
+        self.floor_bytes.store(floor_bytes, Ordering::Relaxed);
+        self.grantable_bytes
+            .store(grantable_bytes, Ordering::Relaxed);
+        self.admission.store(admission.to_word(), Ordering::Relaxed);
     }
 
     pub fn set_step_counters(&self, c: &StepCounters) {

@@ -13,6 +13,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+pub use tensile_protocol::Priority;
+
 use crate::memory::SizeSpec;
 
 /// The smallest memory setting that means anything: one 2 MiB page, the unit the manager
@@ -99,6 +101,9 @@ pub struct Config {
     /// `TENSILE_PLAN_GBPS`: the copy bandwidths the planner assumes, GB/s (`None`: the H100's
     /// measured 55 each way, 92 both at once).
     pub plan_gbps: Option<PlanBandwidths>,
+    /// `TENSILE_PRIORITY`: how this job ranks against others on the GPU when the coordinator
+    /// divides its memory.
+    pub priority: Priority,
 }
 
 /// Copy bandwidths for the planner's cost model, GB/s.
@@ -267,6 +272,18 @@ impl Config {
             }
         }
 
+        if let Some(v) = get("TENSILE_PRIORITY").filter(|v| !v.trim().is_empty()) {
+            match Priority::parse(&v) {
+                Some(p) => c.priority = p,
+                None => problems.push(Problem {
+                    variable: "TENSILE_PRIORITY",
+                    value: v,
+                    why: "not a priority; expected high, normal or low".into(),
+                    fallback: "normal",
+                }),
+            }
+        }
+
         if let Some(v) = get("TENSILE_COORDINATOR") {
             match Coordinator::parse(&v) {
                 Ok(coordinator) => c.coordinator = coordinator,
@@ -407,6 +424,28 @@ mod tests {
             assert_eq!(problems.len(), 1, "{v}");
             assert_eq!(problems[0].variable, "TENSILE_PLAN_GBPS");
         }
+    }
+
+    #[test]
+    fn the_priority_is_parsed_and_a_bad_one_named() {
+        assert_eq!(parse(&[]).0.priority, Priority::Normal);
+        for (v, want) in [
+            ("high", Priority::High),
+            (" LOW ", Priority::Low),
+            ("Normal", Priority::Normal),
+        ] {
+            let (c, problems) = parse(&[("TENSILE_PRIORITY", v)]);
+            assert!(problems.is_empty(), "{v}: {problems:?}");
+            assert_eq!(c.priority, want, "{v}");
+        }
+        let (c, problems) = parse(&[("TENSILE_PRIORITY", "urgent")]);
+        assert_eq!(c.priority, Priority::Normal);
+        assert_eq!(problems.len(), 1);
+        let line = problems[0].to_string();
+        assert!(
+            line.contains("TENSILE_PRIORITY=\"urgent\"") && line.contains("high, normal or low"),
+            "{line}"
+        );
     }
 
     #[test]

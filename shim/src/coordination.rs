@@ -16,12 +16,13 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tensile_protocol::{Command as Order, CommandRead, ExecPlan, JobClient, JobOptions, PlanState};
-use tensile_protocol::{SegmentError, StepCounters};
+use tensile_protocol::{Admission, Command as Order, CommandRead, ExecPlan, JobClient, JobOptions};
+use tensile_protocol::{PlanState, Priority, SegmentError, StepCounters};
 use tensile_trace::Record;
 
 use crate::config::PlanBandwidths;
 use crate::executor::ExecutorState;
+use crate::memory::budget::format_size;
 use crate::planning::PlanSource;
 use crate::runtime::Runtime;
 
@@ -45,7 +46,13 @@ pub struct CoordinatorSource {
     start_if_missing: bool,
     plan_gbps: Option<PlanBandwidths>,
     client: Option<JobClient>,
-    budget: u64,
+    priority: Priority,
+    /// The most this job may be granted (`TENSILE_DEVICE_MEMORY`; 0: the card), known once
+    /// the memory manager runs.
+    limit: u64,
+    /// A grant received and not yet taken by the planning loop.
+    grant: Option<u64>,
+    said_short: bool,
     next_rejoin: Instant,
     said_gone: bool,
     said_bad_command: bool,
@@ -66,7 +73,7 @@ impl CoordinatorSource {
         name: &str,
         start_if_missing: bool,
         plan_gbps: Option<PlanBandwidths>,
-        budget: u64,
+        priority: Priority,
         state: StateRecords,
     ) -> Result<CoordinatorSource, String> {
         let mut source = CoordinatorSource {
@@ -75,7 +82,10 @@ impl CoordinatorSource {
             start_if_missing,
             plan_gbps,
             client: None,
-            budget,
+            priority,
+            limit: 0,
+            grant: None,
+            said_short: false,
             next_rejoin: Instant::now(),
             said_gone: false,
             said_bad_command: false,
@@ -94,18 +104,10 @@ impl CoordinatorSource {
 
     fn options(&self) -> JobOptions {
         JobOptions {
-            budget_bytes: self.budget_asked(),
+            budget_bytes: self.limit,
+            priority: self.priority,
             command_line: crate::recorder::command_line(),
             ..JobOptions::default()
-        }
-    }
-
-    /// The budget stated in the slot (0 while the manager has not started).
-    fn budget_asked(&self) -> u64 {
-        if self.budget == u64::MAX {
-            0
-        } else {
-            self.budget
         }
     }
 
@@ -233,11 +235,13 @@ impl PlanSource for CoordinatorSource {
         }
     }
 
-    fn set_budget(&mut self, bytes: u64) {
-        self.budget = bytes;
-        if let Some(c) = &self.client {
-            c.set_budget(self.budget_asked());
-        }
+    fn set_budget(&mut self, _bytes: u64) {
+        // The coordinator plans for the grant it gives; the slot states the job's own limit
+        // (see `report`).
+    }
+
+    fn take_grant(&mut self) -> Option<u64> {
+        self.grant.take()
     }
 
     fn poll(&mut self) -> Option<ExecPlan> {
@@ -258,9 +262,7 @@ impl PlanSource for CoordinatorSource {
                 Some(plan)
             }
             CommandRead::New(Ok(Order::Budget(bytes))) => {
-                // Grants below the job's own budget are the multi-job issue's; until then the
-                // grant is what the job asked for.
-                tracing::debug!("coordinator granted {bytes} bytes");
+                self.grant = Some(bytes);
                 None
             }
             CommandRead::New(Ok(Order::DropPlan)) => {
@@ -292,7 +294,37 @@ impl PlanSource for CoordinatorSource {
         let Some(m) = rt.memory() else {
             return;
         };
-        client.set_memory(m.mm.device_bytes_held() as u64, rt.tracker.live_bytes());
+        self.limit = m.limit.map_or(0, |l| l as u64);
+        client.set_budget(self.limit);
+        client.set_card_bytes(m.card_bytes);
+        client.set_memory(
+            m.mm.device_bytes_held() as u64,
+            m.mm.footprint_bytes() as u64,
+        );
+        let (admission, floor, grantable) = client.admission();
+        match admission {
+            Admission::Short if !self.said_short => {
+                tracing::error!(
+                    "tensile: this job's largest launch needs {} of device memory, but the \
+                     coordinator {:?} can grant it at most {} beside the other jobs on this GPU \
+                     (`tensile status` lists them); launches that need more than the grant fail \
+                     with out of memory until memory is freed",
+                    format_size(floor),
+                    self.name,
+                    format_size(grantable)
+                );
+                self.said_short = true;
+            }
+            Admission::Admitted if self.said_short => {
+                tracing::warn!(
+                    "tensile: the coordinator can now grant this job the {} its largest launch \
+                     needs",
+                    format_size(floor)
+                );
+                self.said_short = false;
+            }
+            _ => {}
+        }
         // Per step: the counters' growth since the last report, scaled by the launches of one
         // iteration of the plan (no plan, no steps to speak of).
         let s = m.mm.stats();

@@ -35,6 +35,11 @@ pub struct Managed {
     /// Whether the statistics are logged at exit (the log filter admits `info`). Decided
     /// now: at exit the logging machinery's thread-locals may already be gone.
     pub log_stats_at_exit: bool,
+    /// The most device memory this job may use whatever it is granted: the budget
+    /// `TENSILE_DEVICE_MEMORY` resolves to (`None`: not set, the card is the limit).
+    pub limit: Option<usize>,
+    /// The card's total memory, as the driver reported it when the manager started.
+    pub card_bytes: u64,
 }
 
 impl Managed {
@@ -313,6 +318,11 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     }
     let mut mc = ManagerConfig::new(s.device_budget, s.host_cap);
     mc.device = driver.device();
+    if shares_the_card(config) {
+        // Its grant may shrink, and what it gives back must be whole physical allocations:
+        // one page each (a cuMemCreate of 2 MiB costs about what one of 64 MiB does).
+        mc.device_chunk_bytes = mc.page_size;
+    }
     // The defaults suit budgets of gigabytes; a budget of a few pages (tests, the demo) must
     // not keep most of itself free, nor evict most of itself in one round.
     let budget_pages = (s.device_budget / mc.page_size).max(1);
@@ -350,7 +360,17 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
         mm,
         driver,
         log_stats_at_exit: tracing::enabled!(tracing::Level::INFO),
+        limit: config.device_memory.map(|_| s.device_budget),
+        card_bytes: total as u64,
     })
+}
+
+/// Whether this job's device budget comes from a coordinator that divides the card among
+/// jobs (and so may shrink while it runs).
+fn shares_the_card(config: &Config) -> bool {
+    config.policy == Policy::Plan
+        && config.plan_file.is_none()
+        && config.coordinator != crate::config::Coordinator::Off
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);

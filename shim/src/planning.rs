@@ -22,6 +22,7 @@ use tensile_trace::Record;
 use crate::config::{Coordinator, PlanBandwidths, Policy};
 use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
+use crate::memory::budget::format_size;
 use crate::runtime::Runtime;
 
 /// How often the planner is asked for a plan at most (it decides itself whether to work).
@@ -47,6 +48,11 @@ pub trait PlanSource: Send {
     fn set_budget(&mut self, bytes: u64);
     /// A new plan, if there is one (may take milliseconds).
     fn poll(&mut self) -> Option<ExecPlan>;
+    /// A device budget granted since the last call (by a coordinator dividing the card
+    /// among jobs), which the job must meet.
+    fn take_grant(&mut self) -> Option<u64> {
+        None
+    }
     /// Called once per round with the executor's state and counters, for reporting.
     fn report(&mut self, _rt: &Runtime) {}
 }
@@ -105,6 +111,7 @@ pub fn start_for(rt: &'static Runtime) {
     }
     let cost = cost_model(config.plan_gbps);
     let gbps = config.plan_gbps;
+    let priority = config.priority;
     let name = match &config.coordinator {
         Coordinator::Off => None,
         Coordinator::Auto => Some(DEFAULT_NAME.to_owned()),
@@ -113,7 +120,7 @@ pub fn start_for(rt: &'static Runtime) {
     start(rt, move |budget| {
         if let Some(name) = name {
             let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
-            match CoordinatorSource::connect(&name, true, gbps, budget, state) {
+            match CoordinatorSource::connect(&name, true, gbps, priority, state) {
                 Ok(source) => return Box::new(source) as Box<dyn PlanSource>,
                 Err(why) => tracing::warn!(
                     "no coordinator ({why}); learning and planning in the process instead"
@@ -214,6 +221,8 @@ fn run(
     let mut last_poll = Instant::now();
     let mut since_poll = 0usize;
     let mut reserve: Option<usize> = None;
+    // A grant not met yet (the manager has not started, or pages were pinned).
+    let mut grant: Option<u64> = None;
     while !STOP.load(Ordering::Relaxed) {
         match tap.recv_timeout(POLL_INTERVAL) {
             Ok(record) => {
@@ -243,10 +252,53 @@ fn run(
         if let Some(plan) = source.poll() {
             rt.executor.install(plan, &rt.tracker);
         }
+        if let Some(g) = source.take_grant() {
+            grant = Some(g);
+        }
+        if let Some(g) = grant {
+            if meet_grant(rt, g) {
+                grant = None;
+            }
+        }
         keep_reserve_in_step(rt, &mut reserve);
         source.report(rt);
         last_poll = Instant::now();
         since_poll = 0;
+    }
+}
+
+/// Sets the manager's budget to a grant (within the job's own limit, and at least a page):
+/// a smaller one evicts now, on this thread, and gives the memory back to the driver; no
+/// allocation fails for it. Returns false when it must be tried again (no manager yet, or
+/// pages pinned by calls in flight).
+fn meet_grant(rt: &Runtime, grant: u64) -> bool {
+    let Some(m) = rt.memory() else {
+        return false;
+    };
+    let page = crate::config::MIN_MEMORY_SETTING as usize;
+    let bytes = usize::try_from(grant)
+        .unwrap_or(usize::MAX)
+        .min(m.limit.unwrap_or(usize::MAX))
+        .max(page);
+    let before = m.mm.budget();
+    if bytes == before {
+        return true;
+    }
+    match m.mm.set_budget(bytes) {
+        Ok(()) => {
+            tracing::info!(
+                "tensile: the coordinator granted {} (the budget was {}); {} held on the device",
+                format_size(bytes as u64),
+                format_size(before as u64),
+                format_size(m.mm.device_bytes_held() as u64)
+            );
+            true
+        }
+        Err(tensile_driver_abi::CUDA_ERROR_OUT_OF_MEMORY) => false,
+        Err(code) => {
+            tracing::warn!("tensile: cannot meet a grant of {bytes} bytes (CUresult {code})");
+            true
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use tensile_analyzer::cost::format_bytes;
 use tensile_protocol::segment::{list_names, user_prefix};
-use tensile_protocol::{JobSnapshot, PlanState, SegmentError, SegmentView};
+use tensile_protocol::{Admission, JobSnapshot, PlanState, SegmentError, SegmentView};
 
 /// Arguments of `tensile status`.
 #[derive(clap::Args)]
@@ -75,11 +75,26 @@ fn segment_report(name: &str, view: &SegmentView) -> String {
         out.push_str("  no jobs\n");
         return out;
     }
+    let card = jobs.iter().map(|j| j.card_bytes).max().unwrap_or(0);
+    if card > 0 {
+        let granted: u64 = jobs.iter().map(|j| j.grant_bytes).sum();
+        let held: u64 = jobs.iter().map(|j| j.resident_bytes).sum();
+        let _ = writeln!(
+            out,
+            "  card {}: {} granted, {} held by the jobs",
+            format_bytes(card),
+            format_bytes(granted),
+            format_bytes(held)
+        );
+    }
     let header = [
         "PID",
-        "BUDGET",
+        "PRIORITY",
+        "LIMIT",
         "GRANT",
         "RESIDENT",
+        "NEEDS",
+        "FLOOR",
         "PLAN",
         "STALLS/STEP",
         "TO HOST/STEP",
@@ -88,14 +103,28 @@ fn segment_report(name: &str, view: &SegmentView) -> String {
         "MEASURED",
         "COMMAND",
     ];
-    let rows: Vec<[String; 11]> = jobs
+    let rows: Vec<[String; 14]> = jobs
         .iter()
         .map(|j| {
             [
                 j.process.pid.to_string(),
-                format_bytes(j.budget_bytes),
+                j.priority.map_or("?", |p| p.name()).to_string(),
+                if j.budget_bytes == 0 {
+                    "card".to_string()
+                } else {
+                    format_bytes(j.budget_bytes)
+                },
                 format_bytes(j.grant_bytes),
                 format_bytes(j.resident_bytes),
+                format_bytes(j.demand_bytes),
+                match j.admission {
+                    Admission::Short => format!(
+                        "{} SHORT (at most {})",
+                        format_bytes(j.floor_bytes),
+                        format_bytes(j.grantable_bytes)
+                    ),
+                    Admission::Admitted => format_bytes(j.floor_bytes),
+                },
                 plan_column(j),
                 j.stalls_per_step.to_string(),
                 format_bytes(j.bytes_to_host_per_step),

@@ -34,14 +34,21 @@ pub struct DevFrame(pub u32);
 pub struct HostFrame(pub u32);
 
 /// Device frames, created in chunks, never more than the budget.
+///
+/// A budget that shrinks below what was created gives memory back to the driver (for other
+/// jobs on the card) chunk by chunk, as whole chunks become free ([`Self::release_free_chunks`]):
+/// a job that shares a card uses chunks of one page, so that every frame it frees can go.
 pub struct DevicePool {
     page: usize,
     device: i32,
     budget_frames: usize,
     chunk_frames: usize,
-    chunks: Vec<PhysHandle>,
+    /// `None`: released; its frames are retired (never free, never handed out again).
+    chunks: Vec<Option<PhysHandle>>,
     /// Frame index → (chunk, byte offset in it).
     frames: Vec<(u32, usize)>,
+    /// Frames of chunks not released.
+    live_frames: usize,
     free: Vec<DevFrame>,
 }
 
@@ -54,6 +61,7 @@ impl DevicePool {
             chunk_frames: (chunk_bytes / page).max(1),
             chunks: Vec::new(),
             frames: Vec::new(),
+            live_frames: 0,
             free: Vec::new(),
         }
     }
@@ -62,20 +70,21 @@ impl DevicePool {
         self.budget_frames
     }
 
-    /// Changes the budget. Frames already created over a smaller budget stay created, but
-    /// [`Self::take`] hands out none while the frames in use reach the budget.
+    /// Changes the budget. Frames already created over a smaller budget stay created until
+    /// [`Self::release_free_chunks`] gives them back, and [`Self::take`] hands out none while
+    /// the frames in use reach the budget.
     pub fn set_budget_frames(&mut self, frames: usize) {
         self.budget_frames = frames;
     }
 
     /// Frames owned by pages (created and not free).
     pub fn in_use(&self) -> usize {
-        self.frames.len() - self.free.len()
+        self.live_frames - self.free.len()
     }
 
-    /// Frames created so far (free or not): the device memory the process holds.
+    /// Frames created and not released (free or not): the device memory the process holds.
     pub fn created_frames(&self) -> usize {
-        self.frames.len()
+        self.live_frames
     }
 
     pub fn free_frames(&self) -> usize {
@@ -96,7 +105,7 @@ impl DevicePool {
         if let Some(f) = self.free.pop() {
             return Ok(Some(f));
         }
-        let room = self.budget_frames.saturating_sub(self.frames.len());
+        let room = self.budget_frames.saturating_sub(self.live_frames);
         if room == 0 {
             return Ok(None);
         }
@@ -104,9 +113,10 @@ impl DevicePool {
         match driver.mem_create(n * self.page, PhysLocation::Device(self.device)) {
             Ok(h) => {
                 let chunk = self.chunks.len() as u32;
-                self.chunks.push(h);
+                self.chunks.push(Some(h));
                 let first = self.frames.len() as u32;
                 self.frames.extend((0..n).map(|i| (chunk, i * self.page)));
+                self.live_frames += n;
                 // Hand out low indices first; the order is irrelevant but stable for tests.
                 self.free
                     .extend((first + 1..first + n as u32).rev().map(DevFrame));
@@ -117,7 +127,7 @@ impl DevicePool {
                     held = self.frames.len() * self.page,
                     "the device refused more memory; the budget shrinks to what is held"
                 );
-                self.budget_frames = self.frames.len();
+                self.budget_frames = self.live_frames;
                 Ok(None)
             }
             Err(e) => Err(e),
@@ -133,21 +143,70 @@ impl DevicePool {
         &self.free
     }
 
-    /// The physical allocation and offset of a frame.
+    /// The physical allocation and offset of a frame (one that is free or owned by a page:
+    /// its chunk is not released).
     pub fn location(&self, f: DevFrame) -> (PhysHandle, usize) {
         let (c, off) = self.frames[f.0 as usize];
-        (self.chunks[c as usize], off)
+        let handle = self.chunks[c as usize].expect("a frame in use belongs to a live chunk");
+        (handle, off)
+    }
+
+    /// While more frames are created than the budget allows, releases chunks whose frames are
+    /// all free (free frames are mapped nowhere). Returns the frames given back.
+    pub fn release_free_chunks(&mut self, driver: &dyn Driver) -> usize {
+        if self.live_frames <= self.budget_frames || self.free.is_empty() {
+            return 0;
+        }
+        let mut free_in_chunk = vec![0usize; self.chunks.len()];
+        for f in &self.free {
+            free_in_chunk[self.frames[f.0 as usize].0 as usize] += 1;
+        }
+        let mut size = vec![0usize; self.chunks.len()];
+        for &(c, _) in &self.frames {
+            size[c as usize] += 1;
+        }
+        let mut released = vec![false; self.chunks.len()];
+        let mut given_back = 0;
+        for c in 0..self.chunks.len() {
+            if self.live_frames - given_back <= self.budget_frames {
+                break;
+            }
+            let Some(h) = self.chunks[c] else {
+                continue;
+            };
+            if free_in_chunk[c] != size[c] {
+                continue;
+            }
+            if let Err(e) = driver.mem_release(h) {
+                tracing::warn!(
+                    code = e,
+                    "cuMemRelease of a device chunk failed; it is kept"
+                );
+                continue;
+            }
+            self.chunks[c] = None;
+            released[c] = true;
+            given_back += size[c];
+        }
+        if given_back > 0 {
+            let frames = &self.frames;
+            self.free
+                .retain(|f| !released[frames[f.0 as usize].0 as usize]);
+            self.live_frames -= given_back;
+        }
+        given_back
     }
 
     /// Releases every chunk (all frames must be unmapped by now).
     pub fn release_all(&mut self, driver: &dyn Driver) {
-        for h in self.chunks.drain(..) {
+        for h in self.chunks.drain(..).flatten() {
             if let Err(e) = driver.mem_release(h) {
                 tracing::warn!(code = e, "cuMemRelease of a device chunk failed");
             }
         }
         self.frames.clear();
         self.free.clear();
+        self.live_frames = 0;
     }
 }
 

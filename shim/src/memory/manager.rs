@@ -524,8 +524,9 @@ impl MemoryManager {
     /// (and waits for the copies out) until the pages on the device fit, waiting for pages
     /// pinned by in-flight calls like an eviction does. Allocations never fail because of a
     /// shrink: they are swapped like any other. A budget below one page is
-    /// `CUDA_ERROR_INVALID_VALUE`. Device memory freed by a shrink stays reserved by the
-    /// process (chunks are released at shutdown) but is no longer used.
+    /// `CUDA_ERROR_INVALID_VALUE`. Device memory a shrink frees goes back to the driver
+    /// chunk by chunk, as whole chunks become free (every frame with chunks of one page,
+    /// [`ManagerConfig::device_chunk_bytes`], as a job sharing a card uses).
     pub fn set_budget(&self, bytes: usize) -> Result<(), CUresult> {
         let page = self.lock().page;
         let frames = bytes / page;
@@ -581,7 +582,19 @@ impl MemoryManager {
         s.pages.get(p).map(|e| e.state)
     }
 
-    /// Device bytes created so far (free frames included): what the process holds.
+    /// Bytes of the pages that hold live data, wherever they are (device or host): what the
+    /// process would keep resident if it could.
+    pub fn footprint_bytes(&self) -> usize {
+        let s = self.lock();
+        s.pages
+            .iter()
+            .filter(|(_, e)| e.live > 0 && e.state != ResidencyState::Unbacked)
+            .count()
+            * s.page
+    }
+
+    /// Device bytes created and not given back (free frames included): what the process
+    /// holds.
     pub fn device_bytes_held(&self) -> usize {
         let s = self.lock();
         s.dev.created_frames() * s.page
@@ -2320,6 +2333,9 @@ impl Inner {
             self.poll()?;
             let over = self.dev.in_use().saturating_sub(frames);
             if over == 0 {
+                // Frames over the budget go back to the driver, for other jobs on the card.
+                let driver = self.driver.clone();
+                self.dev.release_free_chunks(&*driver);
                 return Ok(());
             }
             let out = self.outgoing.len();

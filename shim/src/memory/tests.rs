@@ -1338,6 +1338,67 @@ fn set_budget_shrinks_by_evicting_and_grows_back() {
 }
 
 #[test]
+fn a_shrink_gives_device_memory_back_to_the_driver_and_loses_no_byte() {
+    // Chunks of one page, as a job sharing a card uses: every frame over the budget can go.
+    let mut cfg = config(8, 64);
+    cfg.device_chunk_bytes = PAGE;
+    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let ptrs: Vec<CUdeviceptr> = (0..8).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+    }
+    assert_eq!(fake.device_bytes().0, 8 * PAGE);
+    assert_eq!(mm.footprint_bytes(), 8 * PAGE);
+    mm.set_budget(3 * PAGE).unwrap();
+    assert_eq!(mm.device_bytes_held(), 3 * PAGE);
+    assert_eq!(
+        fake.device_bytes().0,
+        3 * PAGE,
+        "the driver got 5 pages back"
+    );
+    assert_eq!(
+        mm.footprint_bytes(),
+        8 * PAGE,
+        "the footprint is where the data is"
+    );
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert_eq!(
+            read(&fake, &mm, s, p, PAGE).get().unwrap(),
+            pattern(i as u8, PAGE)
+        );
+        assert!(fake.device_bytes().0 <= 3 * PAGE);
+    }
+    // Growing again creates frames anew.
+    mm.set_budget(8 * PAGE).unwrap();
+    for &p in &ptrs {
+        write(&fake, &mm, s, p, pattern(9, PAGE));
+    }
+    assert_eq!(fake.device_bytes().0, 8 * PAGE);
+    assert_consistent(&fake, &mm);
+
+    // With chunks of four pages, only chunks left wholly free go.
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let ptrs: Vec<CUdeviceptr> = (0..8).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+    }
+    mm.set_budget(3 * PAGE).unwrap();
+    let held = mm.device_bytes_held();
+    assert_eq!(held % (4 * PAGE), 0);
+    assert!(held < 8 * PAGE && held >= 4 * PAGE, "{held}");
+    assert_eq!(fake.device_bytes().0, held);
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert_eq!(
+            read(&fake, &mm, s, p, PAGE).get().unwrap(),
+            pattern(i as u8, PAGE)
+        );
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
 fn start_swap_out_and_prefetch_move_the_given_ranges() {
     let (fake, mm) = setup(8, 64, Progress::Immediate);
     let s = fake.stream_create().unwrap();

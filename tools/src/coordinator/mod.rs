@@ -7,9 +7,13 @@
 //! table, grant, drain, plan, write commands. Nothing in it waits on a job. What the planner
 //! is stays behind [`JobPlanner`].
 //!
-//! Grants: for now each job is granted the budget it asks for; dividing one GPU among
-//! several jobs comes later (the grant field and the `Budget` command are already real).
+//! Grants ([`grants`]): the card's memory less a reserve is divided among the jobs by their
+//! priorities, floors and needs; a job learns its grant through a `Budget` command and meets
+//! it by evicting, and its planner plans for it. A job that reports no card yet (its memory
+//! manager has not started) is granted the budget it asks for.
 
+mod floor;
+pub mod grants;
 mod log;
 mod planner;
 
@@ -21,8 +25,11 @@ use std::time::{Duration, Instant};
 use tensile_analyzer::cost::format_bytes;
 use tensile_analyzer::CostModel;
 use tensile_protocol::{
-    Command, CoordinatorSegment, Delivery, Geometry, JobSnapshot, SegmentError,
+    Admission, Command, CoordinatorSegment, Delivery, Geometry, JobSnapshot, SegmentError,
 };
+
+use floor::FloorTracker;
+use grants::{Claim, Standing};
 
 pub use log::Log;
 pub use planner::{JobPlanner, LearnerPlanner, PlannerState};
@@ -46,7 +53,14 @@ pub struct CoordinatorArgs {
     /// TENSILE_PLAN_GBPS); default the H100's 55,55,92.
     #[arg(long, value_name = "H2D,D2H,BOTH")]
     pub plan_gbps: Option<String>,
+    /// Percent of the card's memory never granted to jobs: room for what libraries allocate
+    /// around the jobs' arenas (cuBLAS and cuDNN workspaces, NCCL buffers, contexts).
+    #[arg(long, value_name = "PERCENT", default_value_t = DEFAULT_RESERVE_PERCENT)]
+    pub reserve: f64,
 }
+
+/// Default `--reserve`: the same headroom the shim leaves when it sizes a budget alone.
+pub const DEFAULT_RESERVE_PERCENT: f64 = 5.0;
 
 /// The planner's cost model for `--plan-gbps`.
 fn cost_model(text: Option<&str>) -> Result<CostModel, String> {
@@ -99,6 +113,12 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         ));
     }
     let cost = cost_model(args.plan_gbps.as_deref())?;
+    if !(args.reserve.is_finite() && (0.0..100.0).contains(&args.reserve)) {
+        return Err(format!(
+            "--reserve {}: expected a percentage from 0 to below 100",
+            args.reserve
+        ));
+    }
     let out: Box<dyn std::io::Write + Send> = match &args.log {
         Some(path) => Box::new(
             std::fs::OpenOptions::new()
@@ -149,6 +169,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             Box::new(LearnerPlanner::new(job.budget_bytes, cost)) as Box<dyn JobPlanner>
         }),
     );
+    coordinator.reserve_fraction = args.reserve / 100.0;
     let idle_exit = Duration::from_secs_f64(args.idle_exit);
     let path = coordinator.segment.path();
     coordinator.log.line(&format!(
@@ -190,13 +211,17 @@ struct Job {
     pid: u32,
     command_line: String,
     planner: Box<dyn JobPlanner>,
-    /// The budget the job asked for, last seen.
-    budget: u64,
     last_poll: Option<Instant>,
     records: u64,
     lost: u64,
     /// The planner's failures already logged.
     planner_failures: u64,
+    /// When it joined, in the coordinator's count: earlier jobs keep their floors first.
+    joined: u64,
+    /// The grant last given (0: none yet).
+    granted: u64,
+    floor: FloorTracker,
+    admission: Admission,
 }
 
 /// The coordinator's state between ticks.
@@ -207,6 +232,20 @@ pub struct Coordinator {
     jobs: BTreeMap<u32, Job>,
     idle_since: Option<Instant>,
     last_sweep: Option<Instant>,
+    /// Jobs that ever joined.
+    joins: u64,
+    /// Fraction of the card never granted.
+    reserve_fraction: f64,
+}
+
+/// A grant moves only when its target differs from it by more than this fraction of the
+/// larger of the two (or it has none yet): a job's footprint grows allocation by allocation,
+/// and each grant change costs the job a replan.
+const GRANT_HYSTERESIS: u64 = 32;
+
+/// Whether a grant of `granted` should move to `target`.
+fn grant_moves(granted: u64, target: u64) -> bool {
+    granted == 0 || granted.abs_diff(target) > granted.max(target) / GRANT_HYSTERESIS
 }
 
 impl Coordinator {
@@ -218,6 +257,8 @@ impl Coordinator {
             jobs: BTreeMap::new(),
             idle_since: Some(Instant::now()),
             last_sweep: None,
+            joins: 0,
+            reserve_fraction: DEFAULT_RESERVE_PERCENT / 100.0,
         }
     }
 
@@ -289,6 +330,7 @@ impl Coordinator {
                     snap.command_line
                 ));
                 let planner = (self.new_planner)(snap);
+                self.joins += 1;
                 self.jobs.insert(
                     *slot,
                     Job {
@@ -296,11 +338,14 @@ impl Coordinator {
                         pid: snap.process.pid,
                         command_line: snap.command_line.clone(),
                         planner,
-                        budget: u64::MAX,
                         last_poll: None,
                         records: 0,
                         lost: 0,
                         planner_failures: 0,
+                        joined: self.joins,
+                        granted: 0,
+                        floor: FloorTracker::default(),
+                        admission: Admission::Admitted,
                     },
                 );
             }
@@ -316,18 +361,12 @@ impl Coordinator {
             segment, log, jobs, ..
         } = self;
         for (&slot, job) in jobs.iter_mut() {
-            let asked = live.get(&slot).map_or(job.budget, |s| s.budget_bytes);
-            if asked != job.budget {
-                // The grant is what the job asks for until grants are divided among jobs.
-                job.budget = asked;
-                segment.set_grant(slot, asked);
-                job.planner.set_budget(asked);
-            }
             let mut corrupt = None;
             let before = job.records;
             segment.drain(slot, DRAIN_PER_TICK, |d| match d {
                 Delivery::Record(r) => {
                     job.records += 1;
+                    job.floor.push(&r);
                     job.planner.push(&r);
                 }
                 Delivery::Lost(n) => {
@@ -380,11 +419,130 @@ impl Coordinator {
                     job.pid
                 ));
             }
+        }
+        self.grant(&live);
+        let Coordinator {
+            segment, log, jobs, ..
+        } = self;
+        for (&slot, job) in jobs.iter_mut() {
             if let Err(e) = segment.flush_commands(slot, job.incarnation) {
                 log.line(&format!("job {}: command not sent: {e}", job.pid));
             }
         }
         busy
+    }
+
+    /// Divides the card among the jobs (see [`grants`]) and tells each job whose grant
+    /// moved. Until some job has reported the card's size, a job is granted what it asks.
+    fn grant(&mut self, live: &BTreeMap<u32, JobSnapshot>) {
+        let card = live.values().map(|s| s.card_bytes).max().unwrap_or(0);
+        let mut order: Vec<u32> = self
+            .jobs
+            .keys()
+            .copied()
+            .filter(|s| live.contains_key(s))
+            .collect();
+        order.sort_by_key(|s| self.jobs[s].joined);
+        let (targets, grantable): (Vec<u64>, Vec<u64>) = if card == 0 {
+            order
+                .iter()
+                .map(|s| (live[s].budget_bytes, live[s].budget_bytes))
+                .unzip()
+        } else {
+            let available = card - (card as f64 * self.reserve_fraction) as u64;
+            let claims: Vec<Claim> = order
+                .iter()
+                .map(|s| {
+                    let snap = &live[s];
+                    Claim {
+                        limit: if snap.budget_bytes == 0 {
+                            u64::MAX
+                        } else {
+                            snap.budget_bytes
+                        },
+                        floor: self.jobs[s].floor.floor(),
+                        need: snap.demand_bytes,
+                        priority: snap.priority.unwrap_or_default(),
+                    }
+                })
+                .collect();
+            let division = grants::divide(available, &claims);
+            let standings: Vec<Standing> = order
+                .iter()
+                .zip(&division.targets)
+                .map(|(s, &target)| {
+                    let job = &self.jobs[s];
+                    Standing {
+                        granted: job.granted,
+                        held: live[s].resident_bytes,
+                        target: if grant_moves(job.granted, target) {
+                            target
+                        } else {
+                            job.granted
+                        },
+                        priority: live[s].priority.unwrap_or_default(),
+                    }
+                })
+                .collect();
+            (grants::settle(available, &standings), division.grantable)
+        };
+        let mut moved = Vec::new();
+        for ((slot, &grant), &grantable) in order.iter().zip(&targets).zip(&grantable) {
+            let snap = &live[slot];
+            let job = self.jobs.get_mut(slot).expect("ordered from the jobs");
+            let floor = job.floor.floor();
+            let admission = if card > 0 && floor > grantable {
+                Admission::Short
+            } else {
+                Admission::Admitted
+            };
+            self.segment
+                .set_admission(*slot, admission, floor, grantable);
+            if admission != job.admission {
+                job.admission = admission;
+                if admission == Admission::Short {
+                    self.log.line(&format!(
+                        "job {}: its largest launch needs {}, but at most {} can be granted                          to it with every other job at its own floor; it is short until                          memory is freed",
+                        job.pid,
+                        format_bytes(floor),
+                        format_bytes(grantable)
+                    ));
+                }
+            }
+            if grant == job.granted || grant == 0 {
+                continue;
+            }
+            moved.push(format!(
+                "job {} {} (was {}; needs {}, floor {}, {})",
+                job.pid,
+                format_bytes(grant),
+                format_bytes(job.granted),
+                format_bytes(snap.demand_bytes),
+                format_bytes(floor),
+                snap.priority.unwrap_or_default().name()
+            ));
+            job.granted = grant;
+            self.segment.set_grant(*slot, grant);
+            job.planner.set_budget(grant);
+            if let Err(e) = self
+                .segment
+                .send(*slot, job.incarnation, Command::Budget(grant))
+            {
+                self.log
+                    .line(&format!("job {}: grant not sent: {e}", job.pid));
+            }
+        }
+        if !moved.is_empty() {
+            self.log.line(&format!(
+                "grants{}: {}",
+                if card > 0 {
+                    format!(" of a {} card", format_bytes(card))
+                } else {
+                    String::new()
+                },
+                moved.join("; ")
+            ));
+        }
     }
 
     /// The command lines of the jobs followed, by slot.
@@ -555,8 +713,13 @@ mod tests {
             c.job_commands(),
             vec![(slot, "train.py --lr 3e-4".to_string())]
         );
-        assert_eq!(job.grant(), 5 << 30, "the grant is the budget asked");
+        // No card reported yet: the grant is the budget asked.
+        assert_eq!(job.grant(), 5 << 30);
         assert_eq!(seen.lock().unwrap().budget, 5 << 30);
+        assert_eq!(
+            job.poll_command(),
+            CommandRead::New(Ok(Command::Budget(5 << 30)))
+        );
         assert_eq!(job.poll_command(), CommandRead::Nothing);
         assert_eq!(c.planner_state(slot), Some(PlannerState::Learning));
 
@@ -601,11 +764,80 @@ mod tests {
         let pid = std::process::id();
         for want in [
             format!("job {pid} joined slot {slot}, asking 5.00 GiB: train.py --lr 3e-4"),
+            format!("grants: job {pid} 5.00 GiB (was 0 B"),
             format!("job {pid} planned: version 1, 3 launches per iteration"),
             format!("job {pid} left slot {slot} after 401 records (7 lost)"),
         ] {
             assert!(log.contains(&want), "{want:?} not in the log:\n{log}");
         }
-        assert_eq!(log.lines().count(), 3, "{log}");
+        assert_eq!(log.lines().count(), 4, "{log}");
+    }
+
+    /// The budget commands a job has been sent, in order.
+    fn budgets(job: &mut JobClient) -> Vec<u64> {
+        let mut seen = Vec::new();
+        while let CommandRead::New(Ok(Command::Budget(b))) = job.poll_command() {
+            seen.push(b);
+        }
+        seen
+    }
+
+    #[test]
+    fn the_card_is_divided_as_jobs_come_and_go_and_never_promised_twice() {
+        const G: u64 = 1 << 30;
+        let name = unique_name();
+        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
+        let captured = Captured::default();
+        let mut c = Coordinator::new(
+            segment,
+            Log::new(Box::new(captured.clone())),
+            Box::new(|_| {
+                Box::new(Scripted {
+                    seen: Arc::default(),
+                    after: usize::MAX,
+                    planned: false,
+                })
+            }),
+        );
+        c.reserve_fraction = 0.0;
+        let t0 = Instant::now();
+        let tick = |c: &mut Coordinator, ms: u64| {
+            c.tick(t0 + Duration::from_millis(ms));
+        };
+
+        // A job alone on a 10 GiB card needing 6 is granted the whole card.
+        let mut a = JobClient::join(&name, &JobOptions::default()).unwrap();
+        a.set_card_bytes(10 * G);
+        a.set_memory(6 * G, 6 * G);
+        tick(&mut c, 1);
+        assert_eq!(budgets(&mut a), vec![10 * G]);
+        a.set_memory(9 * G, 6 * G);
+
+        // A high-priority job needing 7 arrives: the first shrinks at once to what is left;
+        // the newcomer gets only what nobody holds until the first has given memory back.
+        let mut b = JobClient::join(
+            &name,
+            &JobOptions {
+                priority: tensile_protocol::Priority::High,
+                ..JobOptions::default()
+            },
+        )
+        .unwrap();
+        b.set_card_bytes(10 * G);
+        b.set_memory(0, 7 * G);
+        tick(&mut c, 2);
+        assert_eq!(budgets(&mut a), vec![3 * G]);
+        assert_eq!(budgets(&mut b), vec![G], "only the gigabyte nobody holds");
+        a.set_memory(3 * G, 6 * G);
+        tick(&mut c, 3);
+        assert_eq!(budgets(&mut b), vec![7 * G]);
+        assert_eq!(a.grant() + b.grant(), 10 * G);
+
+        // The high job leaves: the first gets the card back.
+        b.leave();
+        tick(&mut c, 4);
+        assert_eq!(budgets(&mut a), vec![10 * G]);
+        let log = captured.text();
+        assert!(log.contains("grants of a 10.00 GiB card: job"), "{log}");
     }
 }
