@@ -169,6 +169,15 @@ struct Inner {
     /// evictable page is pinned: the caller releases the lock, waits for pins to drop and
     /// retries (see `MemoryManager::waiting_for_pins`).
     pin_stall: Option<PinStall>,
+    /// Set (instead of logging a failure) when one access needs more pages than the budget
+    /// while the budget may grow ([`MemoryManager::set_budget_wait`]): the caller releases
+    /// the lock and waits for `set_budget`, then retries. The bytes the access needs.
+    budget_stall: Option<usize>,
+    /// How long an access larger than the budget waits for it to grow (zero: it fails at
+    /// once, as a fixed budget never grows).
+    budget_wait: Duration,
+    /// Accesses that waited for the budget to grow (the first is logged).
+    budget_waits: u64,
     /// Threads waiting in `MemoryManager::waiting_for_pins`; pin drops notify only then.
     pin_waiters: usize,
     /// Set (instead of waiting with the lock held) when frames will come only from swap-outs
@@ -283,6 +292,9 @@ impl MemoryManager {
             failures: FailureLog::default(),
             open_tickets: 0,
             pin_stall: None,
+            budget_stall: None,
+            budget_wait: Duration::ZERO,
+            budget_waits: 0,
             pin_waiters: 0,
             copy_waits: Vec::new(),
             advice: None,
@@ -423,8 +435,10 @@ impl MemoryManager {
         let mut s = self.lock();
         let mut deadline: Option<Instant> = None;
         s.unlocked_copy_waits_left = UNLOCKED_COPY_WAITS;
+        let mut budget_deadline: Option<Instant> = None;
         loop {
             s.pin_stall = None;
+            s.budget_stall = None;
             s.copy_waits.clear();
             let result = op(&mut s);
             let waits = std::mem::take(&mut s.copy_waits);
@@ -447,6 +461,37 @@ impl MemoryManager {
                     }
                 }
                 s = self.lock();
+                continue;
+            }
+            if let Some(needed) = s.budget_stall.take() {
+                // The budget is a grant that may grow: wait for `set_budget` (which
+                // notifies), up to the configured bound, then fail as a fixed budget would.
+                let now = Instant::now();
+                let end = *budget_deadline.get_or_insert_with(|| {
+                    s.budget_waits += 1;
+                    if s.budget_waits > 1 {
+                        return now + s.budget_wait;
+                    }
+                    tracing::warn!(
+                        "tensile: one access needs {} of device memory at once, more than this \
+                         job's grant of {}; waiting up to {:.0} s for the coordinator to grant \
+                         more (said once)",
+                        human_bytes(needed),
+                        human_bytes(s.dev.budget_frames() * s.page),
+                        s.budget_wait.as_secs_f64()
+                    );
+                    now + s.budget_wait
+                });
+                if now >= end {
+                    return Err(s.fail_budget(needed));
+                }
+                s.pin_waiters += 1;
+                let slice = (end - now).min(Duration::from_millis(10));
+                s = match self.pins_released.wait_timeout(s, slice) {
+                    Ok((g, _)) => g,
+                    Err(poisoned) => poisoned.into_inner().0,
+                };
+                s.pin_waiters -= 1;
                 continue;
             }
             let Some(stall) = s.pin_stall.take() else {
@@ -480,6 +525,13 @@ impl MemoryManager {
         if waiters {
             self.pins_released.notify_all();
         }
+    }
+
+    /// Makes an access larger than the whole budget wait up to `wait` for the budget to grow
+    /// (a job whose budget is a coordinator's grant, which grows as other jobs give memory
+    /// back) instead of failing at once. Zero (the default): fail at once.
+    pub fn set_budget_wait(&self, wait: Duration) {
+        self.lock().budget_wait = wait;
     }
 
     /// Bounds how long a request waits for pages pinned by in-flight calls before failing
@@ -1409,17 +1461,12 @@ impl Inner {
             })
             .count();
         if touched > self.dev.budget_frames() {
-            let (stream, needed) = (t.stream.0, touched * self.page);
-            let budget = self.dev.budget_frames() * self.page;
-            return Err(self.failures.record(
-                FailureCause::Budget,
-                format_args!(
-                    "one access on stream {stream:#x} needs {} of device memory at once; the \
-                     budget is {} (TENSILE_DEVICE_MEMORY)",
-                    human_bytes(needed),
-                    human_bytes(budget)
-                ),
-            ));
+            let needed = touched * self.page;
+            if !self.budget_wait.is_zero() {
+                self.budget_stall = Some(needed);
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            return Err(self.fail_budget(needed));
         }
         // Finished swap-outs are not completed here: that is VMM work (unmap, map, set
         // access) the launch does not need unless it is short of frames (`acquire_into` then
@@ -2142,6 +2189,20 @@ impl Inner {
     }
 
     /// The failure after a bounded wait for pinned pages: names the pins and who holds them.
+    /// Records (and logs, the first time) that one access needs `needed` bytes, more than
+    /// the whole budget.
+    fn fail_budget(&mut self, needed: usize) -> CUresult {
+        let budget = self.dev.budget_frames() * self.page;
+        self.failures.record(
+            FailureCause::Budget,
+            format_args!(
+                "one access needs {} of device memory at once; the budget is {}",
+                human_bytes(needed),
+                human_bytes(budget)
+            ),
+        )
+    }
+
     fn fail_pinned(&mut self, stall: PinStall, waited: Duration) -> CUresult {
         let pinned = self
             .pages

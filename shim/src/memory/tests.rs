@@ -2,6 +2,7 @@
 //! budget holds, nothing is remapped under queued work, and errors come back by kind.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use tensile_driver_abi::{
@@ -1395,6 +1396,45 @@ fn a_shrink_gives_device_memory_back_to_the_driver_and_loses_no_byte() {
             pattern(i as u8, PAGE)
         );
     }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn an_access_larger_than_a_budget_that_may_grow_waits_for_it_and_loses_nothing() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let mm = Arc::new(mm);
+    let s = fake.stream_create().unwrap();
+    let big = mm.alloc(4 * PAGE, None).unwrap();
+    write(&fake, &mm, s, big, pattern(3, 4 * PAGE));
+    mm.set_budget(2 * PAGE).unwrap();
+    // A fixed budget fails at once.
+    assert_eq!(
+        mm.prepare_access(s, &[(big, 4 * PAGE)]).err(),
+        Some(CUDA_ERROR_OUT_OF_MEMORY)
+    );
+    // A grant waits until it grows.
+    mm.set_budget_wait(Duration::from_secs(10));
+    let grower = {
+        let mm = mm.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            mm.set_budget(6 * PAGE).unwrap();
+        })
+    };
+    let started = Instant::now();
+    assert_eq!(
+        read(&fake, &mm, s, big, 4 * PAGE).get().unwrap(),
+        pattern(3, 4 * PAGE)
+    );
+    assert!(started.elapsed() >= Duration::from_millis(40));
+    grower.join().unwrap();
+    // And gives up after its bound, as a fixed budget would.
+    mm.set_budget(2 * PAGE).unwrap();
+    mm.set_budget_wait(Duration::from_millis(30));
+    assert_eq!(
+        mm.prepare_access(s, &[(big, 4 * PAGE)]).err(),
+        Some(CUDA_ERROR_OUT_OF_MEMORY)
+    );
     assert_consistent(&fake, &mm);
 }
 

@@ -222,7 +222,34 @@ struct Job {
     granted: u64,
     floor: FloorTracker,
     admission: Admission,
+    /// Its footprint as read at each tick over the last [`NEED_WINDOW`]: a job's need is
+    /// the largest, since its footprint rises and falls within every iteration.
+    needs: std::collections::VecDeque<(Instant, u64)>,
 }
+
+impl Job {
+    /// Records the footprint read `now` and returns the job's need: the largest footprint
+    /// of the window.
+    fn need(&mut self, now: Instant, footprint: u64) -> u64 {
+        while self
+            .needs
+            .front()
+            .is_some_and(|&(t, _)| now.saturating_duration_since(t) > NEED_WINDOW)
+        {
+            self.needs.pop_front();
+        }
+        // Only the samples that can still be the largest are kept.
+        while self.needs.back().is_some_and(|&(_, b)| b <= footprint) {
+            self.needs.pop_back();
+        }
+        self.needs.push_back((now, footprint));
+        self.needs.front().map_or(footprint, |&(_, b)| b)
+    }
+}
+
+/// How far back a job's footprint counts towards its need: longer than an iteration, so the
+/// need is the iteration's peak and grants do not follow the rise and fall within one.
+const NEED_WINDOW: Duration = Duration::from_secs(8);
 
 /// The coordinator's state between ticks.
 pub struct Coordinator {
@@ -346,6 +373,7 @@ impl Coordinator {
                         granted: 0,
                         floor: FloorTracker::default(),
                         admission: Admission::Admitted,
+                        needs: std::collections::VecDeque::new(),
                     },
                 );
             }
@@ -420,7 +448,7 @@ impl Coordinator {
                 ));
             }
         }
-        self.grant(&live);
+        self.grant(now, &live);
         let Coordinator {
             segment, log, jobs, ..
         } = self;
@@ -434,7 +462,7 @@ impl Coordinator {
 
     /// Divides the card among the jobs (see [`grants`]) and tells each job whose grant
     /// moved. Until some job has reported the card's size, a job is granted what it asks.
-    fn grant(&mut self, live: &BTreeMap<u32, JobSnapshot>) {
+    fn grant(&mut self, now: Instant, live: &BTreeMap<u32, JobSnapshot>) {
         let card = live.values().map(|s| s.card_bytes).max().unwrap_or(0);
         let mut order: Vec<u32> = self
             .jobs
@@ -450,9 +478,17 @@ impl Coordinator {
                 .unzip()
         } else {
             let available = card - (card as f64 * self.reserve_fraction) as u64;
-            let claims: Vec<Claim> = order
+            let needs: Vec<u64> = order
                 .iter()
                 .map(|s| {
+                    let job = self.jobs.get_mut(s).expect("ordered from the jobs");
+                    job.need(now, live[s].demand_bytes)
+                })
+                .collect();
+            let claims: Vec<Claim> = order
+                .iter()
+                .zip(&needs)
+                .map(|(s, &need)| {
                     let snap = &live[s];
                     Claim {
                         limit: if snap.budget_bytes == 0 {
@@ -461,7 +497,7 @@ impl Coordinator {
                             snap.budget_bytes
                         },
                         floor: self.jobs[s].floor.floor(),
-                        need: snap.demand_bytes,
+                        need,
                         priority: snap.priority.unwrap_or_default(),
                     }
                 })
@@ -517,7 +553,7 @@ impl Coordinator {
                 job.pid,
                 format_bytes(grant),
                 format_bytes(job.granted),
-                format_bytes(snap.demand_bytes),
+                format_bytes(job.needs.front().map_or(snap.demand_bytes, |&(_, b)| b)),
                 format_bytes(floor),
                 snap.priority.unwrap_or_default().name()
             ));

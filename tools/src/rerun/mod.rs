@@ -47,8 +47,9 @@ pub struct RerunArgs {
     /// Device memory budget for the managed runs: bytes with a unit (4GiB, 512MiB) or a
     /// percentage of the steady-state iteration's peak allocated bytes (50%), as `tensile
     /// replay` reads it. Before --scale.
-    #[arg(long, default_value = "50%")]
-    pub budget: String,
+    /// Default 50%; with --card, none: the coordinator's grant decides.
+    #[arg(long)]
+    pub budget: Option<String>,
     /// Policy of the managed run: plan, lru, off (no managed run), or all (lru and plan).
     #[arg(long, default_value = "lru")]
     pub policy: String,
@@ -66,6 +67,30 @@ pub struct RerunArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Play the managed run on the simulated card NAME shared with other processes
+    /// (TENSILE_SIM_CARD) and join coordinator NAME (started if none runs), which divides the
+    /// card's memory among the jobs on it. Needs --policy plan and --card-memory; the native
+    /// run is skipped (the jobs on the card are measured against each other).
+    #[arg(long, value_name = "NAME")]
+    pub card: Option<String>,
+    /// The shared card's memory, as played (after --scale): bytes with a unit. Every job on
+    /// the card must give the same.
+    #[arg(long, value_name = "SIZE")]
+    pub card_memory: Option<String>,
+    /// TENSILE_PRIORITY of the managed run: high, normal or low.
+    #[arg(long)]
+    pub priority: Option<String>,
+}
+
+/// A simulated card shared with other reruns (`--card`).
+#[derive(Debug, Clone)]
+struct SharedCard {
+    name: String,
+    /// Bytes, as played.
+    capacity: u64,
+    priority: Option<String>,
+    /// Whether the job has a budget of its own (`--budget` given): its grant's cap.
+    limited: bool,
 }
 
 /// Arguments of the hidden `tensile rerun-player`.
@@ -341,6 +366,42 @@ fn check_fits(peak: u64, scale: u64, allowance: u64, given: bool) -> Result<(), 
     ))
 }
 
+/// `--budget` when neither it nor `--card` is given.
+const DEFAULT_BUDGET: &str = "50%";
+
+/// The shared card `--card` names, checked against the other settings.
+fn shared_card(args: &RerunArgs, policies: &[PolicyKind]) -> Result<Option<SharedCard>, String> {
+    let Some(name) = &args.card else {
+        if args.card_memory.is_some() || args.priority.is_some() {
+            return Err("--card-memory and --priority need --card".into());
+        }
+        return Ok(None);
+    };
+    if policies != [PolicyKind::Plan] {
+        return Err(
+            "--card needs --policy plan: only the plan policy joins the coordinator that \
+             divides the card"
+                .into(),
+        );
+    }
+    let memory = args
+        .card_memory
+        .as_deref()
+        .ok_or("--card needs --card-memory SIZE (the shared card's memory, as played)")?;
+    let capacity = parse_size(memory, None).map_err(|e| format!("--card-memory {e}"))?;
+    if let Some(p) = &args.priority {
+        if tensile_protocol::Priority::parse(p).is_none() {
+            return Err(format!("--priority {p:?}: expected high, normal or low"));
+        }
+    }
+    Ok(Some(SharedCard {
+        name: name.clone(),
+        capacity,
+        priority: args.priority.clone(),
+        limited: args.budget.is_some(),
+    }))
+}
+
 fn policies(text: &str) -> Result<Vec<PolicyKind>, String> {
     match text.trim().to_ascii_lowercase().as_str() {
         "all" => Ok(vec![PolicyKind::Lru, PolicyKind::Plan]),
@@ -420,6 +481,7 @@ struct Session {
     iterations: u32,
     scaled_budget: u64,
     base_env: Vec<(String, String)>,
+    card: Option<SharedCard>,
 }
 
 impl Session {
@@ -467,10 +529,15 @@ impl Session {
         eprintln!(
             "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
             format_bytes(self.scaled_budget),
-            if policy == PolicyKind::Plan {
-                " (learning and planning in the process: TENSILE_COORDINATOR=off)"
-            } else {
-                ""
+            match (&self.card, policy) {
+                (Some(card), _) => format!(
+                    " at most, on the shared card {:?} (the coordinator {:?} grants the rest)",
+                    card.name, card.name
+                ),
+                (None, PolicyKind::Plan) => {
+                    " (learning and planning in the process: TENSILE_COORDINATOR=off)".into()
+                }
+                (None, _) => String::new(),
             }
         );
         let mut env = self.base_env.clone();
@@ -490,19 +557,33 @@ impl Session {
                 "TENSILE_LOG".into(),
                 "warn,tensile_shim::planning=info,tensile_shim::managed=info".into(),
             ));
-            env.push(("TENSILE_COORDINATOR".into(), "off".into()));
+            let coordinator = self.card.as_ref().map_or("off", |c| &c.name);
+            env.push(("TENSILE_COORDINATOR".into(), coordinator.into()));
             if !self.gpu {
                 env.push(planner_env(self.scale, self.time_scale));
             }
         } else {
             env.push(("TENSILE_LOG".into(), "warn".into()));
         }
-        if !self.gpu {
-            env.extend(simulator_env(
-                self.scaled_budget,
-                self.scale,
-                self.time_scale,
-            ));
+        match &self.card {
+            Some(card) => {
+                if !card.limited {
+                    env.retain(|(k, _)| k != "TENSILE_DEVICE_MEMORY");
+                }
+                if let Some(p) = &card.priority {
+                    env.push(("TENSILE_PRIORITY".into(), p.clone()));
+                }
+                env.push(("TENSILE_SIM_CARD".into(), card.name.clone()));
+                env.extend(simulator_env(card.capacity, self.scale, self.time_scale));
+            }
+            None if !self.gpu => {
+                env.extend(simulator_env(
+                    self.scaled_budget,
+                    self.scale,
+                    self.time_scale,
+                ));
+            }
+            None => {}
         }
         let full_trace = self.work.path.join(format!("{name}.trace"));
         let full = run_player(
@@ -668,12 +749,18 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let cost = CostModel::default();
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
-    let budget = parse_size(&args.budget, Some(peak)).map_err(|e| format!("--budget {e}"))?;
+    let card = shared_card(&args, &policies)?;
+    let budget = match (&args.budget, &card) {
+        (Some(b), _) => parse_size(b, Some(peak)).map_err(|e| format!("--budget {e}"))?,
+        // The job alone on the shared card: what the prediction is made for.
+        (None, Some(card)) => card.capacity * scale,
+        (None, None) => parse_size(DEFAULT_BUDGET, Some(peak)).expect("the default parses"),
+    };
     if let Some(allowance) = host_memory_allowance()? {
         let whole_peak = script::peak_live_bytes(&trace, 1, 1);
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
     }
-    let gpu = !args.simulated && real_gpu(&pieces);
+    let gpu = !args.simulated && card.is_none() && real_gpu(&pieces);
     let scaled_budget = budget.div_ceil(scale);
     let scaling = Scaling {
         size_divisor: scale,
@@ -726,9 +813,15 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         iterations: args.iterations,
         scaled_budget,
         base_env,
+        card,
     };
 
-    let (native_step_ns, native) = session.native(&trace)?;
+    let (native_step_ns, native) = if session.card.is_some() {
+        eprintln!("tensile rerun: --card: no native run");
+        (0, Value::Null)
+    } else {
+        session.native(&trace)?
+    };
     let runs = predict(&analysis, &policies, budget, scale, &cost)
         .into_iter()
         .map(|(policy, predicted)| session.managed(policy, predicted))
@@ -823,15 +916,23 @@ fn human(
         args.time_scale,
         args.scale.unwrap_or(1)
     );
-    let _ = writeln!(
-        out,
-        "native     step {} (median, trace time); recorded compute {} per iteration ({:+.1}%); \
-         {} stamps checked",
-        ms(native_step_ns),
-        ms(compute),
-        (native_step_ns as f64 / compute.max(1) as f64 - 1.0) * 100.0,
-        native["stamps_checked"].as_u64().unwrap_or(0)
-    );
+    if let Some(card) = &args.card {
+        let _ = writeln!(
+            out,
+            "native     not run (--card {card}); recorded compute {} per iteration",
+            ms(compute)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "native     step {} (median, trace time); recorded compute {} per iteration \
+             ({:+.1}%); {} stamps checked",
+            ms(native_step_ns),
+            ms(compute),
+            (native_step_ns as f64 / compute.max(1) as f64 - 1.0) * 100.0,
+            native["stamps_checked"].as_u64().unwrap_or(0)
+        );
+    }
     let _ = writeln!(
         out,
         "budget     {} ({:.1}% of the steady state's peak {})",
