@@ -1388,7 +1388,7 @@ fn a_shrink_gives_device_memory_back_to_the_driver_and_loses_no_byte() {
     mm.set_budget(3 * PAGE).unwrap();
     let held = mm.device_bytes_held();
     assert_eq!(held % (4 * PAGE), 0);
-    assert!(held < 8 * PAGE && held >= 4 * PAGE, "{held}");
+    assert!((4 * PAGE..8 * PAGE).contains(&held), "{held}");
     assert_eq!(fake.device_bytes().0, held);
     for (i, &p) in ptrs.iter().enumerate() {
         assert_eq!(
