@@ -149,8 +149,9 @@ pub struct Standing {
 
 /// The grants to give now, on the way from the current ones to the targets: every shrink at
 /// once; a raise only into memory no other job holds or is granted (each job counts for the
-/// larger of its grant and what it holds) or that the job holds itself, most important jobs
-/// first. If the jobs together
+/// larger of its grant and what it holds), most important jobs first. A job that holds more
+/// than it is granted (one that started on the card's free memory before its first grant)
+/// shrinks like the others; an access it cannot fit meanwhile waits for its grant to grow. If the jobs together
 /// hold no more than `available`, neither do the grants returned (with what is held).
 pub fn settle(available: u64, jobs: &[Standing]) -> Vec<u64> {
     let mut grants: Vec<u64> = jobs.iter().map(|j| j.target.min(j.granted)).collect();
@@ -163,8 +164,7 @@ pub fn settle(available: u64, jobs: &[Standing]) -> Vec<u64> {
             .filter(|&k| k != j)
             .map(|k| grants[k].max(jobs[k].held))
             .sum();
-        // What the job holds already is no new promise.
-        let room = available.saturating_sub(others).max(jobs[j].held);
+        let room = available.saturating_sub(others);
         grants[j] = jobs[j].target.min(room).max(jobs[j].granted);
     }
     grants

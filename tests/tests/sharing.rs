@@ -1,0 +1,242 @@
+//! Several jobs on one simulated card, through `LD_PRELOAD`: reruns of the shared PyTorch
+//! traces that name the same card (`tensile rerun --card`) compete for its memory, and the
+//! coordinator they start divides it. Every stamp must verify (nothing lost or stale under
+//! swapping and grants that move), the grants must never add up to more than the card, and a
+//! job killed while holding memory must give its grant back within a second.
+//!
+//! Each test uses a card and coordinator name of its own and stops the coordinator it caused.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tensile_protocol::{JobSnapshot, SegmentView};
+use tensile_tests::harness::artifacts;
+
+/// The card: about half of what the three reduced traces need together, so every job swaps.
+const CARD: &str = "160MiB";
+/// The share of the card the coordinator keeps back (its default `--reserve`).
+const RESERVE_PERCENT: u64 = 5;
+
+fn shared(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../analyzer/tests/data/{name}.trace.gz"))
+}
+
+/// A reduced rerun of `trace` on card `card`: sizes / 64, recorded times x 0.05.
+fn job(trace: &str, card: &str, iterations: u32) -> Child {
+    Command::new(&artifacts().tensile)
+        .arg("rerun")
+        .arg(shared(trace))
+        .args(["--simulated", "--json", "--policy", "plan"])
+        .args(["--iterations", &iterations.to_string()])
+        .args(["--scale", "64", "--time-scale", "0.05"])
+        .args(["--card", card, "--card-memory", CARD])
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting tensile rerun")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "--- status {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn unique_name(test: &str) -> String {
+    format!("t{}-{test}", std::process::id())
+}
+
+fn live_jobs(name: &str) -> Vec<JobSnapshot> {
+    SegmentView::open(name)
+        .map(|v| v.jobs().into_iter().filter(|j| j.live).collect())
+        .unwrap_or_default()
+}
+
+/// Stops the coordinator of `name` (if one runs) and waits for it to go.
+fn stop_coordinator(name: &str) {
+    let Ok(view) = SegmentView::open(name) else {
+        return;
+    };
+    let c = view.coordinator();
+    if !c.running {
+        return;
+    }
+    // SAFETY: plain kill(2) on a pid read from our own segment.
+    unsafe { libc::kill(c.process.pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while SegmentView::open(name).is_ok_and(|v| v.coordinator().running)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What a watcher of the segment saw while jobs ran.
+#[derive(Debug, Default)]
+struct Watched {
+    samples: u64,
+    most_jobs: usize,
+    /// Samples where the grants added up to more than the card less the reserve.
+    over: Vec<String>,
+    /// Whether some job was ever granted less than the whole card (memory was divided).
+    divided: bool,
+}
+
+/// Reads the segment every 2 ms until `stop`.
+fn watch(name: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Watched> {
+    std::thread::spawn(move || {
+        let mut w = Watched::default();
+        while !stop.load(Ordering::Relaxed) {
+            let jobs = live_jobs(&name);
+            let card = jobs.iter().map(|j| j.card_bytes).max().unwrap_or(0);
+            if card > 0 {
+                w.samples += 1;
+                w.most_jobs = w.most_jobs.max(jobs.len());
+                let available = card - card * RESERVE_PERCENT / 100;
+                let granted: u64 = jobs.iter().map(|j| j.grant_bytes).sum();
+                if granted > available + (1 << 20) {
+                    w.over.push(format!(
+                        "{granted} granted of {available}: {:?}",
+                        jobs.iter()
+                            .map(|j| (j.process.pid, j.grant_bytes, j.resident_bytes))
+                            .collect::<Vec<_>>()
+                    ));
+                }
+                w.divided |= jobs
+                    .iter()
+                    .any(|j| j.grant_bytes > 0 && j.grant_bytes < available * 9 / 10);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        w
+    })
+}
+
+#[test]
+fn three_jobs_share_one_card_with_every_stamp_verified_and_never_more_granted_than_it_has() {
+    let name = unique_name("three");
+    let stop = Arc::new(AtomicBool::new(false));
+    let watcher = watch(name.clone(), stop.clone());
+    let jobs: Vec<(&str, Child)> = ["mlp", "resnet50", "bert"]
+        .into_iter()
+        .map(|t| (t, job(t, &name, 2)))
+        .collect();
+    let outs: Vec<(&str, Output)> = jobs
+        .into_iter()
+        .map(|(t, c)| (t, c.wait_with_output().expect("waiting for a rerun")))
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    let watched = watcher.join().expect("the watcher");
+    let log = std::fs::read_to_string(std::env::temp_dir().join(format!(
+        "tensile-coordinator-{}-{name}.log",
+        // SAFETY: getuid cannot fail.
+        unsafe { libc::getuid() }
+    )))
+    .unwrap_or_default();
+    stop_coordinator(&name);
+
+    for (trace, out) in &outs {
+        assert!(out.status.success(), "{trace}:\n{}", text(out));
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{trace}: not JSON ({e}):\n{}", text(out)));
+        let run = &doc["runs"][0];
+        assert_eq!(
+            run["verified"],
+            Value::Bool(true),
+            "{trace}:\n{}",
+            text(out)
+        );
+        assert!(run["stamps_checked"].as_u64().unwrap_or(0) > 0, "{trace}");
+    }
+    assert!(
+        watched.most_jobs >= 2,
+        "the jobs never ran at the same time: {watched:?}"
+    );
+    assert!(
+        watched.divided,
+        "no job was ever granted less than the card: {watched:?}\n{log}"
+    );
+    assert!(
+        watched.over.is_empty(),
+        "grants exceeded the card in {} of {} samples, first: {}",
+        watched.over.len(),
+        watched.samples,
+        watched.over[0]
+    );
+    assert!(log.contains("grants of a "), "{log}");
+}
+
+#[test]
+fn a_job_killed_while_holding_memory_gives_its_grant_back_within_a_second() {
+    let name = unique_name("killed");
+    let survivor = job("resnet50", &name, 4);
+    let victim = job("bert", &name, 4);
+    let victim_rerun = victim.id();
+    // Wait until both players hold grants, then kill the victim's player (the rerun's child:
+    // its script lies in the rerun's own scratch directory).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (victim_pid, survivor_pid) = loop {
+        let jobs = live_jobs(&name);
+        let mine = |j: &&JobSnapshot| {
+            j.command_line
+                .contains(&format!("tensile-rerun-{victim_rerun}/"))
+        };
+        let v = jobs.iter().find(mine);
+        let s = jobs.iter().find(|j| !mine(j));
+        if let (Some(v), Some(s)) = (v, s) {
+            if v.grant_bytes > 0 && v.resident_bytes > 0 && s.grant_bytes > 0 {
+                break (v.process.pid, s.process.pid);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "two jobs never held grants: {jobs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let card = live_jobs(&name)
+        .iter()
+        .map(|j| j.card_bytes)
+        .max()
+        .unwrap_or(0);
+    let available = card - card * RESERVE_PERCENT / 100;
+    // SAFETY: plain kill(2) of a player this test started (through its rerun).
+    unsafe { libc::kill(victim_pid as i32, libc::SIGKILL) };
+    let killed = Instant::now();
+    let returned = loop {
+        let jobs = live_jobs(&name);
+        let survivor_grant = jobs
+            .iter()
+            .find(|j| j.process.pid == survivor_pid)
+            .map_or(0, |j| j.grant_bytes);
+        if !jobs.iter().any(|j| j.process.pid == victim_pid)
+            && survivor_grant + (1 << 20) >= available
+        {
+            break killed.elapsed();
+        }
+        if killed.elapsed() > Duration::from_secs(5) {
+            break killed.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let survivor_out = survivor
+        .wait_with_output()
+        .expect("waiting for the survivor");
+    let _ = victim.wait_with_output();
+    stop_coordinator(&name);
+    assert!(
+        returned < Duration::from_secs(1),
+        "the killed job's grant came back after {returned:?}"
+    );
+    assert!(survivor_out.status.success(), "{}", text(&survivor_out));
+    let doc: Value = serde_json::from_slice(&survivor_out.stdout).expect("JSON");
+    assert_eq!(doc["runs"][0]["verified"], Value::Bool(true));
+}
