@@ -44,6 +44,7 @@ use crate::iteration::{allocated_before_ops, detect, Iterations};
 use crate::model::{OpKind, SourceFormat};
 use crate::plan::plan;
 use crate::search::{improve, SearchOptions};
+use crate::sim::{simulate, Policy, SimOptions};
 
 /// Launches before the first detection attempt (and after a relearn).
 const FIRST_ATTEMPT_LAUNCHES: u64 = 64;
@@ -149,6 +150,11 @@ pub struct Learner {
     last_cost: Option<PollCost>,
     /// Ops per iteration of the last detection (window trimming).
     period_ops: Option<usize>,
+    /// The iteration last planned, for [`Learner::predict_step`].
+    last_cycle: Option<Cycle>,
+    /// Bumped each time an iteration is found anew (a prediction made for an earlier one is
+    /// stale).
+    cycle_generation: u64,
 }
 
 impl Learner {
@@ -165,6 +171,8 @@ impl Learner {
             next_version: 1,
             last_cost: None,
             period_ops: None,
+            last_cycle: None,
+            cycle_generation: 0,
         }
     }
 
@@ -224,6 +232,8 @@ impl Learner {
         let detected = started.elapsed();
         self.period_ops = Some(iters.period);
         let result = self.plan_cycle(&cycle);
+        self.last_cycle = Some(cycle.clone());
+        self.cycle_generation += 1;
         self.last_cost = Some(PollCost {
             detect: detected,
             plan: started.elapsed() - detected,
@@ -259,6 +269,35 @@ impl Learner {
                 None
             }
         }
+    }
+
+    /// The step the last iteration found would take at a budget of `budget_bytes`, ns, with
+    /// a plan made for that budget by the planner alone (no local search) and simulated; `None`
+    /// before an iteration is known, or where no plan runs within the budget. A coordinator
+    /// weighs one job's memory against another's with it; a few to tens of milliseconds.
+    pub fn predict_step(&self, budget_bytes: u64) -> Option<u64> {
+        let cycle = self.last_cycle.as_ref()?;
+        let cost = &self.options.cost;
+        cycle
+            .plan_budgets(budget_bytes)
+            .into_iter()
+            .find_map(|budget| {
+                let planned = plan(cycle, &budget, cost).ok()?;
+                simulate(
+                    cycle,
+                    Policy::Plan(&planned),
+                    budget,
+                    cost,
+                    SimOptions::default(),
+                )
+                .ok()
+                .map(|r| r.step_ns)
+            })
+    }
+
+    /// Which iteration [`Learner::predict_step`] answers for: bumped each time one is found.
+    pub fn cycle_generation(&self) -> u64 {
+        self.cycle_generation
     }
 
     /// Where the learner stands.

@@ -6,7 +6,12 @@
 //!    launch needs resident at once; a job below it cannot run a step), high-priority jobs
 //!    before normal ones before low ones, and within a priority the earliest joined first.
 //!    What remains goes to each priority in turn, up to each job's *need* (the bytes it would
-//!    keep resident if it could, its footprint), shared max-min fairly within a priority. What
+//!    keep resident if it could, its footprint). Within a priority, where every job's planner
+//!    has predicted its step at several budgets (its *curve*), memory goes where it shortens
+//!    the steps most: chunk by chunk to the job whose slowdown (its step over its step at its
+//!    need) drops most per byte, so a job that hides its copies behind long kernels gives way
+//!    to one that stalls on them (the sum of the slowdowns is what is made small). Without
+//!    curves, and for what no curve says helps, the priority's jobs share max-min fairly. What
 //!    is still left after every need is met is shared the same way up to each job's *limit*
 //!    (its own budget, `TENSILE_DEVICE_MEMORY`, or the card), so that a job that grows has
 //!    room at once and a job alone has the whole card. So a high job keeps its working set,
@@ -23,7 +28,7 @@
 use tensile_protocol::Priority;
 
 /// What the coordinator knows of one job's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
     /// The most it may be granted (its own budget; the card when it set none).
     pub limit: u64,
@@ -32,6 +37,9 @@ pub struct Claim {
     /// What it would keep resident if it could (its footprint).
     pub need: u64,
     pub priority: Priority,
+    /// The job's predicted step (ns) at budgets (bytes), ascending by budget, the last at or
+    /// near its need; empty while not known.
+    pub curve: Vec<(u64, u64)>,
 }
 
 /// The targets [`divide`] decides.
@@ -77,9 +85,12 @@ pub fn divide(available: u64, claims: &[Claim]) -> Division {
             left -= give;
         }
     }
-    // Needs, one priority at a time.
+    // Needs, one priority at a time: by the curves where every job has one, then max-min.
     for p in Priority::ALL {
         let members: Vec<usize> = by_priority(p).collect();
+        if members.len() > 1 && members.iter().all(|&j| claims[j].curve.len() >= 2) {
+            left -= fill_by_curves(&mut targets, &members, &needs, claims, left);
+        }
         left -= fill(&mut targets, &members, &needs, left);
     }
     // Room to grow, for everyone alike.
@@ -135,6 +146,67 @@ fn fill(targets: &mut [u64], members: &[usize], caps: &[u64], budget: u64) -> u6
     spent
 }
 
+/// How many chunks [`fill_by_curves`] hands out the memory it has in.
+const CURVE_CHUNKS: u64 = 256;
+
+/// A job's slowdown at `bytes` by its curve: its step there (linear between the points and
+/// below them, flat above them) over its step at the last point.
+fn slowdown(curve: &[(u64, u64)], bytes: u64) -> f64 {
+    let (Some(&(first_bytes, first_step)), Some(&(_, last_step))) = (curve.first(), curve.last())
+    else {
+        return 1.0;
+    };
+    let last = last_step.max(1) as f64;
+    if bytes <= first_bytes {
+        // Below the points, the first stretch's slope goes on.
+        let slope = curve.get(1).map_or(0.0, |&(b1, s1)| {
+            (first_step as f64 - s1 as f64) / (b1 - first_bytes).max(1) as f64
+        });
+        return (first_step as f64 + slope.max(0.0) * (first_bytes - bytes) as f64) / last;
+    }
+    let step = match curve.iter().position(|&(b, _)| b >= bytes) {
+        None => last,
+        Some(i) => {
+            let ((b0, s0), (b1, s1)) = (curve[i - 1], curve[i]);
+            let t = (bytes - b0) as f64 / (b1 - b0).max(1) as f64;
+            s0 as f64 + (s1 as f64 - s0 as f64) * t
+        }
+    };
+    step / last
+}
+
+/// Raises `targets[j]` towards `caps[j]` chunk by chunk, each chunk to the job whose slowdown
+/// it shortens most, while some chunk shortens one; returns what it spent (at most
+/// `budget`). The rest is the caller's to share otherwise.
+fn fill_by_curves(
+    targets: &mut [u64],
+    members: &[usize],
+    caps: &[u64],
+    claims: &[Claim],
+    budget: u64,
+) -> u64 {
+    let chunk = (budget / CURVE_CHUNKS).max(1);
+    let mut spent = 0;
+    while spent < budget {
+        let best = members
+            .iter()
+            .copied()
+            .filter(|&j| targets[j] < caps[j])
+            .map(|j| {
+                let give = chunk.min(caps[j] - targets[j]).min(budget - spent);
+                let curve = &claims[j].curve;
+                let gain = slowdown(curve, targets[j]) - slowdown(curve, targets[j] + give);
+                (j, give, gain / give as f64)
+            })
+            .filter(|&(_, _, per_byte)| per_byte > 0.0)
+            .max_by(|a, b| a.2.total_cmp(&b.2));
+        let Some((j, give, _)) = best else { break };
+        targets[j] += give;
+        spent += give;
+    }
+    spent
+}
+
 /// One job's current standing, for [`settle`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Standing {
@@ -182,6 +254,7 @@ mod tests {
             floor,
             need,
             priority,
+            curve: Vec::new(),
         }
     }
 
@@ -297,6 +370,39 @@ mod tests {
                 assert!(*t <= c.limit.min(available));
             }
         }
+    }
+
+    #[test]
+    fn with_curves_memory_goes_where_it_shortens_the_steps_most() {
+        // A hides its copies behind long kernels (10% slower at a third of its need); B
+        // stalls on them (three times slower at a third). Max-min would give each 5 GiB.
+        let a = Claim {
+            curve: vec![(2 * G, 110), (4 * G, 104), (6 * G, 100)],
+            ..claim(6 * G, G, Priority::Normal)
+        };
+        let b = Claim {
+            curve: vec![(2 * G, 300), (4 * G, 180), (6 * G, 100)],
+            ..claim(6 * G, G, Priority::Normal)
+        };
+        let d = divide(10 * G, &[a.clone(), b.clone()]);
+        assert_eq!(d.targets[1], 6 * G, "B gets its need: {:?}", d.targets);
+        assert_eq!(d.targets[0], 4 * G);
+        // Without B's curve, max-min again.
+        let unknown = Claim {
+            curve: Vec::new(),
+            ..b
+        };
+        assert_eq!(divide(10 * G, &[a, unknown]).targets, vec![5 * G, 5 * G]);
+    }
+
+    #[test]
+    fn the_slowdown_interpolates_between_the_points_extends_below_and_is_flat_above() {
+        let curve = [(2 * G, 300), (4 * G, 200), (6 * G, 100)];
+        assert_eq!(slowdown(&curve, G), 3.5);
+        assert_eq!(slowdown(&curve, 2 * G), 3.0);
+        assert_eq!(slowdown(&curve, 3 * G), 2.5);
+        assert_eq!(slowdown(&curve, 6 * G), 1.0);
+        assert_eq!(slowdown(&curve, 9 * G), 1.0);
     }
 
     #[test]

@@ -225,9 +225,40 @@ struct Job {
     /// Its footprint as read at each tick over the last [`NEED_WINDOW`]: a job's need is
     /// the largest, since its footprint rises and falls within every iteration.
     needs: std::collections::VecDeque<(Instant, u64)>,
+    /// Its planner's predicted step at fractions of its need (see [`grants::Claim::curve`]),
+    /// filled a point at a time while the card is short.
+    curve: Vec<(u64, u64)>,
+    /// The iteration and the need the curve was made for.
+    curve_for: (u64, u64),
 }
 
+/// Points of a job's curve: its step predicted at 1/N, 2/N, ... of its need.
+const CURVE_POINTS: u64 = 8;
+
 impl Job {
+    /// Computes the next point of the job's curve (a plan and a simulation: milliseconds);
+    /// starts over when the job's iteration or need moved. Returns whether it computed one.
+    fn extend_curve(&mut self, need: u64) -> bool {
+        let generation = self.planner.cycle_generation();
+        let (g, n) = self.curve_for;
+        if g != generation || need.abs_diff(n) > n / 8 {
+            self.curve.clear();
+            self.curve_for = (generation, need);
+        }
+        let k = self.curve.len() as u64 + 1;
+        if generation == 0 || k > CURVE_POINTS {
+            return false;
+        }
+        let bytes = self.curve_for.1 * k / CURVE_POINTS;
+        match self.planner.predict_step(bytes) {
+            Some(step) => self.curve.push((bytes, step)),
+            // No plan runs there: as slow as the slowest point known, so no memory is given
+            // for nothing; the next point is tried at the next tick.
+            None => self.curve.push((bytes, u64::MAX / 4)),
+        }
+        true
+    }
+
     /// Records the footprint read `now` and returns the job's need: the largest footprint
     /// of the window.
     fn need(&mut self, now: Instant, footprint: u64) -> u64 {
@@ -374,6 +405,8 @@ impl Coordinator {
                         floor: FloorTracker::default(),
                         admission: Admission::Admitted,
                         needs: std::collections::VecDeque::new(),
+                        curve: Vec::new(),
+                        curve_for: (0, 0),
                     },
                 );
             }
@@ -485,6 +518,19 @@ impl Coordinator {
                     job.need(now, live[s].demand_bytes)
                 })
                 .collect();
+            // While the card is short, one more point of one job's curve per tick (each is a
+            // plan and a simulation), the job with the fewest first.
+            if needs.iter().sum::<u64>() > available {
+                let fewest = order
+                    .iter()
+                    .zip(&needs)
+                    .filter(|(s, _)| self.jobs[s].curve.len() < CURVE_POINTS as usize)
+                    .min_by_key(|(s, _)| self.jobs[s].curve.len());
+                if let Some((s, &need)) = fewest {
+                    let job = self.jobs.get_mut(s).expect("ordered from the jobs");
+                    job.extend_curve(need);
+                }
+            }
             let claims: Vec<Claim> = order
                 .iter()
                 .zip(&needs)
@@ -499,6 +545,7 @@ impl Coordinator {
                         floor: self.jobs[s].floor.floor(),
                         need,
                         priority: snap.priority.unwrap_or_default(),
+                        curve: self.jobs[s].curve.clone(),
                     }
                 })
                 .collect();

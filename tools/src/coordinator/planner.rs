@@ -32,6 +32,16 @@ pub trait JobPlanner: Send {
     fn failures(&self) -> u64 {
         0
     }
+    /// The job's step at a budget of `bytes`, ns, as its planner predicts it (`None`: not
+    /// known yet). The coordinator divides memory by these.
+    fn predict_step(&mut self, _bytes: u64) -> Option<u64> {
+        None
+    }
+    /// Which iteration [`Self::predict_step`] answers for; a new one makes earlier answers
+    /// stale.
+    fn cycle_generation(&self) -> u64 {
+        0
+    }
 }
 
 /// The analyzer's online learner as a job's planner: the same learning and planning a job runs
@@ -91,6 +101,14 @@ impl JobPlanner for LearnerPlanner {
 
     fn failures(&self) -> u64 {
         self.failures
+    }
+
+    fn predict_step(&mut self, bytes: u64) -> Option<u64> {
+        self.guarded(|l| l.predict_step(bytes))
+    }
+
+    fn cycle_generation(&self) -> u64 {
+        self.learner.cycle_generation()
     }
 
     fn state(&self) -> PlannerState {
