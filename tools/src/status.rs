@@ -209,6 +209,43 @@ mod tests {
     }
 
     #[test]
+    fn jobs_show_their_priority_grant_needs_and_floor_and_the_card_its_total() {
+        use tensile_protocol::{Admission, CoordinatorSegment, Geometry, JobClient, JobOptions};
+        let name = format!("test-status-{}", std::process::id());
+        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
+        let job = JobClient::join(
+            &name,
+            &JobOptions {
+                priority: tensile_protocol::Priority::High,
+                command_line: "train.py".into(),
+                ..JobOptions::default()
+            },
+        )
+        .unwrap();
+        job.set_card_bytes(80 << 30);
+        job.set_memory(6 << 30, 9 << 30);
+        segment.set_grant(job.slot_index(), 7 << 30);
+        segment.set_admission(job.slot_index(), Admission::Short, 12 << 30, 10 << 30);
+        let text = render(Some(&name)).unwrap();
+        assert!(
+            text.contains("card 80.00 GiB: 7.00 GiB granted, 6.00 GiB held by the jobs"),
+            "{text}"
+        );
+        let row = text.lines().find(|l| l.contains("train.py")).unwrap();
+        for cell in [
+            "high",
+            "card",
+            "7.00 GiB",
+            "6.00 GiB",
+            "9.00 GiB",
+            "12.00 GiB SHORT (at most 10.00 GiB)",
+        ] {
+            assert!(row.contains(cell), "{cell:?} not in {row:?}");
+        }
+        job.leave();
+    }
+
+    #[test]
     fn a_named_coordinator_that_is_not_running_is_one_line() {
         let err = render(Some("surely-not-running-here")).unwrap_err();
         assert_eq!(
