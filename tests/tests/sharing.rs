@@ -1,8 +1,9 @@
 //! Several jobs on one simulated card, through `LD_PRELOAD`: reruns of the shared PyTorch
 //! traces that name the same card (`tensile rerun --card`) compete for its memory, and the
 //! coordinator they start divides it. Every stamp must verify (nothing lost or stale under
-//! swapping and grants that move), the grants must never add up to more than the card, and a
-//! job killed while holding memory must give its grant back within a second.
+//! swapping and grants that move), the grants must never add up to more than the card, a job
+//! killed while holding memory must give its grant back within a second, and a coordinator
+//! killed mid-run is replaced by one that grants the jobs again.
 //!
 //! Each test uses a card and coordinator name of its own and stops the coordinator it caused.
 
@@ -239,4 +240,64 @@ fn a_job_killed_while_holding_memory_gives_its_grant_back_within_a_second() {
     assert!(survivor_out.status.success(), "{}", text(&survivor_out));
     let doc: Value = serde_json::from_slice(&survivor_out.stdout).expect("JSON");
     assert_eq!(doc["runs"][0]["verified"], Value::Bool(true));
+}
+
+#[test]
+fn a_coordinator_killed_mid_run_is_replaced_and_the_jobs_grants_are_rebuilt() {
+    let name = unique_name("restart");
+    let jobs = [job("resnet50", &name, 4), job("bert", &name, 4)];
+    let both_granted = |deadline: Duration| {
+        let end = Instant::now() + deadline;
+        loop {
+            let live = live_jobs(&name);
+            if live.len() == 2 && live.iter().all(|j| j.grant_bytes > 0 && j.card_bytes > 0) {
+                return Some(live);
+            }
+            if Instant::now() > end {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let before = both_granted(Duration::from_secs(60)).expect("two jobs never held grants");
+    let first = SegmentView::open(&name).unwrap().coordinator().process.pid;
+    // SAFETY: plain kill(2) of the coordinator our jobs started.
+    unsafe { libc::kill(first as i32, libc::SIGKILL) };
+    // The jobs rejoin (every second) a coordinator one of them starts; it grants again.
+    let end = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        let view = SegmentView::open(&name);
+        let replaced = view.as_ref().is_ok_and(|v| {
+            let c = v.coordinator();
+            c.running && c.process.pid != first
+        });
+        if replaced {
+            if let Some(live) = both_granted(Duration::from_millis(1)) {
+                break live;
+            }
+        }
+        assert!(
+            Instant::now() < end,
+            "no new coordinator granted both jobs within 10 s (before: {before:?})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let card = after.iter().map(|j| j.card_bytes).max().unwrap_or(0);
+    let granted: u64 = after.iter().map(|j| j.grant_bytes).sum();
+    assert!(granted <= card, "{granted} granted of a {card}-byte card");
+    let outs: Vec<Output> = jobs
+        .into_iter()
+        .map(|c| c.wait_with_output().expect("waiting for a rerun"))
+        .collect();
+    stop_coordinator(&name);
+    for out in &outs {
+        assert!(out.status.success(), "{}", text(out));
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(
+            doc["runs"][0]["verified"],
+            Value::Bool(true),
+            "{}",
+            text(out)
+        );
+    }
 }
