@@ -188,6 +188,14 @@ impl CoordinatorSegment {
             .store(bytes, Ordering::Relaxed);
     }
 
+    /// Asks the job in `slot` to hold its launches (`true`) or to run.
+    pub fn set_paused(&self, slot: u32, paused: bool) {
+        self.segment
+            .slot(slot)
+            .paused
+            .store(u32::from(paused), Ordering::Relaxed);
+    }
+
     /// Writes the verdict on the floor of the job in `slot` (see [`crate::Admission`]).
     pub fn set_admission(
         &self,

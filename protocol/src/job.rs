@@ -233,6 +233,12 @@ impl JobClient {
         })
     }
 
+    /// Whether the coordinator asks the job to hold its launches (another job has the card
+    /// for its turn).
+    pub fn paused(&self) -> bool {
+        self.slot_ref().paused.load(Ordering::Relaxed) != 0
+    }
+
     /// Launches seen so far.
     pub fn set_launches(&self, launches: u64) {
         self.slot_ref().launches.store(launches, Ordering::Relaxed);

@@ -223,7 +223,11 @@ pub(crate) struct JobSlot {
     /// Coordinator: the most it could grant the job with every other job at its own floor
     /// (what [`Admission::Short`] compares the floor with).
     pub grantable_bytes: AtomicU64,
-    _reserved: [AtomicU64; (SLOT_BYTES - 672) / 8],
+    /// Coordinator: 1 while the job is to hold its launches (its turn on the card will come),
+    /// 0 to run. Offset 672.
+    pub paused: AtomicU32,
+    _pad4: AtomicU32,
+    _reserved: [AtomicU64; (SLOT_BYTES - 680) / 8],
 }
 
 const _: () = assert!(std::mem::size_of::<JobSlot>() == SLOT_BYTES);
@@ -232,6 +236,7 @@ const _: () = assert!(std::mem::offset_of!(JobSlot, ring_tail) == 256);
 const _: () = assert!(std::mem::offset_of!(JobSlot, command_generation) == 320);
 const _: () = assert!(std::mem::offset_of!(JobSlot, command_line) == 384);
 const _: () = assert!(std::mem::offset_of!(JobSlot, priority) == 640);
+const _: () = assert!(std::mem::offset_of!(JobSlot, paused) == 672);
 
 /// A slot as read at one moment (fields may come from neighbouring updates).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,6 +276,8 @@ pub struct JobSnapshot {
     pub card_bytes: u64,
     pub floor_bytes: u64,
     pub grantable_bytes: u64,
+    /// The coordinator holds the job's launches (time-sharing the card).
+    pub paused: bool,
 }
 
 /// What a job reports about its last step, written into its slot.
@@ -327,6 +334,7 @@ impl JobSlot {
             card_bytes: r(&self.card_bytes),
             floor_bytes: r(&self.floor_bytes),
             grantable_bytes: r(&self.grantable_bytes),
+            paused: self.paused.load(Ordering::Relaxed) != 0,
         })
     }
 
@@ -424,6 +432,7 @@ impl JobSlot {
             z(a);
         }
         self.priority.store(priority.to_word(), Ordering::Relaxed);
+        self.paused.store(0, Ordering::Relaxed);
         self.admission
             .store(Admission::Admitted.to_word(), Ordering::Relaxed);
         self.plan_version.store(0, Ordering::Relaxed);

@@ -20,6 +20,8 @@ use tensile_protocol::{Admission, Command as Order, CommandRead, ExecPlan, JobCl
 use tensile_protocol::{PlanState, Priority, SegmentError, StepCounters};
 use tensile_trace::Record;
 
+use tensile_protocol::process::monotonic_ns;
+
 use crate::config::PlanBandwidths;
 use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
@@ -250,11 +252,23 @@ impl PlanSource for CoordinatorSource {
             self.client = None;
         }
         let Some(client) = &mut self.client else {
+            crate::turns::release();
             self.rejoin_if_due();
             return None;
         };
         client.flush();
         client.heartbeat();
+        // Renewed every poll while the coordinator keeps the job paused; it runs out by
+        // itself if this thread or the coordinator stops.
+        if client.paused() {
+            if !crate::turns::held() {
+                tracing::info!("tensile: paused by the coordinator: another job has the card");
+            }
+            crate::turns::hold_until(monotonic_ns() + crate::turns::LEASE.as_nanos() as u64);
+        } else if crate::turns::held() {
+            tracing::info!("tensile: the coordinator gives this job its turn on the card");
+            crate::turns::release();
+        }
         match client.poll_command() {
             CommandRead::New(Ok(Order::Plan(plan))) => {
                 tracing::info!("{}, from the coordinator", crate::planning::learned(&plan));

@@ -37,5 +37,6 @@ pub mod runtime;
 pub mod syms;
 pub mod timing;
 pub mod tracker;
+pub mod turns;
 
 pub use syms::{entry, pfn, Sym};

@@ -170,10 +170,15 @@ fn segment_report(name: &str, view: &SegmentView) -> String {
 }
 
 fn plan_column(j: &JobSnapshot) -> String {
-    match j.plan_state {
+    let plan = match j.plan_state {
         Some(PlanState::Learning) if j.plan_version == 0 => "learning".into(),
         Some(state) => format!("v{} {}", j.plan_version, state.name()),
         None => "?".into(),
+    };
+    if j.paused {
+        format!("{plan}, waiting its turn")
+    } else {
+        plan
     }
 }
 

@@ -74,6 +74,8 @@ unsafe fn launch_with<F>(
     extra: *mut *mut c_void,
     forward: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    // Another job has the card for its turn (a shared card short of memory): wait here.
+    crate::turns::wait_for_turn();
     let rt = call.rt;
     let rec = rt.records();
     let t = rt.now_ns();

@@ -146,6 +146,38 @@ fn fill(targets: &mut [u64], members: &[usize], caps: &[u64], budget: u64) -> u6
     spent
 }
 
+/// Which jobs run when the card cannot hold every job's need at once: the others take turns.
+///
+/// Dividing such a card among all the jobs makes every one of them swap most of its working
+/// set every iteration, and their kernels still take turns on the one compute engine: all of
+/// them run many times slower than alone, and together slower than one after another
+/// (docs/sharing.md, measured). So the jobs whose needs fit run, with their needs granted, and
+/// the others hold their launches and keep only their floors until their turn: high-priority
+/// jobs always run; then the others by priority and, within one, the one that has run least
+/// first (`ran`, in any unit), until the next does not fit. At least one job runs. Every job
+/// runs when all fit.
+pub fn turns(available: u64, claims: &[Claim], ran: &[u64]) -> Vec<bool> {
+    let total: u64 = claims.iter().map(|c| c.need.min(c.limit)).sum();
+    if total <= available || claims.len() <= 1 {
+        return vec![true; claims.len()];
+    }
+    let mut order: Vec<usize> = (0..claims.len()).collect();
+    order.sort_by_key(|&j| (claims[j].priority, ran[j], j));
+    let floors: u64 = claims.iter().map(|c| c.floor.min(c.limit)).sum();
+    let mut room = available.saturating_sub(floors);
+    let mut running = vec![false; claims.len()];
+    for j in order {
+        let c = &claims[j];
+        let extra = c.need.min(c.limit).saturating_sub(c.floor);
+        let first = !running.iter().any(|&r| r);
+        if c.priority == Priority::High || first || extra <= room {
+            running[j] = true;
+            room = room.saturating_sub(extra);
+        }
+    }
+    running
+}
+
 /// How many chunks [`fill_by_curves`] hands out the memory it has in.
 const CURVE_CHUNKS: u64 = 256;
 
@@ -403,6 +435,27 @@ mod tests {
         assert_eq!(slowdown(&curve, 3 * G), 2.5);
         assert_eq!(slowdown(&curve, 6 * G), 1.0);
         assert_eq!(slowdown(&curve, 9 * G), 1.0);
+    }
+
+    #[test]
+    fn jobs_that_do_not_fit_together_take_turns_least_run_first_and_high_ones_always_run() {
+        let three = [
+            claim(6 * G, G, Priority::Normal),
+            claim(5 * G, G, Priority::Normal),
+            claim(4 * G, G, Priority::Normal),
+        ];
+        // All fit: all run.
+        assert_eq!(turns(16 * G, &three, &[0, 0, 0]), vec![true; 3]);
+        // 11 GiB: the floors of all, then the needs in turn: 6 fits, 5 does not, 4 does.
+        assert_eq!(turns(11 * G, &three, &[0, 0, 0]), vec![true, false, true]);
+        // The one that ran least goes first.
+        assert_eq!(turns(11 * G, &three, &[5, 0, 9]), vec![false, true, true]);
+        // A job alone that does not fit still runs.
+        assert_eq!(turns(3 * G, &three, &[0, 0, 0]), vec![true, false, false]);
+        // A high job runs whatever it has run.
+        let mut high = three.clone();
+        high[2].priority = Priority::High;
+        assert_eq!(turns(11 * G, &high, &[0, 0, 100]), vec![true, false, true]);
     }
 
     #[test]

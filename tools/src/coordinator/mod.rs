@@ -57,7 +57,15 @@ pub struct CoordinatorArgs {
     /// around the jobs' arenas (cuBLAS and cuDNN workspaces, NCCL buffers, contexts).
     #[arg(long, value_name = "PERCENT", default_value_t = DEFAULT_RESERVE_PERCENT)]
     pub reserve: f64,
+    /// When the jobs' needs do not fit the card together, the ones that fit run and the
+    /// others wait; the jobs change turns after this many seconds (docs/sharing.md).
+    #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TURN.as_secs_f64())]
+    pub turn: f64,
 }
+
+/// Default `--turn`: long against what a change of turns costs (the paused jobs' working
+/// sets go out, the resumed ones' come in).
+pub const DEFAULT_TURN: Duration = Duration::from_secs(10);
 
 /// Default `--reserve`: the same headroom the shim leaves when it sizes a budget alone.
 pub const DEFAULT_RESERVE_PERCENT: f64 = 5.0;
@@ -119,6 +127,12 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             args.reserve
         ));
     }
+    if !(args.turn.is_finite() && args.turn > 0.0) {
+        return Err(format!(
+            "--turn {}: expected a positive number of seconds",
+            args.turn
+        ));
+    }
     let out: Box<dyn std::io::Write + Send> = match &args.log {
         Some(path) => Box::new(
             std::fs::OpenOptions::new()
@@ -170,6 +184,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         }),
     );
     coordinator.reserve_fraction = args.reserve / 100.0;
+    coordinator.turn_length = Duration::from_secs_f64(args.turn);
     let idle_exit = Duration::from_secs_f64(args.idle_exit);
     let path = coordinator.segment.path();
     coordinator.log.line(&format!(
@@ -230,7 +245,22 @@ struct Job {
     curve: Vec<(u64, u64)>,
     /// The iteration and the need the curve was made for.
     curve_for: (u64, u64),
+    /// Whether it holds its launches while others have the card.
+    paused: bool,
+    /// How long it has run while others waited, ns (who goes next).
+    ran_ns: u64,
 }
+
+/// The jobs that have the card while the others wait (see [`grants::turns`]).
+struct Turn {
+    started: Instant,
+    /// The jobs there were when it started, by slot.
+    members: Vec<u32>,
+    running: Vec<u32>,
+}
+
+/// The least a waiting job is granted: one page.
+const MIN_GRANT: u64 = 2 << 20;
 
 /// Points of a job's curve: its step predicted at 1/N, 2/N, ... of its need.
 const CURVE_POINTS: u64 = 8;
@@ -294,6 +324,11 @@ pub struct Coordinator {
     joins: u64,
     /// Fraction of the card never granted.
     reserve_fraction: f64,
+    /// How long a turn lasts when the jobs take turns.
+    turn_length: Duration,
+    turn: Option<Turn>,
+    /// When grants were last decided.
+    last_grant: Option<Instant>,
 }
 
 /// A grant moves only when its target differs from it by more than this fraction of the
@@ -317,6 +352,9 @@ impl Coordinator {
             last_sweep: None,
             joins: 0,
             reserve_fraction: DEFAULT_RESERVE_PERCENT / 100.0,
+            turn_length: DEFAULT_TURN,
+            turn: None,
+            last_grant: None,
         }
     }
 
@@ -407,6 +445,8 @@ impl Coordinator {
                         needs: std::collections::VecDeque::new(),
                         curve: Vec::new(),
                         curve_for: (0, 0),
+                        paused: false,
+                        ran_ns: 0,
                     },
                 );
             }
@@ -549,6 +589,24 @@ impl Coordinator {
                     }
                 })
                 .collect();
+            let running = self.take_turns(now, &order, available, &claims);
+            // A waiting job keeps its floor (at least a page): its turn starts from there.
+            let claims: Vec<Claim> = claims
+                .into_iter()
+                .zip(&running)
+                .map(|(c, &run)| {
+                    if run {
+                        c
+                    } else {
+                        let keep = c.floor.max(MIN_GRANT).min(c.limit);
+                        Claim {
+                            limit: keep,
+                            need: keep,
+                            ..c
+                        }
+                    }
+                })
+                .collect();
             let division = grants::divide(available, &claims);
             let standings: Vec<Standing> = order
                 .iter()
@@ -626,6 +684,93 @@ impl Coordinator {
                 moved.join("; ")
             ));
         }
+    }
+
+    /// Decides which jobs run (see [`grants::turns`]) and tells each job that starts or stops
+    /// waiting. The jobs keep a turn for [`Self::turn_length`], unless jobs come or go or all
+    /// fit again; `order` and `claims` are the jobs by join order.
+    fn take_turns(
+        &mut self,
+        now: Instant,
+        order: &[u32],
+        available: u64,
+        claims: &[Claim],
+    ) -> Vec<bool> {
+        let elapsed = self
+            .last_grant
+            .map_or(0, |t| now.saturating_duration_since(t).as_nanos() as u64);
+        self.last_grant = Some(now);
+        for s in order {
+            let job = self.jobs.get_mut(s).expect("ordered from the jobs");
+            if !job.paused {
+                job.ran_ns += elapsed;
+            }
+        }
+        let ran: Vec<u64> = order.iter().map(|s| self.jobs[s].ran_ns).collect();
+        let fresh = grants::turns(available, claims, &ran);
+        // The turn goes on while it lasts, the same jobs are there, not all of them fit, and
+        // those that run still do (one job alone always does).
+        let still_fits = |t: &Turn| {
+            let held: u64 = order
+                .iter()
+                .zip(claims)
+                .map(|(s, c)| {
+                    let need = if t.running.contains(s) {
+                        c.need
+                    } else {
+                        c.floor
+                    };
+                    need.min(c.limit)
+                })
+                .sum();
+            t.running.len() == 1 || held <= available
+        };
+        let keep = self.turn.as_ref().filter(|t| {
+            t.members == order
+                && now.saturating_duration_since(t.started) < self.turn_length
+                && fresh.iter().any(|&r| !r)
+                && still_fits(t)
+        });
+        let running: Vec<bool> = match keep {
+            Some(t) => order.iter().map(|s| t.running.contains(s)).collect(),
+            None => {
+                self.turn = Some(Turn {
+                    started: now,
+                    members: order.to_vec(),
+                    running: order
+                        .iter()
+                        .zip(&fresh)
+                        .filter(|(_, &r)| r)
+                        .map(|(&s, _)| s)
+                        .collect(),
+                });
+                fresh
+            }
+        };
+        let mut changed = Vec::new();
+        for (s, &run) in order.iter().zip(&running) {
+            let job = self.jobs.get_mut(s).expect("ordered from the jobs");
+            if job.paused == !run {
+                continue;
+            }
+            job.paused = !run;
+            self.segment.set_paused(*s, !run);
+            changed.push(format!(
+                "job {} {}",
+                job.pid,
+                if run { "runs" } else { "waits" }
+            ));
+        }
+        if !changed.is_empty() {
+            let needs: u64 = claims.iter().map(|c| c.need.min(c.limit)).sum();
+            self.log.line(&format!(
+                "turns ({} of needs for {} of card): {}",
+                format_bytes(needs),
+                format_bytes(available),
+                changed.join(", ")
+            ));
+        }
+        running
     }
 
     /// The command lines of the jobs followed, by slot.
@@ -896,8 +1041,9 @@ mod tests {
         assert_eq!(budgets(&mut a), vec![10 * G]);
         a.set_memory(9 * G, 6 * G);
 
-        // A high-priority job needing 7 arrives: the first shrinks at once to what is left;
-        // the newcomer gets only what nobody holds until the first has given memory back.
+        // A high-priority job needing 3 arrives: both fit. The first shrinks at once to its
+        // need; the newcomer gets only what nobody holds until the first has given memory
+        // back, then its need and the gigabyte left over.
         let mut b = JobClient::join(
             &name,
             &JobOptions {
@@ -907,20 +1053,34 @@ mod tests {
         )
         .unwrap();
         b.set_card_bytes(10 * G);
-        b.set_memory(0, 7 * G);
+        b.set_memory(0, 3 * G);
         tick(&mut c, 2);
-        assert_eq!(budgets(&mut a), vec![3 * G]);
+        assert_eq!(budgets(&mut a), vec![6 * G]);
         assert_eq!(budgets(&mut b), vec![G], "only the gigabyte nobody holds");
-        a.set_memory(3 * G, 6 * G);
+        a.set_memory(6 * G, 6 * G);
         tick(&mut c, 3);
-        assert_eq!(budgets(&mut b), vec![7 * G]);
+        assert_eq!(budgets(&mut b), vec![4 * G]);
         assert_eq!(a.grant() + b.grant(), 10 * G);
+        assert!(!a.paused() && !b.paused());
 
-        // The high job leaves: the first gets the card back.
-        b.leave();
+        // The high job grows to 7: the two no longer fit, and the first waits its turn with a
+        // page, its launches held; the high job gets the card as the first gives it back.
+        b.set_memory(4 * G, 7 * G);
         tick(&mut c, 4);
+        assert!(a.paused() && !b.paused());
+        assert_eq!(budgets(&mut a), vec![MIN_GRANT]);
+        assert_eq!(budgets(&mut b), Vec::<u64>::new(), "nothing freed yet");
+        a.set_memory(MIN_GRANT, 6 * G);
+        tick(&mut c, 5);
+        assert_eq!(budgets(&mut b), vec![10 * G - MIN_GRANT]);
+
+        // The high job leaves: the first runs again, with the card.
+        b.leave();
+        tick(&mut c, 6);
+        assert!(!a.paused());
         assert_eq!(budgets(&mut a), vec![10 * G]);
         let log = captured.text();
         assert!(log.contains("grants of a 10.00 GiB card: job"), "{log}");
+        assert!(log.contains(" waits"), "{log}");
     }
 }
