@@ -750,7 +750,7 @@ impl Coordinator {
         let mut changed = Vec::new();
         for (s, &run) in order.iter().zip(&running) {
             let job = self.jobs.get_mut(s).expect("ordered from the jobs");
-            if job.paused == !run {
+            if job.paused != run {
                 continue;
             }
             job.paused = !run;
