@@ -253,6 +253,12 @@ impl MemorySlot {
         self.cell.get().and_then(Option::as_ref)
     }
 
+    /// Whether creation was tried and failed for good (or the policy wants none): no manager
+    /// will ever run.
+    pub fn never(&self) -> bool {
+        matches!(self.cell.get(), Some(None))
+    }
+
     /// The manager, created now if it was not yet and the policy asks for one. `None`: no
     /// manager (policy `off`, creation failed, or no context is current yet: then the next
     /// call tries again).

@@ -112,12 +112,19 @@ pub fn start_for(rt: &'static Runtime) {
     let cost = cost_model(config.plan_gbps);
     let gbps = config.plan_gbps;
     let priority = config.priority;
-    let name = match &config.coordinator {
-        Coordinator::Off => None,
-        Coordinator::Auto => Some(DEFAULT_NAME.to_owned()),
+    // Under `auto` the coordinator is the card's: its name comes from the device's UUID,
+    // known once the memory manager runs (so the thread waits for it).
+    let per_card = config.coordinator == Coordinator::Auto;
+    let named = match &config.coordinator {
+        Coordinator::Off | Coordinator::Auto => None,
         Coordinator::Named(n) => Some(n.clone()),
     };
-    start(rt, move |budget| {
+    start(rt, per_card, move |budget| {
+        let name = if per_card {
+            Some(card_coordinator_name(rt))
+        } else {
+            named
+        };
         if let Some(name) = name {
             let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
             match CoordinatorSource::connect(&name, true, gbps, priority, state) {
@@ -129,6 +136,20 @@ pub fn start_for(rt: &'static Runtime) {
         }
         Box::new(LocalLearner::new(budget, cost))
     });
+}
+
+/// The coordinator of this process's card under `TENSILE_COORDINATOR=auto`: `gpu-` and the
+/// device's UUID in hex, so that jobs on one card share a coordinator and jobs on different
+/// cards do not; [`DEFAULT_NAME`] when the driver gives no UUID.
+fn card_coordinator_name(rt: &Runtime) -> String {
+    let uuid = rt.memory().and_then(|m| m.driver.device_uuid());
+    match uuid {
+        Some(u) => {
+            let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
+            format!("gpu-{hex}")
+        }
+        None => DEFAULT_NAME.to_owned(),
+    }
 }
 
 /// The log's words for a plan that came in (wherever it was learned; tests and `tensile
@@ -158,10 +179,12 @@ pub fn cost_model(gbps: Option<PlanBandwidths>) -> CostModel {
 }
 
 /// Starts the planning thread over the runtime's record tap; `source` is made once the thread
-/// runs, from the budget then known. Returns false (and logs why) if the tap is taken already
-/// or the thread cannot start.
+/// runs (with `wait_for_memory`, once the memory manager runs too: the records meanwhile are
+/// kept and given to the source first), from the budget then known. Returns false (and logs
+/// why) if the tap is taken already or the thread cannot start.
 pub fn start(
     rt: &'static Runtime,
+    wait_for_memory: bool,
     make_source: impl FnOnce(u64) -> Box<dyn PlanSource> + Send + 'static,
 ) -> bool {
     let Some(tap) = rt.take_record_tap() else {
@@ -177,8 +200,23 @@ pub fn start(
                 // The loop starts from the budget the source was made for, so a budget that
                 // becomes known while the source starts (a coordinator takes a while) is
                 // passed on at the first poll.
+                let (early, lost) = if wait_for_memory {
+                    records_until_memory(rt, &tap)
+                } else {
+                    (Vec::new(), 0)
+                };
+                if STOP.load(Ordering::Relaxed) {
+                    return;
+                }
                 let budget = budget_of(rt);
-                run(rt, &tap, make_source(budget), budget)
+                let mut source = make_source(budget);
+                if lost > 0 {
+                    source.lost(lost);
+                }
+                for record in &early {
+                    source.push(record);
+                }
+                run(rt, &tap, source, budget)
             }));
             if r.is_err() {
                 tracing::error!("the planner failed; swapping on demand from now on");
@@ -193,6 +231,25 @@ pub fn start(
             false
         }
     }
+}
+
+/// The most records kept while waiting for the memory manager; later ones are counted lost.
+const EARLY_RECORDS: usize = 1 << 20;
+
+/// Drains the tap until the memory manager runs (or will never run, or the process stops);
+/// returns what came, and how many records were dropped for want of room.
+fn records_until_memory(rt: &Runtime, tap: &Receiver<Record>) -> (Vec<Record>, u64) {
+    let mut early = Vec::new();
+    let mut lost = 0u64;
+    while rt.memory().is_none() && !rt.memory_never() && !STOP.load(Ordering::Relaxed) {
+        match tap.recv_timeout(POLL_INTERVAL) {
+            Ok(record) if early.len() < EARLY_RECORDS => early.push(record),
+            Ok(_) => lost += 1,
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    (early, lost)
 }
 
 /// Asks the planning thread to stop (at exit) and waits a little for it to leave its

@@ -34,6 +34,7 @@ type R = CUresult;
 type PfnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> R;
 type PfnCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> R;
 type PfnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> R;
+type PfnDeviceGetUuid = unsafe extern "C" fn(*mut [u8; 16], CUdevice) -> R;
 type PfnCtxSynchronize = unsafe extern "C" fn() -> R;
 pub(crate) type PfnExchangeCaptureMode = unsafe extern "C" fn(*mut CUstreamCaptureMode) -> R;
 
@@ -47,6 +48,8 @@ pub struct ManagerContext {
     exchange_capture_mode: Option<PfnExchangeCaptureMode>,
     ctx: usize,
     device: CUdevice,
+    /// The device's UUID (`None`: the driver would not say).
+    device_uuid: Option<[u8; 16]>,
 }
 
 /// The calling thread in relaxed capture mode until dropped; then its previous mode again.
@@ -168,6 +171,14 @@ impl RealMemoryDriver {
         // SAFETY: a valid out-pointer to a local; a context is current.
         check(unsafe { ctx_get_device(&mut device) })
             .map_err(|e| SetupError::Driver("cuCtxGetDevice", e))?;
+        let get_uuid: Option<PfnDeviceGetUuid> = resolve!(lookup, "cuDeviceGetUuid_v2")
+            .or_else(|_| resolve!(lookup, "cuDeviceGetUuid"))
+            .ok();
+        let device_uuid = get_uuid.and_then(|get| {
+            let mut uuid = [0u8; 16];
+            // SAFETY: a valid out-pointer to a local; `device` is the current context's.
+            check(unsafe { get(&mut uuid, device) }).ok().map(|()| uuid)
+        });
         Ok(TableDriver {
             f,
             context: ManagerContext {
@@ -177,8 +188,14 @@ impl RealMemoryDriver {
                 exchange_capture_mode,
                 ctx: ctx as usize,
                 device,
+                device_uuid,
             },
         })
+    }
+
+    /// The UUID of the manager's device, if the driver gave it.
+    pub fn device_uuid(&self) -> Option<[u8; 16]> {
+        self.context.device_uuid
     }
 
     /// The context the manager's work runs in.

@@ -237,6 +237,11 @@ impl Runtime {
         self.memory.get()
     }
 
+    /// Whether no memory manager will ever run in this process.
+    pub fn memory_never(&self) -> bool {
+        self.memory.never()
+    }
+
     /// The memory manager, started now if the policy asks for one and a context is current.
     pub fn memory_or_start(&'static self) -> Option<&'static Managed> {
         self.memory.get_or_create(&self.config, &self.driver)

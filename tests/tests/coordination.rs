@@ -225,3 +225,49 @@ fn a_segment_of_another_version_is_refused_once_and_the_job_plans_alone() {
     );
     assert_eq!(executor_counter(&out, "mismatches"), 0);
 }
+
+/// The segment path a job's log says it joined.
+fn joined_segment(out: &Output) -> String {
+    out.stderr
+        .lines()
+        .find_map(|l| l.split_once("joined coordinator ").map(|(_, rest)| rest))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the job joined no coordinator:\n{}", out.stderr))
+        .to_string()
+}
+
+#[test]
+fn under_auto_jobs_on_one_card_share_a_coordinator_and_jobs_on_another_do_not() {
+    let card = unique_name("card");
+    let on_card = |card: &str| {
+        train(4)
+            .preload(true)
+            .env("TENSILE_POLICY", "plan")
+            .env("TENSILE_COORDINATOR", "auto")
+            .env("TENSILE_SIM_CARD", card)
+            .env("TENSILE_LOG", "info")
+            .output()
+    };
+    let first = on_card(&card);
+    let second = on_card(&card);
+    let other = on_card(&format!("{card}-other"));
+    let names: Vec<String> = [&first, &second, &other]
+        .iter()
+        .map(|o| {
+            o.assert_ok("job");
+            joined_segment(o)
+        })
+        .collect();
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    for path in &names {
+        let name = path
+            .rsplit_once(&format!("tensile-{uid}-"))
+            .map(|(_, n)| n.to_string())
+            .unwrap_or_default();
+        stop_coordinator(&name);
+    }
+    assert!(names[0].contains("-gpu-"), "{names:?}");
+    assert_eq!(names[0], names[1], "one card, one coordinator");
+    assert_ne!(names[0], names[2], "another card, another coordinator");
+}

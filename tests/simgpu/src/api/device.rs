@@ -150,10 +150,32 @@ unsafe fn device_get_uuid(uuid: *mut [u8; 16], dev: CUdevice) -> Result<(), CUre
     // SAFETY: API contract.
     let out = unsafe { Out::new(uuid) }?;
     let device = check_device(dev)?;
-    let mut uuid = *b"tensile-simgpu\0\x01";
-    uuid[15] += device as u8;
-    out.set(uuid);
+    out.set(card_uuid(device as usize));
     Ok(())
+}
+
+/// A device's UUID names the card behind it, as a real card's does: processes that share a
+/// card (`TENSILE_SIM_CARD`) see the same UUID for it, and a process's own private card is
+/// another card than every other process's (so a coordinator per card, keyed by UUID, never
+/// groups private cards together).
+fn card_uuid(device: usize) -> [u8; 16] {
+    let identity = match crate::config::card_name() {
+        Some(name) => format!(
+            "shared:{}",
+            crate::shared_card::device_card_name(&name, device)
+        ),
+        None => format!("private:{}:{device}", std::process::id()),
+    };
+    // Two FNV-1a hashes with different offsets: 128 bits, stable across processes.
+    let fnv = |basis: u64| {
+        identity.bytes().fold(basis, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    let mut uuid = [0u8; 16];
+    uuid[..8].copy_from_slice(&fnv(0xcbf2_9ce4_8422_2325).to_le_bytes());
+    uuid[8..].copy_from_slice(&fnv(0x6c62_272e_07bb_0142).to_le_bytes());
+    uuid
 }
 export!(cuDeviceGetUuid, device_get_uuid, (uuid: *mut [u8; 16], dev: CUdevice));
 export!(cuDeviceGetUuid_v2, device_get_uuid, (uuid: *mut [u8; 16], dev: CUdevice));
