@@ -210,3 +210,13 @@ pub fn temp_trace(name: &str) -> PathBuf {
         std::process::id()
     ))
 }
+
+/// A finished process's status, stdout and stderr, for an assertion's message.
+pub fn describe(out: &std::process::Output) -> String {
+    format!(
+        "--- status {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

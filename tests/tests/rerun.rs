@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use serde_json::Value;
-use tensile_tests::harness::artifacts;
+use tensile_tests::harness::{artifacts, describe as text};
 
 fn shared(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../analyzer/tests/data/{name}.trace.gz"))
@@ -22,15 +22,6 @@ fn rerun(args: &[&str], env: &[(&str, &str)]) -> Output {
     }
     cmd.output()
         .unwrap_or_else(|e| panic!("running {}: {e}", a.tensile.display()))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "--- status {}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn json(out: &Output) -> Value {

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tensile_protocol::{JobSnapshot, SegmentView};
-use tensile_tests::harness::artifacts;
+use tensile_tests::harness::{artifacts, describe as text};
 use tensile_tests::rng::Rng;
 
 /// The card: about half of what the three reduced traces need together, so every job swaps.
@@ -43,15 +43,6 @@ fn job(trace: &str, card: &str, iterations: u32) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting tensile rerun")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "--- status {}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn unique_name(test: &str) -> String {

@@ -485,13 +485,7 @@ impl MemoryManager {
                 if now >= end {
                     return Err(s.fail_budget(needed));
                 }
-                s.pin_waiters += 1;
-                let slice = (end - now).min(Duration::from_millis(10));
-                s = match self.pins_released.wait_timeout(s, slice) {
-                    Ok((g, _)) => g,
-                    Err(poisoned) => poisoned.into_inner().0,
-                };
-                s.pin_waiters -= 1;
+                s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(10)));
                 continue;
             }
             let Some(stall) = s.pin_stall.take() else {
@@ -505,16 +499,26 @@ impl MemoryManager {
                 return Err(s.fail_pinned(stall, wait));
             }
             s.stats.pin_waits += 1;
-            s.pin_waiters += 1;
             // Re-check at least every few milliseconds: frames also come back through swaps
             // completing and the maintenance thread, which do not signal.
-            let slice = (end - now).min(Duration::from_millis(2));
-            s = match self.pins_released.wait_timeout(s, slice) {
-                Ok((g, _)) => g,
-                Err(poisoned) => poisoned.into_inner().0,
-            };
-            s.pin_waiters -= 1;
+            s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(2)));
         }
+    }
+
+    /// Releases the lock until pins drop, memory is freed or the budget changes (all of which
+    /// notify waiters), or `slice` passes; returns it taken again.
+    fn wait_for_wake<'a>(
+        &self,
+        mut s: MutexGuard<'a, Inner>,
+        slice: Duration,
+    ) -> MutexGuard<'a, Inner> {
+        s.pin_waiters += 1;
+        let mut s = match self.pins_released.wait_timeout(s, slice) {
+            Ok((g, _)) => g,
+            Err(poisoned) => poisoned.into_inner().0,
+        };
+        s.pin_waiters -= 1;
+        s
     }
 
     /// Releases the lock and wakes the threads waiting for pinned pages, if any (a wake-up is
