@@ -150,7 +150,7 @@ unsafe fn device_get_uuid(uuid: *mut [u8; 16], dev: CUdevice) -> Result<(), CUre
     // SAFETY: API contract.
     let out = unsafe { Out::new(uuid) }?;
     let device = check_device(dev)?;
-    out.set(card_uuid(device as usize));
+    out.set(card_uuid(device));
     Ok(())
 }
 
