@@ -128,8 +128,9 @@ pub enum Admission {
     /// Its floor fits (or is not known yet).
     #[default]
     Admitted,
-    /// Even with every other job squeezed to what it may be squeezed to, the job's largest
-    /// launch does not fit: its grant is below its floor until memory is freed.
+    /// The job's largest launch does not fit beside the floors of the jobs that rank before
+    /// it (higher priority, or joined earlier): its grant is below its floor until memory is
+    /// freed.
     Short,
 }
 

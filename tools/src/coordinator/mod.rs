@@ -544,11 +544,11 @@ impl Coordinator {
             .filter(|s| live.contains_key(s))
             .collect();
         order.sort_by_key(|s| self.jobs[s].joined);
-        let (targets, grantable): (Vec<u64>, Vec<u64>) = if card == 0 {
-            order
-                .iter()
-                .map(|s| (live[s].budget_bytes, live[s].budget_bytes))
-                .unzip()
+        // Per job: the grant to give now, the most it could be granted, and whether even its
+        // floor could not be given.
+        let (targets, grantable, short): (Vec<u64>, Vec<u64>, Vec<bool>) = if card == 0 {
+            let asked: Vec<u64> = order.iter().map(|s| live[s].budget_bytes).collect();
+            (asked.clone(), asked, vec![false; order.len()])
         } else {
             let available = card - (card as f64 * self.reserve_fraction) as u64;
             let needs: Vec<u64> = order
@@ -625,14 +625,25 @@ impl Coordinator {
                     }
                 })
                 .collect();
-            (grants::settle(available, &standings), division.grantable)
+            let short = claims
+                .iter()
+                .zip(&division.targets)
+                .map(|(c, &t)| t < c.floor.min(c.limit))
+                .collect();
+            (
+                grants::settle(available, &standings),
+                division.grantable,
+                short,
+            )
         };
         let mut moved = Vec::new();
-        for ((slot, &grant), &grantable) in order.iter().zip(&targets).zip(&grantable) {
+        for (((slot, &grant), &grantable), &short) in
+            order.iter().zip(&targets).zip(&grantable).zip(&short)
+        {
             let snap = &live[slot];
             let job = self.jobs.get_mut(slot).expect("ordered from the jobs");
             let floor = job.floor.floor();
-            let admission = if card > 0 && floor > grantable {
+            let admission = if short {
                 Admission::Short
             } else {
                 Admission::Admitted
@@ -643,7 +654,9 @@ impl Coordinator {
                 job.admission = admission;
                 if admission == Admission::Short {
                     self.log.line(&format!(
-                        "job {}: its largest launch needs {}, but at most {} can be granted                          to it with every other job at its own floor; it is short until                          memory is freed",
+                        "job {}: its largest launch needs {}, but at most {} can be granted \
+                         to it with every other job at its own floor; it is short until \
+                         memory is freed",
                         job.pid,
                         format_bytes(floor),
                         format_bytes(grantable)
@@ -999,6 +1012,71 @@ mod tests {
             assert!(log.contains(&want), "{want:?} not in the log:\n{log}");
         }
         assert_eq!(log.lines().count(), 4, "{log}");
+    }
+
+    /// A job's allocation of `bytes` and one launch touching it.
+    fn big_launch(job: &mut JobClient, id: u64, bytes: u64) {
+        job.push(&Record::Alloc(tensile_trace::Alloc {
+            t_ns: 0,
+            stream: 0,
+            id,
+            ptr: id << 40,
+            bytes,
+            kind: tensile_trace::AllocKind::Async,
+        }));
+        let Record::Launch(mut l) = launch(id) else {
+            unreachable!()
+        };
+        l.accesses.push(tensile_trace::Access {
+            alloc: id,
+            param_offset: 0,
+        });
+        job.push(&Record::Launch(l));
+        job.flush();
+    }
+
+    #[test]
+    fn a_job_whose_largest_launch_cannot_fit_beside_the_others_floors_is_told_in_one_line() {
+        const G: u64 = 1 << 30;
+        let name = unique_name();
+        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
+        let captured = Captured::default();
+        let mut c = Coordinator::new(
+            segment,
+            Log::new(Box::new(captured.clone())),
+            Box::new(|_| {
+                Box::new(Scripted {
+                    seen: Arc::default(),
+                    after: usize::MAX,
+                    planned: false,
+                })
+            }),
+        );
+        c.reserve_fraction = 0.0;
+        let t0 = Instant::now();
+        let mut a = JobClient::join(&name, &JobOptions::default()).unwrap();
+        let mut b = JobClient::join(&name, &JobOptions::default()).unwrap();
+        for job in [&a, &b] {
+            job.set_card_bytes(10 * G);
+        }
+        big_launch(&mut a, 1, 6 * G);
+        big_launch(&mut b, 2, 5 * G);
+        c.tick(t0);
+        c.tick(t0 + Duration::from_millis(1));
+        let (admission_a, _, _) = a.admission();
+        let (admission_b, floor_b, grantable_b) = b.admission();
+        assert_eq!(admission_a, Admission::Admitted);
+        assert_eq!(admission_b, Admission::Short);
+        assert!(
+            floor_b > 5 * G && grantable_b < floor_b,
+            "{floor_b} {grantable_b}"
+        );
+        let log = captured.text();
+        assert_eq!(
+            log.matches("its largest launch needs").count(),
+            1,
+            "said once: {log}"
+        );
     }
 
     /// The budget commands a job has been sent, in order.
