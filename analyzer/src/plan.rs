@@ -106,9 +106,9 @@ pub struct SwapPlan {
 }
 
 impl SwapPlan {
-    /// Pieces the plan keeps on the host at the start of an iteration (their read-back is issued
-    /// in the iteration, their write-out happened in the previous one).
-    /// A tail that spans the boundary and was written out before it is on the host too.
+    /// Pieces the plan keeps on the host at the start of an iteration: those whose read-back is
+    /// issued in the iteration and whose write-out happened in the previous one, and the tails
+    /// across the boundary written out before it.
     pub fn on_host_at_start(&self) -> Vec<PieceId> {
         self.evictions
             .iter()
@@ -322,8 +322,8 @@ pub fn plan_with(
         }
     }
     let live = Liveness::of(cycle);
-    let needed = held_bytes(cycle, &live);
-    let mut resident: Vec<i128> = needed.iter().map(|&x| i128::from(x)).collect();
+    let held = held_bytes(cycle, &live);
+    let mut resident: Vec<i128> = held.iter().map(|&x| i128::from(x)).collect();
     // The intervals a plan may evict: the gaps, then the tails (index `live.gaps.len()` on).
     let intervals: Vec<Gap> = live.gaps.iter().chain(&live.tails).copied().collect();
     let is_tail = |i: usize| i >= live.gaps.len();
@@ -332,7 +332,7 @@ pub fn plan_with(
     let tensor_bytes = |t: TensorId| cycle.tensors[t as usize].bytes;
 
     // Sweep from the op with the least data, so that gaps spanning the start are seen whole.
-    let start = (0..p).min_by_key(|&i| needed[i]).unwrap_or(0);
+    let start = (0..p).min_by_key(|&i| held[i]).unwrap_or(0);
     let mut picks = Picks {
         selected: vec![false; intervals.len()],
         order: Vec::new(),
