@@ -173,7 +173,8 @@ impl Cycle {
     }
 
     /// Under [`MoveUnits::ShimPages`], the most device memory, at any op, that the partial
-    /// last pages of the tensors holding live data there leave empty. Such a tensor (larger
+    /// last pages of the tensors holding memory there (live data, or a tail before its free)
+    /// leave empty. Such a tensor (larger
     /// than half a page) starts on a page boundary and its last page stays on the device
     /// whole, while the planner counts only its bytes: on a scaled ResNet-50 that is 11% of
     /// the peak, which a plan that fills its budget to the byte then lacks. An upper bound: the
@@ -193,8 +194,9 @@ impl Cycle {
         for t in &mut padded.tensors {
             t.bytes = padded_bytes(t.bytes);
         }
-        let counted = crate::timeline::needed_bytes(self, &crate::timeline::Liveness::of(self));
-        let held = crate::timeline::needed_bytes(&padded, &crate::timeline::Liveness::of(&padded));
+        // Held, not needed: a tensor's last page stays on the device through its tail too.
+        let counted = crate::timeline::held_bytes(self, &crate::timeline::Liveness::of(self));
+        let held = crate::timeline::held_bytes(&padded, &crate::timeline::Liveness::of(&padded));
         held.iter()
             .zip(&counted)
             .map(|(h, c)| h.saturating_sub(*c))

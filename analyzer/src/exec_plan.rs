@@ -14,6 +14,11 @@
 //!   prediction is made for leaves it out too. So are the moves of a tensor that the span
 //!   allocates but that lives longer than a period (the cycle treats it as persistent): it is
 //!   a new allocation every iteration, and no role names it in all of them.
+//! - **Tails written out** ([`crate::plan::TailOut`], shim pages only) are a write-out placed
+//!   as a round trip's is, with no prefetch: the piece is never read back, and the shim drops
+//!   its pages on the host when the application frees the tensor. One whose write-out would
+//!   not come before the free in launch terms (only ops that are not launches between the
+//!   last access and the free) is left out like such a round trip.
 //! - **Roles** follow the protocol's definition, not the cycle's: an allocation belongs to the
 //!   iteration of the first launch made after it, and its ordinal counts the allocations of
 //!   that iteration before it, from 0. A step names the allocation of its own launch's
@@ -35,9 +40,9 @@ use crate::sim::{simulate, Policy, SimError, SimOptions};
 pub struct Conversion {
     /// The plan in the shim's terms.
     pub plan: ExecPlan,
-    /// Round trips (and host-resident pieces) left out: those that could not be placed on
-    /// launches, and those of tensors no role names in every iteration (see the module
-    /// documentation).
+    /// Round trips (and host-resident pieces and tail write-outs) left out: those that could
+    /// not be placed on launches, and those of tensors no role names in every iteration (see
+    /// the module documentation).
     pub dropped_round_trips: usize,
     /// The swap plan `plan` carries out (the given one less the dropped round trips): what the
     /// prediction was made for.
@@ -382,6 +387,48 @@ pub fn convert(
             ));
         }
     }
+    executed.tail_outs.clear();
+    for t in &plan.tail_outs {
+        let piece = plan.pieces[t.piece as usize];
+        let tensor = &cycle.tensors[piece.tensor as usize];
+        let bytes = piece.bytes.min(tensor.bytes.saturating_sub(piece.offset));
+        let Some(alloc) = tensor.alloc_at else {
+            // Only transients have tails; a plan that says otherwise is not carried out.
+            dropped += 1;
+            continue;
+        };
+        // Counted from the allocation in the span, as for round trips.
+        let shift = if t.tail_from < alloc {
+            u64::from(period)
+        } else {
+            0
+        };
+        let out_u = u64::from(t.out_unrolled(period)) + shift;
+        let out = map.out_point(out_u);
+        // The free is recorded before op `freed_at`; a step at or after the first launch from
+        // there would name a freed allocation.
+        let freed = map.launch_at_or_after(u64::from(t.freed_at) + shift);
+        if out.launch >= freed || bytes == 0 {
+            dropped += 1;
+            continue;
+        }
+        executed.tail_outs.push(*t);
+        let role = role_at(piece.tensor, out.launch)?;
+        let k = out.launch / launches;
+        steps.push((
+            2 * (out_u as i64 - (k * u64::from(period)) as i64) + 1,
+            Step {
+                position: (out.launch % launches) as u32,
+                when: out.when,
+                action: Action::SwapOut,
+                piece: PieceRef {
+                    role,
+                    offset: piece.offset,
+                    bytes,
+                },
+            },
+        ));
+    }
     steps.sort_by_key(|(key, s)| (s.position, s.when, *key));
 
     let mut host_resident = Vec::with_capacity(plan.host_resident.len());
@@ -510,6 +557,7 @@ mod tests {
             budget_bytes: 1 << 30,
             evictions,
             host_resident: vec![],
+            tail_outs: vec![],
             pieces: pieces::whole(&cycle),
         };
         convert(&t, &cycle, &plan, &CostModel::default(), 3).unwrap()
@@ -573,6 +621,98 @@ mod tests {
             moved.plan.steps[0],
             step(1, When::BeforeLaunch, Action::SwapOut)
         );
+    }
+
+    /// Three instances of `L M M L`; each allocates two 4 MiB tensors before its first op and
+    /// frees them before its last: `x`, touched by the first launch, and `y`, touched by the
+    /// first memset. Both hold their memory after their last access (their tails).
+    fn tails_trace() -> Trace {
+        let mut t = Trace::new(SourceFormat::Tensile);
+        let mut seq = 100;
+        for k in 0..3u32 {
+            let start = 4 * k;
+            for i in 0..2u64 {
+                t.allocations.push(Allocation {
+                    trace_id: u64::from(k) * 2 + i + 1,
+                    ptr: (u64::from(k) * 2 + i + 1) << 32,
+                    bytes: 4 << 20,
+                    stream: 0,
+                    t_ns: 0,
+                    before_op: start,
+                    free: Some(crate::model::FreeEvent {
+                        t_ns: 0,
+                        before_op: start + 3,
+                    }),
+                });
+            }
+            let (x, y) = (2 * k, 2 * k + 1);
+            for (kind, touches) in [
+                (OpKind::Launch { kernel: 1 }, vec![x]),
+                (OpKind::Memset, vec![y]),
+                (OpKind::Memset, vec![]),
+                (OpKind::Launch { kernel: 2 }, vec![]),
+            ] {
+                let launch = matches!(kind, OpKind::Launch { .. });
+                t.ops.push(Op {
+                    kind,
+                    t_ns: 0,
+                    stream: 0,
+                    seq: if launch { seq } else { 0 },
+                    bytes: if launch { 0 } else { 1 << 20 },
+                    touches,
+                    gpu_ns: launch.then_some(1_000_000),
+                });
+                seq += u64::from(launch);
+            }
+        }
+        t
+    }
+
+    #[test]
+    fn a_tail_write_out_is_a_swap_out_after_the_last_access_with_no_prefetch() {
+        let t = tails_trace();
+        let cycle = Cycle::from_span(&t, 4..8, 8, &CostModel::default())
+            .unwrap()
+            .with_units(crate::cycle::MoveUnits::ShimPages);
+        let live = crate::timeline::Liveness::of(&cycle);
+        let tail = |tensor, from, to| crate::timeline::Gap { tensor, from, to };
+        assert_eq!(live.tails, vec![tail(0, 0, 3), tail(1, 1, 3)]);
+        let out = |piece, from| crate::plan::TailOut {
+            piece,
+            out_after: from,
+            tail_from: from,
+            freed_at: 3,
+        };
+        let plan = SwapPlan {
+            period: 4,
+            budget_bytes: 1 << 30,
+            evictions: vec![],
+            host_resident: vec![],
+            tail_outs: vec![out(0, 0), out(1, 1)],
+            pieces: pieces::whole(&cycle),
+        };
+        let c = convert(&t, &cycle, &plan, &CostModel::default(), 1).unwrap();
+        // `x` leaves after the launch that last touched it, with the role of this iteration.
+        assert_eq!(
+            c.plan.steps,
+            vec![Step {
+                position: 0,
+                when: When::AfterLaunch,
+                action: Action::SwapOut,
+                piece: PieceRef {
+                    role: Role::Transient {
+                        ordinal: 0,
+                        bytes: 4 << 20,
+                        iteration: Iteration::Current,
+                    },
+                    offset: 0,
+                    bytes: 4 << 20,
+                },
+            }]
+        );
+        // `y`'s write-out would run before the next launch, after its free: left out.
+        assert_eq!(c.dropped_round_trips, 1);
+        assert_eq!(c.executed.tail_outs, vec![out(0, 0)]);
     }
 
     #[test]

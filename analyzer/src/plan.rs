@@ -20,6 +20,13 @@
 //! [`plan`] runs these passes with several settings ([`PLAN_VARIANTS`]), simulates each plan,
 //! and keeps the fastest; [`plan_with`] runs one setting.
 //!
+//! Under [`crate::cycle::MoveUnits::ShimPages`] a transient tensor also holds memory from its
+//! last access to its free (its tail, [`Liveness::tails`]): the shim frees its pages only when
+//! the application frees it. A tail is one more candidate for the selection, one that is never
+//! needed again: writing it out ([`TailOut`]) costs the copy out alone, and the memory is free
+//! once that copy ends. The selection takes tails before any gap (Belady's choice: no next use),
+//! after the never-touched tensors (which cost nothing).
+//!
 //! The plan is periodic by construction: the same actions at the same positions in every
 //! iteration, and a gap that wraps past the end of the iteration is evicted at the end of one
 //! iteration and fetched in the next, so the state at the end is the state at the start.
@@ -31,7 +38,7 @@ use serde::Serialize;
 use crate::cost::{format_bytes, Budget, CostModel};
 use crate::cycle::{Cycle, TensorId};
 use crate::pieces::{self, Piece, PieceId};
-use crate::timeline::{needed_bytes, op_start_times, Gap, Liveness};
+use crate::timeline::{held_bytes, op_start_times, Gap, Liveness};
 
 /// One planned round trip of a piece.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -53,6 +60,29 @@ pub struct Eviction {
     pub gap_to: u32,
 }
 
+/// A planned write-out of a tail (see [`Liveness::tails`]): the piece is copied to the host
+/// after its last access and never read back; its device memory is free once the copy ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TailOut {
+    /// The piece (an index into [`SwapPlan::pieces`]).
+    pub piece: PieceId,
+    /// Position of the op after which it is written out (the last access, or later in the
+    /// tail).
+    pub out_after: u32,
+    /// Position of the last access (in `[0, period)`).
+    pub tail_from: u32,
+    /// Unrolled position of the op before which the tensor is freed (`tail_from < freed_at`).
+    pub freed_at: u32,
+}
+
+impl TailOut {
+    /// Unrolled position of the op after which the piece is written out (`tail_from <=` it
+    /// `< freed_at`).
+    pub fn out_unrolled(&self, period: u32) -> u32 {
+        self.tail_from + (self.out_after + period - self.tail_from % period) % period
+    }
+}
+
 /// A periodic swap plan for one cycle and budget.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SwapPlan {
@@ -65,6 +95,10 @@ pub struct SwapPlan {
     /// Pieces of persistent tensors that are never touched: kept on the host for good (no copy
     /// in the steady state).
     pub host_resident: Vec<PieceId>,
+    /// Tails written out, in order of the op after which they leave (only under
+    /// [`crate::cycle::MoveUnits::ShimPages`]; empty, and left out of the JSON, otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tail_outs: Vec<TailOut>,
     /// The units the plan moves: byte ranges of the cycle's tensors, which [`Eviction::piece`]
     /// and `host_resident` index. One whole piece per tensor when the plan was made on the
     /// cycle as it is ([`plan_with`]); [`plan`] cuts large tensors (see [`crate::pieces`]).
@@ -72,22 +106,33 @@ pub struct SwapPlan {
 }
 
 impl SwapPlan {
-    /// Pieces the plan keeps on the host at the start of an iteration (their read-back is issued
-    /// in the iteration, their write-out happened in the previous one).
+    /// Pieces the plan keeps on the host at the start of an iteration: those whose read-back is
+    /// issued in the iteration and whose write-out happened in the previous one, and the tails
+    /// across the boundary written out before it.
     pub fn on_host_at_start(&self) -> Vec<PieceId> {
         self.evictions
             .iter()
             .filter(|e| e.fetch_unrolled >= self.period)
             .map(|e| e.piece)
             .chain(self.host_resident.iter().copied())
+            .chain(
+                self.tail_outs
+                    .iter()
+                    .filter(|t| {
+                        t.freed_at > self.period && t.out_unrolled(self.period) < self.period
+                    })
+                    .map(|t| t.piece),
+            )
             .collect()
     }
 
-    /// Bytes written out per iteration.
+    /// Bytes written out per iteration (round trips and tails).
     pub fn bytes_out(&self) -> u64 {
         self.evictions
             .iter()
-            .map(|e| self.pieces[e.piece as usize].bytes)
+            .map(|e| e.piece)
+            .chain(self.tail_outs.iter().map(|t| t.piece))
+            .map(|piece| self.pieces[piece as usize].bytes)
             .sum()
     }
 }
@@ -134,14 +179,21 @@ pub fn op_bytes(cycle: &Cycle) -> Vec<u64> {
 /// A candidate for eviction during the sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Candidate {
-    /// Unrolled position of the next use, shifted into the sweep's frame (max-heap: furthest
-    /// first).
-    to: u64,
-    /// Index into the gap list (`usize::MAX - i` for idle tensor `i`).
+    /// How far ahead the next use is (max-heap: furthest first): the unrolled position of the
+    /// next use, shifted into the sweep's frame, for a gap; [`TAIL_RANK`] for a tail (never
+    /// used again); `u64::MAX` for an idle tensor.
+    rank: u64,
+    /// Index into the interval list (gaps, then tails; `usize::MAX - i` for idle tensor `i`).
     gap: usize,
+    /// Unrolled end (the next use, or the free), shifted into the sweep's frame.
+    to: u64,
     /// Unrolled start, shifted into the sweep's frame.
     from: u64,
 }
+
+/// The rank of a tail among the candidates: after the idle tensors (which cost nothing to keep
+/// on the host), before every gap (a tail is never needed again: it costs one copy, not two).
+const TAIL_RANK: u64 = u64::MAX - 1;
 
 /// Knobs of one planning pass; [`plan`] tries several and keeps the fastest in simulation.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -270,23 +322,26 @@ pub fn plan_with(
         }
     }
     let live = Liveness::of(cycle);
-    let needed = needed_bytes(cycle, &live);
-    let mut resident: Vec<i128> = needed.iter().map(|&x| i128::from(x)).collect();
+    let held = held_bytes(cycle, &live);
+    let mut resident: Vec<i128> = held.iter().map(|&x| i128::from(x)).collect();
+    // The intervals a plan may evict: the gaps, then the tails (index `live.gaps.len()` on).
+    let intervals: Vec<Gap> = live.gaps.iter().chain(&live.tails).copied().collect();
+    let is_tail = |i: usize| i >= live.gaps.len();
     let times = op_start_times(cycle);
     let period_ns = times[p];
     let tensor_bytes = |t: TensorId| cycle.tensors[t as usize].bytes;
 
     // Sweep from the op with the least data, so that gaps spanning the start are seen whole.
-    let start = (0..p).min_by_key(|&i| needed[i]).unwrap_or(0);
+    let start = (0..p).min_by_key(|&i| held[i]).unwrap_or(0);
     let mut picks = Picks {
-        selected: vec![false; live.gaps.len()],
+        selected: vec![false; intervals.len()],
         order: Vec::new(),
     };
     let mut idle_selected = vec![false; live.idle.len()];
 
     // Candidate intervals in the sweep frame [start, start + p): each gap shifted by 0 or p.
     let mut events: Vec<(u64, Candidate)> = Vec::new();
-    for (gi, g) in live.gaps.iter().enumerate() {
+    for (gi, g) in intervals.iter().enumerate() {
         if !cycle.is_movable(g.tensor) {
             continue;
         }
@@ -300,7 +355,16 @@ pub fn plan_with(
             let lo = (start + p) as u64;
             let hi = (start + 2 * p) as u64;
             if first <= last && first < hi && last >= lo {
-                events.push((first.max(lo), Candidate { to, gap: gi, from }));
+                let rank = if is_tail(gi) { TAIL_RANK } else { to };
+                events.push((
+                    first.max(lo),
+                    Candidate {
+                        rank,
+                        gap: gi,
+                        to,
+                        from,
+                    },
+                ));
             }
         }
     }
@@ -308,8 +372,9 @@ pub fn plan_with(
     let mut heap: BinaryHeap<Candidate> = BinaryHeap::new();
     for i in (0..live.idle.len()).filter(|&i| cycle.is_movable(live.idle[i])) {
         heap.push(Candidate {
-            to: u64::MAX,
+            rank: u64::MAX,
             gap: usize::MAX - i,
+            to: u64::MAX,
             from: 0,
         });
     }
@@ -319,7 +384,7 @@ pub fn plan_with(
         times[(unrolled % p as u64) as usize] + k * period_ns
     };
     // Where each selected gap's memory counts as free (unrolled position).
-    let mut relief_start: Vec<u64> = live.gaps.iter().map(|g| u64::from(g.from) + 1).collect();
+    let mut relief_start: Vec<u64> = intervals.iter().map(|g| u64::from(g.from) + 1).collect();
     // First op starting after a write-back of `bytes` issued at the end of op `from` finished.
     let ready_after = |from: u64, to: u64, bytes: u64| -> u64 {
         let done = time_at(from + 1) + cost.d2h_ns(bytes);
@@ -358,15 +423,17 @@ pub fn plan_with(
             if c.to <= j || picks.selected[c.gap] {
                 continue;
             }
-            let bytes = tensor_bytes(live.gaps[c.gap].tensor);
+            let bytes = tensor_bytes(intervals[c.gap].tensor);
             let out_slack = time_at(j).saturating_sub(time_at(c.from + 1));
             let in_slack = time_at(c.to).saturating_sub(time_at(j));
-            let hidden = out_slack >= cost.d2h_ns(bytes) && in_slack >= cost.h2d_ns(bytes);
+            // A tail is never read back: only its copy out must hide.
+            let hidden = out_slack >= cost.d2h_ns(bytes)
+                && (is_tail(c.gap) || in_slack >= cost.h2d_ns(bytes));
             if options.prefer_hideable && !hidden {
                 deferred.push(c);
                 continue;
             }
-            let g = live.gaps[c.gap];
+            let g = intervals[c.gap];
             let ready = ready_after(u64::from(g.from), u64::from(g.to), bytes);
             if options.writeback_latency && ready + c.from > j + u64::from(g.from) {
                 // Its memory would not be free yet at this op: keep it for later ops.
@@ -379,7 +446,7 @@ pub fn plan_with(
             select(
                 &mut picks,
                 &mut resident,
-                &live.gaps,
+                &intervals,
                 c.gap,
                 p,
                 bytes,
@@ -392,14 +459,14 @@ pub fn plan_with(
             let mut rest = Vec::new();
             for c in deferred {
                 if resident[pos] > b_sel {
-                    let bytes = tensor_bytes(live.gaps[c.gap].tensor);
+                    let bytes = tensor_bytes(intervals[c.gap].tensor);
                     // Needed here even if its write-back makes the op wait: count it free from
                     // right after its access.
-                    relief_start[c.gap] = u64::from(live.gaps[c.gap].from) + 1;
+                    relief_start[c.gap] = u64::from(intervals[c.gap].from) + 1;
                     select(
                         &mut picks,
                         &mut resident,
-                        &live.gaps,
+                        &intervals,
                         c.gap,
                         p,
                         bytes,
@@ -422,8 +489,8 @@ pub fn plan_with(
         if resident[pos] <= b_sel {
             continue;
         }
-        let mut covering: Vec<(u64, usize, u64)> = Vec::new(); // (to, gap, pos unrolled)
-        for (gi, g) in live.gaps.iter().enumerate() {
+        let mut covering: Vec<(u64, usize, u64)> = Vec::new(); // (rank, interval, pos unrolled)
+        for (gi, g) in intervals.iter().enumerate() {
             if !cycle.is_movable(g.tensor) {
                 continue;
             }
@@ -433,7 +500,8 @@ pub fn plan_with(
                 .find(|&u| from < u && u < to);
             if let Some(u) = at {
                 if !picks.selected[gi] || relief_start[gi] > u {
-                    covering.push((to, gi, u));
+                    let rank = if is_tail(gi) { TAIL_RANK } else { to };
+                    covering.push((rank, gi, u));
                 }
             }
         }
@@ -442,7 +510,7 @@ pub fn plan_with(
             if resident[pos] <= b_sel {
                 break;
             }
-            let g = live.gaps[gi];
+            let g = intervals[gi];
             let bytes = tensor_bytes(g.tensor);
             if picks.selected[gi] {
                 add_range(&mut resident, p, u, relief_start[gi], -i128::from(bytes));
@@ -452,7 +520,7 @@ pub fn plan_with(
                 select(
                     &mut picks,
                     &mut resident,
-                    &live.gaps,
+                    &intervals,
                     gi,
                     p,
                     bytes,
@@ -464,7 +532,7 @@ pub fn plan_with(
 
     // Prune: undo evictions the budget does not need, most recent first.
     for &gi in picks.order.iter().rev() {
-        let g = live.gaps[gi];
+        let g = intervals[gi];
         let bytes = i128::from(tensor_bytes(g.tensor));
         let first = relief_start[gi];
         if fits_with(&resident, p, first, u64::from(g.to), bytes, b_sel) {
@@ -472,6 +540,21 @@ pub fn plan_with(
             add_range(&mut resident, p, first, u64::from(g.to), bytes);
         }
     }
+
+    // Tails written out: no read-back to place.
+    let mut tail_outs: Vec<TailOut> = live
+        .tails
+        .iter()
+        .zip(&picks.selected[live.gaps.len()..])
+        .filter(|(_, &s)| s)
+        .map(|(g, _)| TailOut {
+            piece: g.tensor,
+            out_after: g.from,
+            tail_from: g.from,
+            freed_at: g.to,
+        })
+        .collect();
+    tail_outs.sort_unstable_by_key(|t| (t.out_after, t.piece));
 
     // Fetch as early as memory allows, nearest next use first.
     let mut chosen: Vec<(Gap, u64)> = live
@@ -530,6 +613,7 @@ pub fn plan_with(
         budget_bytes: budget.bytes,
         evictions,
         host_resident,
+        tail_outs,
         pieces: pieces::whole(cycle),
     })
 }

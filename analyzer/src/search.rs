@@ -11,6 +11,10 @@
 //! rejected. It never returns a plan slower than the one it was given; given one the simulator
 //! refuses, it returns the first that runs, if it finds one.
 //!
+//! Under [`crate::cycle::MoveUnits::ShimPages`] it also adds, drops and postpones tail
+//! write-outs ([`crate::plan::TailOut`]), and makes room for an op that waited for memory by
+//! writing out a tail across it.
+//!
 //! It is not a planner of its own (it starts from a plan) and has no model of its own: whatever
 //! the simulator says is what it optimises. Deterministic for a seed and a number of evaluations;
 //! a wall-clock budget stops it earlier, so with a time limit the result depends on the machine.
@@ -20,7 +24,7 @@ use std::time::{Duration, Instant};
 use crate::cost::{Budget, CostModel};
 use crate::cycle::{Cycle, TensorId};
 use crate::pieces;
-use crate::plan::{Eviction, SwapPlan};
+use crate::plan::{Eviction, SwapPlan, TailOut};
 use crate::sim::{simulate_with, OpWait, Policy, SimOptions};
 use crate::timeline::{Gap, Liveness};
 
@@ -174,6 +178,13 @@ pub fn improve(
         .copied()
         .filter(|g| g.to > g.from + 1 && work_cycle.is_movable(g.tensor))
         .collect();
+    // Tails (shim pages only) that a write-out can shorten: some op lies inside.
+    let tails: Vec<Gap> = live
+        .tails
+        .iter()
+        .copied()
+        .filter(|g| g.to > g.from + 1 && work_cycle.is_movable(g.tensor))
+        .collect();
     let mut rng = Rng::new(options.seed);
     let mut last_gain_at = Duration::ZERO;
     // A plan at the bound cannot be beaten; one that never waits runs at the compute time.
@@ -186,7 +197,7 @@ pub fn improve(
             let quiet = started.elapsed() - last_gain_at;
             quiet < p.max(2 * last_gain_at)
         })
-        && (!current.evictions.is_empty() || !gaps.is_empty())
+        && (!current.evictions.is_empty() || !gaps.is_empty() || !tails.is_empty())
         && best.is_none_or(|b| b > floor_ns)
     {
         let mut candidate = current.clone();
@@ -197,20 +208,16 @@ pub fn improve(
         // Half the time, aim at where the current plan waits: most of a plan's ops never wait,
         // and a change far from every wait rarely shortens the step.
         if !waits.is_empty() && rng.below(2) == 0 {
-            changed = aim(
-                &mut candidate.evictions,
-                &waits,
-                &gaps,
-                work_cycle,
-                period,
-                &mut rng,
-            );
+            changed = aim(&mut candidate, &waits, &gaps, &tails, work_cycle, &mut rng);
         }
         for _ in 0..count {
             if changed && rng.below(2) == 0 {
                 break;
             }
-            if candidate.evictions.is_empty() || rng.below(6) == 0 {
+            // (No draw without tails: plans in bytes search exactly as before.)
+            if !tails.is_empty() && rng.below(4) == 0 {
+                changed |= mutate_tail(&mut candidate.tail_outs, &tails, period, &mut rng);
+            } else if candidate.evictions.is_empty() || rng.below(6) == 0 {
                 changed |= add_round_trip(&mut candidate.evictions, &gaps, period, &mut rng);
             } else {
                 let i = rng.below(candidate.evictions.len() as u64) as usize;
@@ -223,6 +230,7 @@ pub fn improve(
         // The plan's order (by the op after which a piece leaves) is also the order in which
         // read-backs issued at one op queue up, so it is part of what is priced.
         candidate.evictions.sort_by_key(|e| (e.out_after, e.piece));
+        candidate.tail_outs.sort_by_key(|t| (t.out_after, t.piece));
         report.evaluations += 1;
         if let Some((step, new_waits)) = price(&candidate, best) {
             // Equal steps are accepted too, so the search can cross plateaus.
@@ -247,16 +255,17 @@ pub fn improve(
 /// in proportion to how long it waited. For a piece that arrived late: issue its read-back
 /// earlier (and, as often as not, make room for that by sending out another piece that is idle
 /// across the stretch), postpone past the wait a read-back that queues ahead of it and is needed
-/// later, or drop its round trip. For an op that waited for memory alone: make room across it.
-/// False if nothing applied.
+/// later, or drop its round trip. For an op that waited for memory alone: make room across it
+/// (with tails, half the time by writing one out). False if nothing applied.
 fn aim(
-    evictions: &mut Vec<Eviction>,
+    plan: &mut SwapPlan,
     waits: &[OpWait],
     gaps: &[Gap],
+    tails: &[Gap],
     cycle: &Cycle,
-    period: u32,
     rng: &mut Rng,
 ) -> bool {
+    let period = plan.period;
     let total: u64 = waits.iter().map(|w| w.waited_ns.max(1)).sum();
     let mut pick = rng.below(total);
     let wait = waits
@@ -275,7 +284,7 @@ fn aim(
         .tensors
         .iter()
         .filter_map(|&t| {
-            evictions
+            plan.evictions
                 .iter()
                 .position(|e| e.piece == t && e.gap_to % period == wait.op)
         })
@@ -283,8 +292,20 @@ fn aim(
     let op_tensors = &cycle.ops[wait.op as usize].tensors;
     if late.is_empty() {
         // Waited for memory to hold what it creates: free some across it.
-        return make_room(evictions, gaps, op_tensors, wait.op, wait.op, period, rng);
+        if !tails.is_empty() && rng.below(2) == 0 {
+            return write_out_tail_across(&mut plan.tail_outs, tails, wait.op, period, rng);
+        }
+        return make_room(
+            &mut plan.evictions,
+            gaps,
+            op_tensors,
+            wait.op,
+            wait.op,
+            period,
+            rng,
+        );
     }
+    let evictions = &mut plan.evictions;
     let i = late[rng.below(late.len() as u64) as usize];
     let e = evictions[i];
     match rng.below(6) {
@@ -381,6 +402,62 @@ fn make_room(
     let room = u64::from(g.to - last_u);
     let back = rng.below(room.min(16)) as u32;
     evictions.push(round_trip(g, g.to - back, period));
+    true
+}
+
+/// Writes out a random tail, not written out yet, that spans op `op` (a position in the
+/// cycle), right after its last access. False if there is none.
+fn write_out_tail_across(
+    tail_outs: &mut Vec<TailOut>,
+    tails: &[Gap],
+    op: u32,
+    period: u32,
+    rng: &mut Rng,
+) -> bool {
+    let spanning: Vec<Gap> = tails
+        .iter()
+        .filter(|g| [op, op + period].iter().any(|&u| g.from < u && u < g.to))
+        .filter(|g| !tail_outs.iter().any(|t| t.piece == g.tensor))
+        .copied()
+        .collect();
+    if spanning.is_empty() {
+        return false;
+    }
+    let g = spanning[rng.below(spanning.len() as u64) as usize];
+    tail_outs.push(tail_out(g));
+    true
+}
+
+/// The write-out of tail `g` right after its last access.
+fn tail_out(g: Gap) -> TailOut {
+    TailOut {
+        piece: g.tensor,
+        out_after: g.from,
+        tail_from: g.from,
+        freed_at: g.to,
+    }
+}
+
+/// Adds the write-out of a random tail, or, if it has one, drops it or moves it later in the
+/// tail (before the op that precedes the free: a copy out that late frees nothing).
+fn mutate_tail(tail_outs: &mut Vec<TailOut>, tails: &[Gap], period: u32, rng: &mut Rng) -> bool {
+    let g = tails[rng.below(tails.len() as u64) as usize];
+    let Some(i) = tail_outs.iter().position(|t| t.piece == g.tensor) else {
+        tail_outs.push(tail_out(g));
+        return true;
+    };
+    if rng.below(2) == 0 {
+        tail_outs.remove(i);
+        return true;
+    }
+    let out = tail_outs[i].out_unrolled(period);
+    let reach = [2, 16][rng.below(2) as usize];
+    let step = 1 + rng.below(reach) as u32;
+    let new_out = (out + step).min(g.to.saturating_sub(2));
+    if new_out <= out {
+        return false;
+    }
+    tail_outs[i].out_after = new_out % period;
     true
 }
 
@@ -512,6 +589,7 @@ mod tests {
             budget_bytes: 200 * MIB,
             evictions,
             host_resident: Vec::new(),
+            tail_outs: Vec::new(),
             pieces: pieces::whole(cycle),
         }
     }

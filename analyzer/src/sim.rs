@@ -9,7 +9,11 @@
 //!   memory when the copy completes, a swap-in holds it from the moment it starts);
 //! - a tensor's data appears at its first access (no copy: its contents were garbage) and
 //!   disappears after its last access (`plan`, which knows the future) or at its free (`lru`,
-//!   `none`, which do not);
+//!   `none`, which do not). Under [`MoveUnits::ShimPages`] a plan's tensors too are released at
+//!   their free, as the shim releases their pages: from the last access to the free (the tail)
+//!   a tensor holds memory, unless the plan writes it out ([`crate::plan::TailOut`]: a copy to
+//!   the host, queued on the device-to-host engine like any write-out, that releases the memory
+//!   when it ends);
 //! - every access may write a tensor, so leaving after an access costs a device-to-host copy;
 //!   leaving with a valid host copy (brought in, not touched since) is free.
 //!
@@ -36,7 +40,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::cost::{format_bytes, Budget, CostModel};
-use crate::cycle::{Cycle, TensorId};
+use crate::cycle::{Cycle, MoveUnits, TensorId};
 use crate::pieces::CoverError;
 use crate::plan::SwapPlan;
 use crate::timeline::{unrolled_accesses, Liveness};
@@ -266,9 +270,10 @@ struct Engine {
 /// Per-op actions, precomputed from the policy.
 #[derive(Default, Clone)]
 struct OpActions {
-    /// Tensors whose data dies after this op (plan) or that are freed before it (lru/none).
+    /// Tensors whose data dies after this op (a plan in bytes) or that are freed before it
+    /// (lru, none, a plan in shim pages).
     release: Vec<TensorId>,
-    /// Plan: tensors to write out after this op.
+    /// Plan: tensors to write out after this op (round trips and tails).
     evict_after: Vec<TensorId>,
     /// Plan: tensors to start bringing back when the compute stream reaches this op.
     fetch_at: Vec<TensorId>,
@@ -289,7 +294,8 @@ struct Sim<'a> {
     d2h: Engine,
     h2d: Engine,
     actions: Vec<OpActions>,
-    release_after: bool,
+    /// Whether tensors are released at their free (else after their last access).
+    release_at_free: bool,
     stats_cycle: usize,
     bytes_h2d: Vec<u64>,
     bytes_d2h: Vec<u64>,
@@ -360,13 +366,15 @@ pub fn simulate_with(
         }
     }
     let mut actions = vec![OpActions::default(); p];
-    let release_after = matches!(policy, Policy::Plan(_));
+    // Only a plan knows the last access; in shim pages it does not help, the shim holds the
+    // pages until the free.
+    let release_at_free = !matches!(policy, Policy::Plan(_)) || cycle.units == MoveUnits::ShimPages;
     for (tid, t) in cycle.tensors.iter().enumerate() {
         let tid = tid as TensorId;
         if t.is_persistent() || t.accesses.is_empty() {
             continue;
         }
-        if release_after {
+        if !release_at_free {
             let last = t.accesses[t.accesses.len() - 1];
             actions[last as usize].release.push(tid);
         } else if let Some(free) = t.free_at {
@@ -380,6 +388,21 @@ pub fn simulate_with(
             }
             actions[e.out_after as usize].evict_after.push(e.piece);
             actions[e.fetch_at as usize].fetch_at.push(e.piece);
+        }
+        if !plan.tail_outs.is_empty() && cycle.units != MoveUnits::ShimPages {
+            // Outside shim pages a tensor is released at its last access: there is no tail.
+            return Err(SimError::BadPlan(
+                "tail write-outs in a plan that is not in shim pages".into(),
+            ));
+        }
+        for t in &plan.tail_outs {
+            let out = t.out_unrolled(p as u32);
+            if t.piece as usize >= n_t || t.out_after as usize >= p || out >= t.freed_at {
+                return Err(SimError::BadPlan(format!(
+                    "tail write-out {t:?} is out of range"
+                )));
+            }
+            actions[t.out_after as usize].evict_after.push(t.piece);
         }
     }
     let mut sim = Sim {
@@ -397,7 +420,7 @@ pub fn simulate_with(
         d2h: Engine::default(),
         h2d: Engine::default(),
         actions,
-        release_after,
+        release_at_free,
         stats_cycle: 0,
         bytes_h2d: vec![0; cycles],
         bytes_d2h: vec![0; cycles],
@@ -577,9 +600,16 @@ impl Sim<'_> {
         for &t in &live.idle {
             holding.push((t, u32::MAX));
         }
+        // A plan in shim pages: tails that span the boundary hold memory (or, written out
+        // before it, are on the host).
+        if matches!(policy, Policy::Plan(_)) {
+            for g in live.tails.iter().filter(|g| g.to > period) {
+                holding.push((g.tensor, u32::MAX - 1));
+            }
+        }
         // Transient tensors whose lifetime wraps and that are released at their free under
         // lru/none: they hold memory from their last access to the free.
-        if !self.release_after {
+        if !matches!(policy, Policy::Plan(_)) {
             for (tid, t) in cycle.tensors.iter().enumerate() {
                 if let (Some(a), Some(f)) = (t.alloc_at, t.free_at) {
                     if t.accesses.is_empty() {
@@ -630,8 +660,8 @@ impl Sim<'_> {
     fn run_op(&mut self, pos: usize, global: u64) -> Result<f64, SimError> {
         let cycle = self.cycle;
         let op = &cycle.ops[pos];
-        // Frees recorded before this op (lru/none).
-        if !self.release_after {
+        // Frees recorded before this op (lru, none, a plan in shim pages).
+        if self.release_at_free {
             for i in 0..self.actions[pos].release.len() {
                 let t = self.actions[pos].release[i];
                 self.release(t);
@@ -687,7 +717,7 @@ impl Sim<'_> {
         let end = self.time + op.duration_ns as f64;
         self.advance_copies_until(end, pos)?;
         self.time = end;
-        if self.release_after {
+        if !self.release_at_free {
             for i in 0..self.actions[pos].release.len() {
                 let t = self.actions[pos].release[i];
                 self.release(t);
@@ -1041,6 +1071,7 @@ mod tests {
             budget_bytes: 0,
             evictions,
             host_resident: Vec::new(),
+            tail_outs: Vec::new(),
             pieces: crate::pieces::whole(cycle),
         }
     }

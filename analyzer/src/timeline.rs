@@ -7,11 +7,16 @@
 //! - **needed**: bytes of tensors holding live data (first to last access of each lifetime), the
 //!   least any policy must keep somewhere (device or host); the planner and the bound work on it.
 //!
+//! Under [`MoveUnits::ShimPages`] a transient tensor also holds memory from its last access to
+//! its free (its *tail*, [`Liveness::tails`]): the shim keeps an allocation's pages until the
+//! application frees it. [`held_bytes`] counts that; [`needed_bytes`] does not, since the data
+//! of a tail is never read again (the bound, which prices what must come back, uses it).
+//!
 //! Times assume no swapping: op `i` starts when op `i-1` ends.
 
 use serde::Serialize;
 
-use crate::cycle::{Cycle, Identity, TensorId};
+use crate::cycle::{Cycle, Identity, MoveUnits, TensorId};
 
 /// A stretch during which a tensor holds data it will read again: from an access to its next
 /// access. Positions are unrolled: `from` lies in `[0, period)`, `from < to`, and `to` exceeds
@@ -35,6 +40,13 @@ pub struct Liveness {
     pub gaps: Vec<Gap>,
     /// Persistent tensors with no access in the cycle: they hold data and are never needed.
     pub idle: Vec<TensorId>,
+    /// Under [`MoveUnits::ShimPages`], each transient tensor's stretch from its last access
+    /// (`from`, in `[0, period)`) to its free (`to`, unrolled: the op before which it is freed),
+    /// when ops lie strictly between them. The shim holds the tensor's pages there (it cannot
+    /// tell that nothing reads them again) unless a plan writes them out, a copy to the host
+    /// that is never read back. Empty under [`MoveUnits::Bytes`], whose model releases a
+    /// tensor at its last access.
+    pub tails: Vec<Gap>,
 }
 
 /// Unrolled access positions of a tensor in lifetime order (strictly increasing).
@@ -52,12 +64,39 @@ pub fn unrolled_accesses(accesses: &[u32], period: u32) -> Vec<u32> {
     out
 }
 
+/// The tail of transient tensor `t` of a cycle of `period` ops (see [`Liveness::tails`]), if it
+/// has one: from its last access to its free.
+fn tail_of(t: &crate::cycle::Tensor, tensor: TensorId, period: u32) -> Option<Gap> {
+    let (alloc, free) = (t.alloc_at?, t.free_at?);
+    // Accesses counted from the allocation: those before its position were folded back from
+    // the next iteration.
+    let last = t
+        .accesses
+        .iter()
+        .map(|&a| if a < alloc { a + period } else { a })
+        .max()?;
+    // The lifetime is at most a period long, so the free is the first position after the
+    // last access that is the free's position modulo the period.
+    let after = last + 1;
+    let to = after + (free % period + period - after % period) % period;
+    if to <= after {
+        return None;
+    }
+    let shift = (last / period) * period;
+    Some(Gap {
+        tensor,
+        from: last - shift,
+        to: to - shift,
+    })
+}
+
 impl Liveness {
-    /// Computes the live gaps of `cycle`.
+    /// Computes the live gaps of `cycle` (and its tails, under [`MoveUnits::ShimPages`]).
     pub fn of(cycle: &Cycle) -> Liveness {
         let period = cycle.len() as u32;
         let mut gaps = Vec::new();
         let mut idle = Vec::new();
+        let mut tails = Vec::new();
         for (tid, t) in cycle.tensors.iter().enumerate() {
             let tid = tid as TensorId;
             if t.accesses.is_empty() {
@@ -65,6 +104,9 @@ impl Liveness {
                     idle.push(tid);
                 }
                 continue;
+            }
+            if cycle.units == MoveUnits::ShimPages {
+                tails.extend(tail_of(t, tid, period));
             }
             let acc = unrolled_accesses(&t.accesses, period);
             for w in acc.windows(2) {
@@ -89,7 +131,12 @@ impl Liveness {
                 });
             }
         }
-        Liveness { period, gaps, idle }
+        Liveness {
+            period,
+            gaps,
+            idle,
+            tails,
+        }
     }
 }
 
@@ -149,6 +196,31 @@ pub fn needed_bytes(cycle: &Cycle, live: &Liveness) -> Vec<u64> {
             .sum::<u64>();
     }
     out
+}
+
+/// Bytes the device holds at each op when nothing moves, as the planner counts them:
+/// [`needed_bytes`] plus the tails (under [`MoveUnits::ShimPages`]; the same as
+/// [`needed_bytes`] otherwise).
+pub fn held_bytes(cycle: &Cycle, live: &Liveness) -> Vec<u64> {
+    let mut held = needed_bytes(cycle, live);
+    if live.tails.is_empty() {
+        return held;
+    }
+    let n = cycle.len();
+    let mut delta = vec![0i128; n + 1];
+    for g in &live.tails {
+        add_open_interval(
+            &mut delta,
+            live.period,
+            g.from,
+            g.to,
+            cycle.tensors[g.tensor as usize].bytes,
+        );
+    }
+    for (h, t) in held.iter_mut().zip(integrate(delta, n)) {
+        *h += t;
+    }
+    held
 }
 
 /// Bytes allocated (between allocation and free) at each op.
@@ -277,4 +349,66 @@ pub fn tensor_timelines(cycle: &Cycle) -> Vec<TensorTimeline> {
             free: t.free_at.map(at),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cycle::{persistent_tensor, Tensor};
+
+    const MIB: u64 = 1 << 20;
+
+    fn transient(ordinal: u32, accesses: Vec<u32>, alloc: u32, free: u32) -> Tensor {
+        Tensor {
+            identity: Identity::Transient {
+                ordinal,
+                bytes: 4 * MIB,
+            },
+            bytes: 4 * MIB,
+            accesses,
+            alloc_at: Some(alloc),
+            free_at: Some(free),
+            source: ordinal,
+        }
+    }
+
+    #[test]
+    fn tails_run_from_the_last_access_to_the_free_in_shim_pages_only() {
+        let tensors = vec![
+            // Last access at 1, freed before 5: ops 2 to 4 hold it.
+            transient(0, vec![0, 1], 0, 5),
+            // Allocated at 6, last access folded from the next iteration (op 1), freed before
+            // op 3 of that iteration.
+            transient(1, vec![6, 7, 1], 6, 3),
+            // Allocated at 5, last touched at 7, freed before op 2 of the next iteration: its
+            // tail wraps.
+            transient(2, vec![5, 7], 5, 2),
+            // Freed right after its last access: no tail.
+            transient(3, vec![2], 2, 3),
+            persistent_tensor(4, 4 * MIB, vec![3]),
+        ];
+        let cycle = Cycle::from_parts(&[10; 8], tensors).unwrap();
+        let bytes = Liveness::of(&cycle);
+        assert!(bytes.tails.is_empty());
+        assert_eq!(held_bytes(&cycle, &bytes), needed_bytes(&cycle, &bytes));
+
+        let pages = cycle.with_units(MoveUnits::ShimPages);
+        let live = Liveness::of(&pages);
+        let tail = |tensor, from, to| Gap { tensor, from, to };
+        assert_eq!(
+            live.tails,
+            vec![tail(0, 1, 5), tail(1, 1, 3), tail(2, 7, 10)]
+        );
+        // The gaps are those of the bytes model.
+        assert_eq!(live.gaps, bytes.gaps);
+        let needed = needed_bytes(&pages, &live);
+        let held = held_bytes(&pages, &live);
+        let extra: Vec<u64> = held
+            .iter()
+            .zip(&needed)
+            .map(|(h, n)| (h - n) / MIB)
+            .collect();
+        // Tensor 2 over ops 0 and 1, tensor 1 over op 2, tensor 0 over ops 2 to 4.
+        assert_eq!(extra, vec![4, 4, 8, 4, 4, 0, 0, 0]);
+    }
 }

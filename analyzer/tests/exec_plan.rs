@@ -33,6 +33,8 @@ fn plans_for_the_shared_traces_name_the_next_iterations_allocations() {
     let cost = CostModel::default();
     // Steps by role kind over all plans: persistent, current iteration, previous iteration.
     let mut kinds = [0usize; 3];
+    // Tails written out (shim pages: the shim holds a tensor until its free), over all plans.
+    let mut tails_out = 0;
     for name in ["mlp.trace.gz", "resnet50.trace.gz", "bert.trace.gz"] {
         let trace = shared(name);
         let iters = detect(&trace).unwrap();
@@ -53,11 +55,13 @@ fn plans_for_the_shared_traces_name_the_next_iterations_allocations() {
             let (searched, _) = improve(&cycle, &planned, budget, &cost, &search);
             let conversion = convert(&trace, &cycle, &searched, &cost, 1).unwrap();
             let plan = &conversion.plan;
+            tails_out += conversion.executed.tail_outs.len();
             println!(
-                "{name} at {fraction}: {} launches, {} steps, {} dropped, predicted {:.2} ms \
-                 (compute {:.2} ms)",
+                "{name} at {fraction}: {} launches, {} steps ({} tails out), {} dropped, \
+                 predicted {:.2} ms (compute {:.2} ms)",
                 plan.period,
                 plan.steps.len(),
+                conversion.executed.tail_outs.len(),
                 conversion.dropped_round_trips,
                 plan.predicted_step_ns as f64 / 1e6,
                 plan.compute_ns as f64 / 1e6
@@ -85,6 +89,7 @@ fn plans_for_the_shared_traces_name_the_next_iterations_allocations() {
         kinds[0] > 0 && kinds[1] > 0,
         "persistent and transient roles are exercised"
     );
+    assert!(tails_out > 0, "tail write-outs are exercised");
 }
 
 /// A training loop of 8 launches and a memset per step whose gradient-like tensor `g` is

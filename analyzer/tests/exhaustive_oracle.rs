@@ -115,6 +115,7 @@ fn optimum(cycle: &Cycle, budget: Budget) -> Option<u64> {
             budget_bytes: budget.bytes,
             evictions,
             host_resident: idle.clone(),
+            tail_outs: Vec::new(),
             pieces: tensile_analyzer::pieces::whole(cycle),
         };
         if let Some(step) = price(cycle, &plan, budget) {

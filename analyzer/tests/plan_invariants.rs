@@ -7,6 +7,7 @@ mod common_synth;
 use proptest::prelude::*;
 use tensile_analyzer::bound::lower_bound;
 use tensile_analyzer::cost::{Budget, CostModel};
+use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::plan::{op_bytes, plan, plan_with, SwapPlan, PLAN_VARIANTS};
 use tensile_analyzer::sim::{simulate, Policy, SimError, SimOptions};
 use tensile_analyzer::timeline::Footprint;
@@ -91,6 +92,37 @@ proptest! {
     }
 
     #[test]
+    fn plans_in_shim_pages_fit_with_their_tails_and_never_beat_the_bound(
+        cycle in common_synth::cycle_strategy(),
+        frac in 0.0f64..1.0,
+    ) {
+        // In whole pages (every tensor movable, as on the shim at its sizes), transients hold
+        // their memory until their free unless the plan writes their tail out. The bound is
+        // that of the bytes model, which has less pressure: it must still hold.
+        let mut cycle = cycle.with_units(MoveUnits::ShimPages);
+        for t in &mut cycle.tensors {
+            t.bytes *= 2;
+        }
+        let cost = CostModel::default();
+        let budget = budget_for(&cycle, frac);
+        for options in PLAN_VARIANTS {
+            let plan = plan_with(&cycle, &budget, &cost, &options).expect("feasible budget");
+            let report = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default())
+                .expect("plan simulates without violation");
+            prop_assert!(report.peak_resident_bytes <= budget.bytes);
+            prop_assert_eq!(report.demand_fetches, 0, "plan left a tensor behind");
+            prop_assert!(report.step_ns >= report.compute_ns);
+        }
+        let bound = lower_bound(&cycle, &budget, &cost).expect("feasible");
+        let plan = plan(&cycle, &budget, &cost).expect("feasible");
+        let planned = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default())
+            .expect("plan simulates without violation");
+        let slack = cycle.len() as u64 * 3;
+        prop_assert!(planned.step_ns + slack >= bound.bound_ns,
+            "plan {} < bound {}", planned.step_ns, bound.bound_ns);
+    }
+
+    #[test]
     fn no_swapping_runs_at_compute_speed(cycle in common_synth::cycle_strategy()) {
         let cost = CostModel::default();
         let fp = Footprint::of(&cycle);
@@ -140,6 +172,7 @@ fn simulator_rejects_a_plan_that_ignores_the_budget() {
         budget_bytes: budget.bytes,
         evictions: vec![],
         host_resident: vec![],
+        tail_outs: vec![],
         pieces: tensile_analyzer::pieces::whole(&cycle),
     };
     let err = simulate(

@@ -243,7 +243,7 @@ fn emit_plan(
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     let dropped = match conversion.dropped_round_trips {
         0 => String::new(),
-        n => format!(" ({n} round trips between launches left out)"),
+        n => format!(" ({n} moves left out: between launches, or of tensors no role names)"),
     };
     Ok(format!(
         "exec plan  written to {}: version {}, {} launches per iteration from launch {}, {} \

@@ -66,10 +66,48 @@ pub fn resolve(
     }
 }
 
+/// What [`check_against_instance`] found.
+pub struct Checked {
+    /// Steps whose launch the trace has.
+    pub steps: usize,
+    /// Of those, swap-outs after which no op of this instance touches the allocation until its
+    /// free (a tail's write-out; a round trip's piece comes back).
+    pub dead_outs: usize,
+}
+
+/// What a step names, whatever iteration it is seen from.
+fn piece_key(p: &PieceRef) -> (u64, u64, u64) {
+    match p.role {
+        Role::Persistent { alloc_id } => (0, alloc_id, p.offset),
+        Role::Transient { ordinal, bytes, .. } => (1 + u64::from(ordinal), bytes, p.offset),
+    }
+}
+
+/// The tail write-outs of `plan`: per piece, the swap-outs beyond its prefetches (a round
+/// trip's piece comes back, a tail's never). Checks that a piece has at most one (one
+/// lifetime per iteration) and only a transient's.
+pub fn tail_outs(name: &str, plan: &ExecPlan) -> usize {
+    let mut balance: std::collections::HashMap<(u64, u64, u64), (i64, bool)> = Default::default();
+    for s in &plan.steps {
+        let entry = balance
+            .entry(piece_key(&s.piece))
+            .or_insert((0, matches!(s.piece.role, Role::Transient { .. })));
+        entry.0 += if s.action == Action::SwapOut { 1 } else { -1 };
+    }
+    let mut tails = 0;
+    for (key, (extra, transient)) in balance {
+        assert!(
+            extra == 0 || (extra == 1 && transient),
+            "{name}: piece {key:?} goes out {extra} more times than it comes back"
+        );
+        tails += extra as usize;
+    }
+    tails
+}
+
 /// Checks `plan` against the instance of the iteration `k` iterations after the one it was
-/// made from. Launches past the end of the trace (its last step can be cut) are skipped;
-/// returns how many steps were checked.
-pub fn check_against_instance(name: &str, trace: &Trace, plan: &ExecPlan, k: i64) -> usize {
+/// made from. Launches past the end of the trace (its last step can be cut) are skipped.
+pub fn check_against_instance(name: &str, trace: &Trace, plan: &ExecPlan, k: i64) -> Checked {
     let period = u64::from(plan.period);
     let start = (plan.anchor_seq as i64 + k * period as i64) as u64;
     for p in 0..period {
@@ -86,6 +124,7 @@ pub fn check_against_instance(name: &str, trace: &Trace, plan: &ExecPlan, k: i64
     }
     assert!(!plan.steps.is_empty(), "{name}: the plan moves something");
     let mut checked = 0;
+    let mut dead_outs = 0;
     for (i, s) in plan.steps.iter().enumerate() {
         let Some(op) = op_of_seq(trace, start + u64::from(s.position)) else {
             continue;
@@ -111,26 +150,58 @@ pub fn check_against_instance(name: &str, trace: &Trace, plan: &ExecPlan, k: i64
         assert_eq!(s.piece.offset % (2 << 20), 0, "{name}: step {i}");
         assert_eq!(s.piece.bytes % (2 << 20), 0, "{name}: step {i}");
         assert!(a.bytes > 1 << 20, "{name}: step {i} moves a small tensor");
+        let after = match s.when {
+            When::BeforeLaunch => op,
+            When::AfterLaunch => op + 1,
+        };
+        let freed = a.free.map_or(trace.ops.len(), |f| f.before_op as usize);
+        if s.action == Action::SwapOut
+            && trace.ops[after..freed.max(after)]
+                .iter()
+                .all(|o| !o.touches.contains(&(index as u32)))
+        {
+            dead_outs += 1;
+        }
     }
-    checked
+    Checked {
+        steps: checked,
+        dead_outs,
+    }
 }
 
 pub fn check_plan(name: &str, trace: &Trace, plan: &ExecPlan, instances: &[i64]) {
     // Each instance named is checked where the trace has it; the first must be in the trace
     // for the most part (a trace's last step can be cut), the others whole.
+    let tails = tail_outs(name, plan);
     for (i, &k) in instances.iter().enumerate() {
         let checked = check_against_instance(name, trace, plan, k);
         if i == 0 {
             assert!(
-                checked * 10 >= plan.steps.len() * 8,
-                "{name}: only {checked} of {} steps fall in instance {k}",
+                checked.steps * 10 >= plan.steps.len() * 8,
+                "{name}: only {} of {} steps fall in instance {k}",
+                checked.steps,
                 plan.steps.len()
             );
         } else {
             assert_eq!(
-                checked,
+                checked.steps,
                 plan.steps.len(),
                 "{name}: instance {k} is complete"
+            );
+        }
+        // The cycle's last access is the representative instance's; another instance can
+        // touch a tensor later (a stale pointer word in a kernel's parameters lands in
+        // whatever allocation sits at that address: docs/planner.md), which the shim then
+        // fetches on demand. Most tails are dead there too.
+        if checked.steps == plan.steps.len() {
+            println!(
+                "{name}: instance {k}: {} swap-outs dead until the free, {tails} tail write-outs",
+                checked.dead_outs
+            );
+            assert!(
+                checked.dead_outs * 10 >= tails * 9,
+                "{name}: instance {k}: {} swap-outs dead until the free, {tails} tail write-outs",
+                checked.dead_outs
             );
         }
     }
@@ -144,13 +215,14 @@ pub fn check_plan(name: &str, trace: &Trace, plan: &ExecPlan, instances: &[i64])
             .free
             .is_none_or(|f| { f.before_op as usize > op_of_seq(trace, next - 1).unwrap() }));
     }
-    // Every piece written out is read back: as many prefetches as swap-outs.
+    // Every piece written out is read back, except tails (never used again): as many
+    // prefetches as swap-outs that are not tails'.
     let outs = plan
         .steps
         .iter()
         .filter(|s| s.action == Action::SwapOut)
         .count();
-    assert_eq!(outs * 2, plan.steps.len(), "{name}");
+    assert_eq!(outs - tails, plan.steps.len() - outs, "{name}");
     assert!(plan.steps.iter().any(|s| s.when == When::AfterLaunch));
     assert_eq!(ExecPlan::decode(&plan.encode()).as_ref(), Ok(plan));
 }
