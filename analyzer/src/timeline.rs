@@ -167,19 +167,26 @@ fn integrate(delta: Vec<i128>, n: usize) -> Vec<u64> {
         .collect()
 }
 
-/// Bytes holding live data at each op (the op's own tensors included).
-pub fn needed_bytes(cycle: &Cycle, live: &Liveness) -> Vec<u64> {
-    let n = cycle.len();
-    let mut delta = vec![0i128; n + 1];
-    for g in &live.gaps {
+/// The per-op changes of the bytes the tensors of `gaps` hold between their ends (to be
+/// integrated).
+fn interval_deltas(cycle: &Cycle, period: u32, gaps: &[Gap]) -> Vec<i128> {
+    let mut delta = vec![0i128; cycle.len() + 1];
+    for g in gaps {
         add_open_interval(
             &mut delta,
-            live.period,
+            period,
             g.from,
             g.to,
             cycle.tensors[g.tensor as usize].bytes,
         );
     }
+    delta
+}
+
+/// Bytes holding live data at each op (the op's own tensors included).
+pub fn needed_bytes(cycle: &Cycle, live: &Liveness) -> Vec<u64> {
+    let n = cycle.len();
+    let mut delta = interval_deltas(cycle, live.period, &live.gaps);
     let idle: u64 = live
         .idle
         .iter()
@@ -206,18 +213,8 @@ pub fn held_bytes(cycle: &Cycle, live: &Liveness) -> Vec<u64> {
     if live.tails.is_empty() {
         return held;
     }
-    let n = cycle.len();
-    let mut delta = vec![0i128; n + 1];
-    for g in &live.tails {
-        add_open_interval(
-            &mut delta,
-            live.period,
-            g.from,
-            g.to,
-            cycle.tensors[g.tensor as usize].bytes,
-        );
-    }
-    for (h, t) in held.iter_mut().zip(integrate(delta, n)) {
+    let delta = interval_deltas(cycle, live.period, &live.tails);
+    for (h, t) in held.iter_mut().zip(integrate(delta, cycle.len())) {
         *h += t;
     }
     held

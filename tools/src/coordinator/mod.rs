@@ -1014,6 +1014,27 @@ mod tests {
         assert_eq!(log.lines().count(), 4, "{log}");
     }
 
+    /// A coordinator on a segment of its own whose planners never plan and which keeps no
+    /// reserve (so the card's numbers are the grants'): its name, it, and its log.
+    fn dividing_coordinator() -> (String, Coordinator, Captured) {
+        let name = unique_name();
+        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
+        let captured = Captured::default();
+        let mut c = Coordinator::new(
+            segment,
+            Log::new(Box::new(captured.clone())),
+            Box::new(|_| {
+                Box::new(Scripted {
+                    seen: Arc::default(),
+                    after: usize::MAX,
+                    planned: false,
+                })
+            }),
+        );
+        c.reserve_fraction = 0.0;
+        (name, c, captured)
+    }
+
     /// A job's allocation of `bytes` and one launch touching it.
     fn big_launch(job: &mut JobClient, id: u64, bytes: u64) {
         job.push(&Record::Alloc(tensile_trace::Alloc {
@@ -1038,21 +1059,7 @@ mod tests {
     #[test]
     fn a_job_whose_largest_launch_cannot_fit_beside_the_others_floors_is_told_in_one_line() {
         const G: u64 = 1 << 30;
-        let name = unique_name();
-        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
-        let captured = Captured::default();
-        let mut c = Coordinator::new(
-            segment,
-            Log::new(Box::new(captured.clone())),
-            Box::new(|_| {
-                Box::new(Scripted {
-                    seen: Arc::default(),
-                    after: usize::MAX,
-                    planned: false,
-                })
-            }),
-        );
-        c.reserve_fraction = 0.0;
+        let (name, mut c, captured) = dividing_coordinator();
         let t0 = Instant::now();
         let mut a = JobClient::join(&name, &JobOptions::default()).unwrap();
         let mut b = JobClient::join(&name, &JobOptions::default()).unwrap();
@@ -1091,21 +1098,7 @@ mod tests {
     #[test]
     fn the_card_is_divided_as_jobs_come_and_go_and_never_promised_twice() {
         const G: u64 = 1 << 30;
-        let name = unique_name();
-        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
-        let captured = Captured::default();
-        let mut c = Coordinator::new(
-            segment,
-            Log::new(Box::new(captured.clone())),
-            Box::new(|_| {
-                Box::new(Scripted {
-                    seen: Arc::default(),
-                    after: usize::MAX,
-                    planned: false,
-                })
-            }),
-        );
-        c.reserve_fraction = 0.0;
+        let (name, mut c, captured) = dividing_coordinator();
         let t0 = Instant::now();
         let tick = |c: &mut Coordinator, ms: u64| {
             c.tick(t0 + Duration::from_millis(ms));
