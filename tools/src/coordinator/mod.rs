@@ -582,7 +582,8 @@ impl Coordinator {
                         } else {
                             snap.budget_bytes
                         },
-                        floor: self.jobs[s].floor.floor(),
+                        // At least a page each, so that no grant drops to nothing.
+                        floor: self.jobs[s].floor.floor().max(MIN_GRANT),
                         need,
                         priority: snap.priority.unwrap_or_default(),
                         curve: self.jobs[s].curve.clone(),
@@ -637,9 +638,12 @@ impl Coordinator {
             )
         };
         let mut moved = Vec::new();
-        for (((slot, &grant), &grantable), &short) in
-            order.iter().zip(&targets).zip(&grantable).zip(&short)
-        {
+        // Shrinks are published before raises: a reader of the segment (or a job) must never
+        // see a raise that counts on memory another job's shrink, not yet written, gives back.
+        let mut publish: Vec<usize> = (0..order.len()).collect();
+        publish.sort_by_key(|&i| targets[i] >= self.jobs[&order[i]].granted);
+        for i in publish {
+            let (slot, grant, grantable, short) = (&order[i], targets[i], grantable[i], short[i]);
             let snap = &live[slot];
             let job = self.jobs.get_mut(slot).expect("ordered from the jobs");
             let floor = job.floor.floor();
@@ -663,7 +667,11 @@ impl Coordinator {
                     ));
                 }
             }
-            if grant == job.granted || grant == 0 {
+            // A grant of 0 is the budget asked before the card is known ("no limit"): not sent.
+            // Once the card is known every decided grant is sent, down to 0 on a full card
+            // (the job keeps a page): one not sent would still count as held by the job while
+            // `settle` gave its memory to another.
+            if grant == job.granted || (card == 0 && grant == 0) {
                 continue;
             }
             moved.push(format!(
