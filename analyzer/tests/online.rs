@@ -485,10 +485,19 @@ fn an_allocation_announced_twice_while_live_is_refused_and_a_plan_still_comes() 
     repeated.extend(live.into_iter().map(Record::Alloc));
     repeated.extend_from_slice(&records[cut..]);
 
-    let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+    // The search bounded by its count of plans, not by the clock, so that both learners
+    // search alike on a loaded machine.
+    let options = || {
+        let mut o = LearnerOptions::for_budget(half_peak(&trace));
+        o.search.time_limit = std::time::Duration::from_secs(600);
+        o.search.patience = None;
+        o.search.max_evaluations = 64;
+        o
+    };
+    let mut learner = Learner::new(options());
     let plans = feed(&mut learner, &repeated, 50, |_, _| {});
     let (_, plan) = plans.first().expect("a plan despite the repeat");
-    let mut clean = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+    let mut clean = Learner::new(options());
     let clean_plans = feed(&mut clean, &records, 50, |_, _| {});
     let (_, clean_plan) = clean_plans.first().expect("a plan");
     assert_eq!(plan.period, clean_plan.period);

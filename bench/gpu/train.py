@@ -13,6 +13,11 @@ under LD_PRELOAD=libtensile.so, and with tracing, so the three are compared on o
 
 --deterministic makes losses comparable bit for bit between runs (fixed seeds,
 torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG).
+
+--peer names what a user does today instead of libtensile, with a code change (GPU_FACTS.md's
+table): `checkpoint` (activation checkpointing: GPT-2's gradient_checkpointing_enable, the
+other models' layers in 4 checkpointed segments) or `save_on_cpu`
+(torch.autograd.graph.save_on_cpu(pin_memory=True) around the forward pass).
 """
 import argparse
 import json
@@ -55,6 +60,38 @@ def build(name, device, torch):
     sys.exit(f"unknown model {name}")
 
 
+def checkpointed(name, model, torch):
+    """The model with activation checkpointing, as a user would add it."""
+    from torch.utils.checkpoint import checkpoint_sequential
+
+    nn = torch.nn
+    if name == "gpt2":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return model
+    if name == "resnet50":
+        m = model
+        # torchvision's ReLUs work in place, which a recomputed segment must not do.
+        for mod in m.modules():
+            if isinstance(mod, nn.ReLU):
+                mod.inplace = False
+        layers = nn.Sequential(m.conv1, m.bn1, m.relu, m.maxpool, m.layer1, m.layer2, m.layer3,
+                               m.layer4, m.avgpool, nn.Flatten(1), m.fc)
+    elif name == "transformer":
+        layers = nn.Sequential(*model[0].layers, model[1])
+    else:
+        layers = model
+
+    class Segments(nn.Module):
+        def __init__(self, seq):
+            super().__init__()
+            self.seq = seq
+
+        def forward(self, x):
+            return checkpoint_sequential(self.seq, 4, x, use_reentrant=False)
+
+    return Segments(layers)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", choices=["resnet50", "transformer", "gpt2", "mlp"])
@@ -62,6 +99,8 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--label", default="", help="free text copied into the output")
+    p.add_argument("--peer", choices=["checkpoint", "save_on_cpu"],
+                   help="what users do today instead (a code change): see above")
     args = p.parse_args()
 
     if args.deterministic:
@@ -74,6 +113,8 @@ def main():
         torch.backends.cudnn.benchmark = False
     device = torch.device("cuda")
     model, loss_of, x_host, y_host = build(args.model, device, torch)
+    if args.peer == "checkpoint":
+        model = checkpointed(args.model, model, torch)
     model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -84,7 +125,11 @@ def main():
         xb = x_host.to(device, non_blocking=True)
         yb = y_host.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(model, xb, yb)
+        if args.peer == "save_on_cpu":
+            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+                loss = loss_of(model, xb, yb)
+        else:
+            loss = loss_of(model, xb, yb)
         loss.backward()
         opt.step()
         value = loss.item()
@@ -98,6 +143,7 @@ def main():
     print(json.dumps({
         "model": args.model,
         "label": args.label,
+        "peer": args.peer or "",
         "median_step_ms": statistics.median(times) * 1e3,
         "step_ms": [t * 1e3 for t in times],
         "losses": [float.hex(v) for v in losses],

@@ -324,11 +324,6 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     }
     let mut mc = ManagerConfig::new(s.device_budget, s.host_cap);
     mc.device = driver.device();
-    if shares_the_card(config) {
-        // Its grant may shrink, and what it gives back must be whole physical allocations:
-        // one page each (a cuMemCreate of 2 MiB costs about what one of 64 MiB does).
-        mc.device_chunk_bytes = mc.page_size;
-    }
     // The defaults suit budgets of gigabytes; a budget of a few pages (tests, the demo) must
     // not keep most of itself free, nor evict most of itself in one round.
     let budget_pages = (s.device_budget / mc.page_size).max(1);

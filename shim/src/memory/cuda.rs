@@ -202,7 +202,6 @@ mod tests {
         let budget = 8 * MIB;
         let mut cfg = ManagerConfig::new(budget, 256 * MIB);
         cfg.arena_bytes = 1 << 30;
-        cfg.device_chunk_bytes = 4 * MIB;
         cfg.host_chunk_bytes = 16 * MIB;
         cfg.evict_batch = 2;
         let (free0, _) = drv.mem_get_info().unwrap();

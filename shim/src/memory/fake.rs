@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tensile_driver_abi::{
     CUdeviceptr, CUresult, CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_HANDLE,
-    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY,
 };
 
 use super::driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
@@ -586,6 +586,10 @@ impl Driver for FakeDriver {
             .is_some_and(|p| !p.released && offset + size <= p.data.len());
         if size == 0 || !fits || !s.in_reservation(ptr, size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // The real driver maps only whole allocations (tests/simgpu's `map`).
+        if offset != 0 || s.phys.get(&handle.0).is_some_and(|p| p.data.len() != size) {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let end = ptr + size as u64;
         let overlaps = s

@@ -1,12 +1,13 @@
 //! Physical page frames: device frames within the budget, and the pinned host pool.
 //!
-//! A *frame* is one page-sized piece of a physical allocation. Physical memory is created in
-//! chunks of many pages (one `cuMemCreate` of 32 MiB costs about what one of 2 MiB does, see
-//! GPU_FACTS.md) and handed out frame by frame. Where frames are mapped at the arena is the
-//! manager's business (device frames one page at a time, so a single page can be evicted
-//! without touching its neighbours, as `cuMemUnmap` cannot split a mapping; host frames in
-//! runs); this module only keeps host frames in address order and hands out runs of them
-//! ([`HostPool::regroup`]) so that such runs can form.
+//! A *frame* is one page of physical memory with an allocation (`cuMemCreate`) of its own.
+//! The driver maps only whole allocations from offset 0: on the H200 (CUDA 13.0 driver) a
+//! `cuMemMap` of one page of a 64 MiB allocation failed with `CUDA_ERROR_NOT_SUPPORTED`
+//! (docs/gpu-results.md), so frames cannot be carved out of larger allocations, and a page
+//! evicted alone needs an allocation of its own. A `cuMemCreate` of 2 MiB costs about 11 µs
+//! (GPU_FACTS.md). Where frames are mapped at the arena is the manager's business; this
+//! module keeps host frames in address order and hands out runs of them
+//! ([`HostPool::regroup`]), so that a batch of pages is one copy.
 //!
 //! - [`DevicePool`]: device frames. It never creates more than the budget allows; that is
 //!   the single place the device budget is enforced.
@@ -33,34 +34,31 @@ pub struct DevFrame(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HostFrame(pub u32);
 
-/// Device frames, created in chunks, never more than the budget.
+/// Device frames, one physical allocation each, never more than the budget.
 ///
-/// A budget that shrinks below what was created gives memory back to the driver (for other
-/// jobs on the card) chunk by chunk, as whole chunks become free ([`Self::release_free_chunks`]):
-/// a job that shares a card uses chunks of one page, so that every frame it frees can go.
+/// One `cuMemCreate` per page, because the driver maps only whole allocations (see the
+/// module's header): a page evicted alone must have an allocation of its own. A budget that
+/// shrinks below what was created gives memory back to the driver (for other jobs on the
+/// card) frame by frame, as frames become free ([`Self::release_free_frames`]).
 pub struct DevicePool {
     page: usize,
     device: i32,
     budget_frames: usize,
-    chunk_frames: usize,
-    /// `None`: released; its frames are retired (never free, never handed out again).
-    chunks: Vec<Option<PhysHandle>>,
-    /// Frame index → (chunk, byte offset in it).
-    frames: Vec<(u32, usize)>,
-    /// Frames of chunks not released.
+    /// Frame index → its allocation; `None`: released, the frame retired (never free, never
+    /// handed out again).
+    handles: Vec<Option<PhysHandle>>,
+    /// Frames not released.
     live_frames: usize,
     free: Vec<DevFrame>,
 }
 
 impl DevicePool {
-    pub fn new(page: usize, device: i32, budget_bytes: usize, chunk_bytes: usize) -> Self {
+    pub fn new(page: usize, device: i32, budget_bytes: usize) -> Self {
         Self {
             page,
             device,
             budget_frames: budget_bytes / page,
-            chunk_frames: (chunk_bytes / page).max(1),
-            chunks: Vec::new(),
-            frames: Vec::new(),
+            handles: Vec::new(),
             live_frames: 0,
             free: Vec::new(),
         }
@@ -71,7 +69,7 @@ impl DevicePool {
     }
 
     /// Changes the budget. Frames already created over a smaller budget stay created until
-    /// [`Self::release_free_chunks`] gives them back, and [`Self::take`] hands out none while
+    /// [`Self::release_free_frames`] gives them back, and [`Self::take`] hands out none while
     /// the frames in use reach the budget.
     pub fn set_budget_frames(&mut self, frames: usize) {
         self.budget_frames = frames;
@@ -96,8 +94,8 @@ impl DevicePool {
         self.budget_frames.saturating_sub(self.in_use())
     }
 
-    /// A free frame, creating a chunk if the budget has room. `Ok(None)` when the budget is
-    /// used up (or the card refused more memory, which then becomes the budget).
+    /// A free frame, creating one if the budget has room. `Ok(None)` when the budget is used
+    /// up (or the card refused more memory, which then becomes the budget).
     pub fn take(&mut self, driver: &dyn Driver) -> Result<Option<DevFrame>, CUresult> {
         if self.in_use() >= self.budget_frames {
             return Ok(None);
@@ -105,26 +103,19 @@ impl DevicePool {
         if let Some(f) = self.free.pop() {
             return Ok(Some(f));
         }
-        let room = self.budget_frames.saturating_sub(self.live_frames);
-        if room == 0 {
+        if self.live_frames >= self.budget_frames {
             return Ok(None);
         }
-        let n = room.min(self.chunk_frames);
-        match driver.mem_create(n * self.page, PhysLocation::Device(self.device)) {
+        match driver.mem_create(self.page, PhysLocation::Device(self.device)) {
             Ok(h) => {
-                let chunk = self.chunks.len() as u32;
-                self.chunks.push(Some(h));
-                let first = self.frames.len() as u32;
-                self.frames.extend((0..n).map(|i| (chunk, i * self.page)));
-                self.live_frames += n;
-                // Hand out low indices first; the order is irrelevant but stable for tests.
-                self.free
-                    .extend((first + 1..first + n as u32).rev().map(DevFrame));
-                Ok(Some(DevFrame(first)))
+                let f = DevFrame(self.handles.len() as u32);
+                self.handles.push(Some(h));
+                self.live_frames += 1;
+                Ok(Some(f))
             }
             Err(CUDA_ERROR_OUT_OF_MEMORY) => {
                 tracing::warn!(
-                    held = self.frames.len() * self.page,
+                    held = self.live_frames * self.page,
                     "the device refused more memory; the budget shrinks to what is held"
                 );
                 self.budget_frames = self.live_frames;
@@ -143,68 +134,46 @@ impl DevicePool {
         &self.free
     }
 
-    /// The physical allocation and offset of a frame (one that is free or owned by a page:
-    /// its chunk is not released).
+    /// The physical allocation of a frame (one that is free or owned by a page: not
+    /// released), mapped whole at offset 0.
     pub fn location(&self, f: DevFrame) -> (PhysHandle, usize) {
-        let (c, off) = self.frames[f.0 as usize];
-        let handle = self.chunks[c as usize].expect("a frame in use belongs to a live chunk");
-        (handle, off)
+        let handle = self.handles[f.0 as usize].expect("a frame in use is not released");
+        (handle, 0)
     }
 
-    /// While more frames are created than the budget allows, releases chunks whose frames are
-    /// all free (free frames are mapped nowhere). Returns the frames given back.
-    pub fn release_free_chunks(&mut self, driver: &dyn Driver) -> usize {
-        if self.live_frames <= self.budget_frames || self.free.is_empty() {
-            return 0;
-        }
-        let mut free_in_chunk = vec![0usize; self.chunks.len()];
-        for f in &self.free {
-            free_in_chunk[self.frames[f.0 as usize].0 as usize] += 1;
-        }
-        let mut size = vec![0usize; self.chunks.len()];
-        for &(c, _) in &self.frames {
-            size[c as usize] += 1;
-        }
-        let mut released = vec![false; self.chunks.len()];
+    /// While more frames are created than the budget allows, releases free frames (free
+    /// frames are mapped nowhere). Returns the frames given back.
+    pub fn release_free_frames(&mut self, driver: &dyn Driver) -> usize {
         let mut given_back = 0;
-        for c in 0..self.chunks.len() {
-            if self.live_frames - given_back <= self.budget_frames {
-                break;
-            }
-            let Some(h) = self.chunks[c] else {
+        let mut kept = Vec::new();
+        while self.live_frames > self.budget_frames {
+            let Some(f) = self.free.pop() else { break };
+            let Some(h) = self.handles[f.0 as usize] else {
                 continue;
             };
-            if free_in_chunk[c] != size[c] {
-                continue;
-            }
             if let Err(e) = driver.mem_release(h) {
                 tracing::warn!(
                     code = e,
-                    "cuMemRelease of a device chunk failed; it is kept"
+                    "cuMemRelease of a device frame failed; it is kept"
                 );
-                continue;
+                kept.push(f);
+                break;
             }
-            self.chunks[c] = None;
-            released[c] = true;
-            given_back += size[c];
+            self.handles[f.0 as usize] = None;
+            self.live_frames -= 1;
+            given_back += 1;
         }
-        if given_back > 0 {
-            let frames = &self.frames;
-            self.free
-                .retain(|f| !released[frames[f.0 as usize].0 as usize]);
-            self.live_frames -= given_back;
-        }
+        self.free.extend(kept);
         given_back
     }
 
-    /// Releases every chunk (all frames must be unmapped by now).
+    /// Releases every frame (all must be unmapped by now).
     pub fn release_all(&mut self, driver: &dyn Driver) {
-        for h in self.chunks.drain(..).flatten() {
+        for h in self.handles.drain(..).flatten() {
             if let Err(e) = driver.mem_release(h) {
-                tracing::warn!(code = e, "cuMemRelease of a device chunk failed");
+                tracing::warn!(code = e, "cuMemRelease of a device frame failed");
             }
         }
-        self.frames.clear();
         self.free.clear();
         self.live_frames = 0;
     }
@@ -225,9 +194,8 @@ pub struct HostPoolConfig {
 }
 
 struct HostState {
-    chunks: Vec<PhysHandle>,
-    /// Frame index → (chunk, offset in chunk, address in the host window).
-    frames: Vec<(u32, usize, CUdeviceptr)>,
+    /// Frame index → (its allocation, its address in the host window).
+    frames: Vec<(PhysHandle, CUdeviceptr)>,
     /// Free frames in address order (frame indices follow window addresses), so the lowest
     /// are handed out first and runs of free frames can be found.
     free: BTreeSet<HostFrame>,
@@ -268,7 +236,9 @@ impl HostShared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Creates, maps and publishes one chunk. Called with `growing` set by the caller.
+    /// Creates, maps and publishes one chunk of frames: `chunk_bytes` of the window, one
+    /// allocation per frame (the driver maps only whole allocations). Called with `growing`
+    /// set by the caller.
     fn grow_one(&self) -> Result<(), CUresult> {
         let c = self.config;
         let (offset, bytes) = {
@@ -285,31 +255,19 @@ impl HostShared {
             (off, bytes)
         };
         let va = self.window + offset as u64;
-        let result = (|| {
-            let h = self
-                .driver
-                .mem_create(bytes, PhysLocation::HostNuma(c.numa_node))?;
-            if let Err(e) = self.driver.mem_map(va, bytes, 0, h) {
-                let _ = self.driver.mem_release(h);
-                return Err(e);
-            }
-            if let Err(e) = self.driver.mem_set_access(va, bytes, c.device) {
-                let _ = self.driver.mem_unmap(va, bytes);
-                let _ = self.driver.mem_release(h);
-                return Err(e);
-            }
-            Ok(h)
-        })();
+        let result = self.create_frames(va, bytes / c.page);
         let mut s = self.lock();
         match result {
-            Ok(h) => {
-                let chunk = s.chunks.len() as u32;
-                s.chunks.push(h);
+            Ok(handles) => {
                 let first = s.frames.len() as u32;
-                let n = bytes / c.page;
-                s.frames
-                    .extend((0..n).map(|i| (chunk, i * c.page, va + (i * c.page) as u64)));
-                s.free.extend((first..first + n as u32).map(HostFrame));
+                let n = handles.len() as u32;
+                s.frames.extend(
+                    handles
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, h)| (h, va + (i * c.page) as u64)),
+                );
+                s.free.extend((first..first + n).map(HostFrame));
                 s.last_error = None;
                 Ok(())
             }
@@ -317,6 +275,36 @@ impl HostShared {
                 // Only one grower runs at a time, so the window tail is still ours to undo.
                 s.reserved_bytes -= bytes;
                 s.last_error = Some(e);
+                Err(e)
+            }
+        }
+    }
+
+    /// `n` pinned host pages mapped one by one from `va` on, readable and writable by the
+    /// device. All or nothing: on failure what was created is unmapped and released.
+    fn create_frames(&self, va: CUdeviceptr, n: usize) -> Result<Vec<PhysHandle>, CUresult> {
+        let c = self.config;
+        let d = &*self.driver;
+        let mut made: Vec<PhysHandle> = Vec::with_capacity(n);
+        let mut created = || -> Result<(), CUresult> {
+            for i in 0..n {
+                let h = d.mem_create(c.page, PhysLocation::HostNuma(c.numa_node))?;
+                if let Err(e) = d.mem_map(va + (i * c.page) as u64, c.page, 0, h) {
+                    let _ = d.mem_release(h);
+                    return Err(e);
+                }
+                made.push(h);
+            }
+            // One call for the whole run: it may span several allocations.
+            d.mem_set_access(va, n * c.page, c.device)
+        };
+        match created() {
+            Ok(()) => Ok(made),
+            Err(e) => {
+                for (i, h) in made.into_iter().enumerate() {
+                    let _ = d.mem_unmap(va + (i * c.page) as u64, c.page);
+                    let _ = d.mem_release(h);
+                }
                 Err(e)
             }
         }
@@ -359,7 +347,6 @@ impl HostPool {
             window,
             window_bytes,
             state: Mutex::new(HostState {
-                chunks: Vec::new(),
                 frames: Vec::new(),
                 free: BTreeSet::new(),
                 reserved_bytes: 0,
@@ -474,14 +461,12 @@ impl HostPool {
 
     /// Address of the frame in the host window (a copy source or destination).
     pub fn window_address(&self, f: HostFrame) -> CUdeviceptr {
-        self.shared.lock().frames[f.0 as usize].2
+        self.shared.lock().frames[f.0 as usize].1
     }
 
-    /// The physical allocation and offset of a frame (for mapping it at an arena page).
+    /// The physical allocation of a frame (for mapping it, whole, at an arena page).
     pub fn location(&self, f: HostFrame) -> (PhysHandle, usize) {
-        let s = self.shared.lock();
-        let (c, off, _) = s.frames[f.0 as usize];
-        (s.chunks[c as usize], off)
+        (self.shared.lock().frames[f.0 as usize].0, 0)
     }
 
     /// Bytes of pinned memory created so far.
@@ -530,23 +515,12 @@ impl HostPool {
         let sh = &self.shared;
         let mut s = sh.lock();
         let page = sh.config.page;
-        let chunks = std::mem::take(&mut s.chunks);
-        // Each chunk was mapped as one range at the address of its first frame.
-        let mut starts: Vec<(CUdeviceptr, usize)> = Vec::new();
-        for (i, _) in chunks.iter().enumerate() {
-            let frames: Vec<_> = s.frames.iter().filter(|f| f.0 as usize == i).collect();
-            if let Some(first) = frames.first() {
-                starts.push((first.2, frames.len() * page));
-            }
-        }
-        for (va, bytes) in starts {
-            if let Err(e) = sh.driver.mem_unmap(va, bytes) {
+        for (h, va) in std::mem::take(&mut s.frames) {
+            if let Err(e) = sh.driver.mem_unmap(va, page) {
                 tracing::warn!(code = e, "cuMemUnmap of the host window failed");
             }
-        }
-        for h in chunks {
             if let Err(e) = sh.driver.mem_release(h) {
-                tracing::warn!(code = e, "cuMemRelease of a host chunk failed");
+                tracing::warn!(code = e, "cuMemRelease of a host frame failed");
             }
         }
         s.frames.clear();

@@ -27,7 +27,7 @@
 //! what it took, waits on `pins_released` (bounded) and starts over
 //! (`MemoryManager::waiting_for_pins`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -37,7 +37,7 @@ use tensile_driver_abi::{
 };
 
 use super::advice::{EvictionAdvice, NextUse};
-use super::driver::{Driver, Event, PhysHandle, Stream};
+use super::driver::{Driver, Event, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolError};
@@ -56,13 +56,11 @@ pub struct ManagerConfig {
     pub arena_bytes: usize,
     /// Device bytes the process may hold (`TENSILE_DEVICE_MEMORY`).
     pub device_budget: usize,
-    /// Device physical memory is created in chunks of this size.
-    pub device_chunk_bytes: usize,
     /// The arena's used part grows (and is backed) by at least this much at once.
     pub grow_bytes: usize,
     /// Cap of the pinned host pool (`TENSILE_HOST_MEMORY`).
     pub host_cap: usize,
-    /// Host pool chunk size.
+    /// The host pool grows by this much at a time (one allocation per page in it).
     pub host_chunk_bytes: usize,
     /// NUMA node of the host pool.
     pub numa_node: i32,
@@ -91,7 +89,6 @@ impl ManagerConfig {
             // Room for a footprint of several times the card; VA is cheap.
             arena_bytes: (device_budget.saturating_mul(8)).clamp(64 << 30, 1 << 44),
             device_budget,
-            device_chunk_bytes: 64 * MIB,
             grow_bytes: 32 * MIB,
             host_cap,
             host_chunk_bytes: 256 * MIB,
@@ -146,15 +143,10 @@ struct Inner {
     deferred_host: Vec<(HostFrame, Event)>,
     /// Pages with a device frame and no live allocation.
     dead_device: BTreeSet<usize>,
-    /// `Host` pages whose address is not mapped to their host frame: a driver call failed,
-    /// or the page shared a host run with a page that left it. Their data is safe in the
-    /// frame; `remap_host` (also from `poll`) maps them again.
+    /// `Host` pages whose address is not mapped to their host frame: a driver call failed.
+    /// Their data is safe in the frame; `remap_host` (also from `poll`) maps them again.
+    /// Every page is mapped on its own (a frame is an allocation of its own, frames.rs).
     unmapped_host: BTreeSet<usize>,
-    /// Multi-page host mappings: first page → pages. Consecutive `Host` pages whose frames
-    /// are consecutive in one host chunk are mapped with one `cuMemMap` (and unmapped with
-    /// one `cuMemUnmap`); single-page mappings are not listed. Device frames are always
-    /// mapped page by page, so an eviction never has to touch a neighbour that may be in use.
-    host_runs: BTreeMap<usize, usize>,
     /// Allocations touched by work captured into a CUDA graph, with their page runs: each
     /// holds one pin on every page of its run until it is freed, so a graph launched at any
     /// later time finds them resident and at the same physical memory.
@@ -273,7 +265,7 @@ impl MemoryManager {
             page,
             pages: PageTable::new(),
             sub: Suballocator::new(base, arena_bytes as u64, page as u64, cfg.grow_bytes as u64),
-            dev: DevicePool::new(page, cfg.device, cfg.device_budget, cfg.device_chunk_bytes),
+            dev: DevicePool::new(page, cfg.device, cfg.device_budget),
             host,
             fences: Fences::new(),
             clock: 0,
@@ -286,7 +278,6 @@ impl MemoryManager {
             deferred_host: Vec::new(),
             dead_device: BTreeSet::new(),
             unmapped_host: BTreeSet::new(),
-            host_runs: BTreeMap::new(),
             capture_pinned: HashMap::new(),
             stats: MemoryStats::default(),
             failures: FailureLog::default(),
@@ -581,8 +572,7 @@ impl MemoryManager {
     /// pinned by in-flight calls like an eviction does. Allocations never fail because of a
     /// shrink: they are swapped like any other. A budget below one page is
     /// `CUDA_ERROR_INVALID_VALUE`. Device memory a shrink frees goes back to the driver
-    /// chunk by chunk, as whole chunks become free (every frame with chunks of one page,
-    /// [`ManagerConfig::device_chunk_bytes`], as a job sharing a card uses).
+    /// frame by frame, as frames become free.
     pub fn set_budget(&self, bytes: usize) -> Result<(), CUresult> {
         let page = self.lock().page;
         let frames = bytes / page;
@@ -745,29 +735,6 @@ impl MemoryManager {
                 host.len()
             ));
         }
-        let mut end = 0;
-        for (&first, &n) in &s.host_runs {
-            if n < 2 || first < end {
-                return Err(format!("host run {first}+{n} is too short or overlaps"));
-            }
-            end = first + n;
-            let mut at: Option<(PhysHandle, usize)> = None;
-            for p in first..end {
-                let Some(ResidencyState::Host(h)) = s.pages.get(p).map(|e| e.state) else {
-                    return Err(format!("page {p} of host run {first}+{n} is not Host"));
-                };
-                if s.unmapped_host.contains(&p) {
-                    return Err(format!("page {p} of host run {first}+{n} noted unmapped"));
-                }
-                let loc = s.host.location(h);
-                if at.is_some_and(|(c, off)| (c, off + s.page) != loc) {
-                    return Err(format!(
-                        "host run {first}+{n} is not contiguous at page {p}"
-                    ));
-                }
-                at = Some(loc);
-            }
-        }
         for &p in &s.unmapped_host {
             if !matches!(
                 s.pages.get(p).map(|e| e.state),
@@ -922,11 +889,9 @@ impl Inner {
     /// live allocation hold bytes nobody can ask for: copying them back at the new
     /// allocation's first use would be wasted bandwidth. The idle ones give their host frame
     /// back and are backed afresh like any unbacked page (on the device when there is room).
-    /// Pages sharing a host mapping with a page outside that set are left as they are (taking
-    /// the mapping apart could wait for the neighbour's work); they stay correct, only slower.
     fn drop_stale_host_pages(&mut self, first: usize, last: usize) {
         let completed = self.fences.completed().to_vec();
-        let stale: BTreeSet<usize> = (first..=last)
+        let stale: Vec<usize> = (first..=last)
             .filter(|&p| {
                 self.pages.get(p).is_some_and(|e| {
                     e.live == 0
@@ -935,20 +900,12 @@ impl Inner {
                 })
             })
             .collect();
-        let alone: Vec<usize> = stale
-            .iter()
-            .copied()
-            .filter(|&p| {
-                let (run, n) = self.host_run_of(p).unwrap_or((p, 1));
-                (run..run + n).all(|q| stale.contains(&q))
-            })
-            .collect();
-        if alone.is_empty() {
+        if stale.is_empty() {
             return;
         }
         let r = self
-            .unmap_host_pages(&alone)
-            .and_then(|()| alone.iter().try_for_each(|&p| self.unback(p, &completed)));
+            .unmap_host_pages(&stale)
+            .and_then(|()| stale.iter().try_for_each(|&p| self.unback(p, &completed)));
         self.remap_host();
         if let Err(code) = r {
             // Whatever was not unbacked is still mapped to its host frame: correct, and
@@ -1058,37 +1015,25 @@ impl Inner {
         }
     }
 
-    /// Maps each `(page, frame)` at the page's address, then sets access in contiguous
-    /// runs (`cuMemSetAccess` is the expensive call). Host frames of consecutive pages that
-    /// are consecutive in one chunk share one mapping (noted in `host_runs`); device frames
-    /// get one mapping per page. Undoes its own maps on failure.
+    /// Maps each `(page, frame)` at the page's address (one `cuMemMap` per page: a frame is
+    /// an allocation of its own), then sets access in contiguous runs (`cuMemSetAccess` is the
+    /// expensive call, and one call may span several mappings). Undoes its own maps on
+    /// failure.
     fn map_batch(&mut self, plan: &[(usize, Frame)]) -> Result<(), CUresult> {
         let page = self.page;
-        let mut sorted = plan.to_vec();
-        sorted.sort_unstable_by_key(|&(p, _)| p);
-        // (first page, pages, chunk, offset, host)
-        let mut maps: Vec<(usize, usize, PhysHandle, usize, bool)> = Vec::new();
-        for &(p, f) in &sorted {
-            let (h, off) = self.location(f);
-            let host = matches!(f, Frame::Host(_));
-            match maps.last_mut() {
-                Some(m) if host && m.4 && m.0 + m.1 == p && m.2 == h && m.3 + m.1 * page == off => {
-                    m.1 += 1
-                }
-                _ => maps.push((p, 1, h, off, host)),
-            }
-        }
+        let mut pages: Vec<usize> = plan.iter().map(|&(p, _)| p).collect();
+        pages.sort_unstable();
         let mut mapped = 0;
         let mut err = None;
-        for &(p, n, h, off, _) in &maps {
-            if let Err(e) = self.driver.mem_map(self.va(p), n * page, off, h) {
+        for &(p, f) in plan {
+            let (h, off) = self.location(f);
+            if let Err(e) = self.driver.mem_map(self.va(p), page, off, h) {
                 err = Some(e);
                 break;
             }
             mapped += 1;
         }
         if err.is_none() {
-            let pages: Vec<usize> = sorted.iter().map(|&(p, _)| p).collect();
             for (a, b) in runs(&pages) {
                 if let Err(e) =
                     self.driver
@@ -1100,66 +1045,25 @@ impl Inner {
             }
         }
         match err {
-            None => {
-                for &(p, n, ..) in &maps {
-                    if n > 1 {
-                        self.host_runs.insert(p, n);
-                    }
-                }
-                Ok(())
-            }
+            None => Ok(()),
             Some(e) => {
-                for &(p, n, ..) in &maps[..mapped] {
-                    let _ = self.driver.mem_unmap(self.va(p), n * page);
+                for &(p, _) in &plan[..mapped] {
+                    let _ = self.driver.mem_unmap(self.va(p), page);
                 }
                 Err(e)
             }
         }
     }
 
-    /// The multi-page host mapping containing page `p`: `(first page, pages)`.
-    fn host_run_of(&self, p: usize) -> Option<(usize, usize)> {
-        self.host_runs
-            .range(..=p)
-            .next_back()
-            .filter(|&(&first, &n)| p < first + n)
-            .map(|(&first, &n)| (first, n))
-    }
-
-    /// Removes the host mappings of `pages` (all `Host`). `cuMemUnmap` cannot split a
-    /// mapping, so a page of a multi-page host run takes the whole run with it: the run's
-    /// other pages are unmapped too, after their last uses (as for any remap), for
-    /// [`Self::remap_host`] to map again. Every page whose mapping this removed is in
-    /// `unmapped_host` afterwards, also when it fails part way.
+    /// Removes the host mappings of `pages` (all `Host`). Every page whose mapping this
+    /// removed is in `unmapped_host` afterwards, also when it fails part way.
     fn unmap_host_pages(&mut self, pages: &[usize]) -> Result<(), CUresult> {
-        let want: BTreeSet<usize> = pages
-            .iter()
-            .copied()
-            .filter(|p| !self.unmapped_host.contains(p))
-            .collect();
-        let mut gone: BTreeSet<usize> = BTreeSet::new();
-        for &p in &want {
-            if gone.contains(&p) {
+        for &p in pages {
+            if self.unmapped_host.contains(&p) {
                 continue;
             }
-            let (first, n) = self.host_run_of(p).unwrap_or((p, 1));
-            for q in (first..first + n).filter(|q| !want.contains(q)) {
-                let uses = self
-                    .pages
-                    .get(q)
-                    .map(|e| e.uses.clone())
-                    .unwrap_or_default();
-                for u in uses {
-                    self.fences
-                        .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
-                }
-            }
-            self.driver.mem_unmap(self.va(first), n * self.page)?;
-            self.host_runs.remove(&first);
-            for q in first..first + n {
-                self.unmapped_host.insert(q);
-                gone.insert(q);
-            }
+            self.driver.mem_unmap(self.va(p), self.page)?;
+            self.unmapped_host.insert(p);
         }
         Ok(())
     }
@@ -2400,7 +2304,7 @@ impl Inner {
             if over == 0 {
                 // Frames over the budget go back to the driver, for other jobs on the card.
                 let driver = self.driver.clone();
-                self.dev.release_free_chunks(&*driver);
+                self.dev.release_free_frames(&*driver);
                 return Ok(());
             }
             let out = self.outgoing.len();
@@ -2432,15 +2336,11 @@ impl Inner {
             .filter(|(_, e)| e.state != ResidencyState::Unbacked)
             .map(|(p, _)| p)
             .collect();
-        for (&first, &n) in &self.host_runs {
-            let _ = d.mem_unmap(self.va(first), n * self.page);
-        }
         for p in pages {
-            if self.host_run_of(p).is_none() && !self.unmapped_host.contains(&p) {
+            if !self.unmapped_host.contains(&p) {
                 let _ = d.mem_unmap(self.va(p), self.page);
             }
         }
-        self.host_runs.clear();
         self.dev.release_all(&*d);
         self.host.release_all();
         let _ = d.mem_address_free(self.base, self.cfg.arena_bytes / self.page * self.page);
@@ -2510,7 +2410,6 @@ mod capture_pin_tests {
             page_size: PAGE,
             arena_bytes: 1024 * PAGE,
             device_budget: budget_pages * PAGE,
-            device_chunk_bytes: 4 * PAGE,
             grow_bytes: 4 * PAGE,
             host_cap: 64 * PAGE,
             host_chunk_bytes: 8 * PAGE,

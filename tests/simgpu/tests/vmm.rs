@@ -240,6 +240,17 @@ fn driver_argument_rules_are_enforced() {
             CUDA_ERROR_INVALID_VALUE,
             "not reserved"
         );
+        // The H200's driver maps only whole allocations (docs/gpu-results.md).
+        assert_eq!(
+            map(va, GRAN, h),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "part of an allocation"
+        );
+        assert_eq!(
+            cuMemMap(va, GRAN, GRAN, h, 0),
+            CUDA_ERROR_NOT_SUPPORTED,
+            "from an offset"
+        );
         ck(map(va, 2 * GRAN, h));
         assert_eq!(
             map(va + GRAN as u64, GRAN, h),

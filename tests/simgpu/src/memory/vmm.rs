@@ -179,8 +179,12 @@ impl AddressSpace {
         }
     }
 
-    /// `cuMemMap`: maps `size` bytes of `handle` from `offset` at `ptr`, inaccessible until
-    /// `cuMemSetAccess`.
+    /// `cuMemMap`: maps all of `handle` at `ptr`, inaccessible until `cuMemSetAccess`.
+    ///
+    /// Only a whole allocation, from offset 0, as the CUDA 13.0 driver does: on the H200
+    /// (driver 580.159.04) a `cuMemMap` of 2 MiB of a 64 MiB allocation failed with
+    /// `CUDA_ERROR_NOT_SUPPORTED`, which the shim then returned from PyTorch's first
+    /// allocations (docs/gpu-results.md). The documented `offset` "must be zero".
     pub fn map(&self, ptr: u64, size: u64, offset: u64, handle: u64) -> Result<(), CUresult> {
         if size == 0 || !aligned(ptr) || !aligned(size) || !aligned(offset) {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -196,6 +200,9 @@ impl AddressSpace {
         }
         if inner.reservation_of(ptr, size).is_none() || !inner.regions_in(ptr, end).is_empty() {
             return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if offset != 0 || size != phys.size {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         os::map_fd_fixed(ptr, size, &phys.fd, offset).map_err(os_err)?;
         let kind = RegionKind::Mapped { handle, offset };
