@@ -9,6 +9,33 @@ use serde::Serialize;
 /// kernel was measured (documented in docs/planner.md and reported by `tensile replay`).
 pub const DEFAULT_LAUNCH_NS: u64 = 10_000;
 
+/// The page the shim moves: a frame of its own, the driver's 2 MiB granularity.
+pub const SHIM_PAGE_BYTES: u64 = 2 << 20;
+
+/// What the driver's VMM calls cost the shim per page it moves, besides the copy, on the H200
+/// with the CUDA 13.0 driver (`bench/gpu/vmm_probe.py`, docs/gpu-results.md): a page in is a
+/// host mapping removed (30 µs), a device frame mapped (1.9 µs) and its access set (22 µs); a
+/// page out is a device mapping removed (14.7 µs), the host frame mapped (4 µs) and its access
+/// set (57 µs). Setting access and unmapping cost per mapping, whatever its size.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PageRemapCost {
+    /// Bytes per page.
+    pub page_bytes: u64,
+    /// Per page moved to the device.
+    pub in_ns: u64,
+    /// Per page moved to the host.
+    pub out_ns: u64,
+}
+
+impl PageRemapCost {
+    /// The H200's, one 2 MiB frame per page (see the type).
+    pub const H200: PageRemapCost = PageRemapCost {
+        page_bytes: SHIM_PAGE_BYTES,
+        in_ns: 30_000 + 1_900 + 22_000,
+        out_ns: 14_700 + 4_000 + 57_000,
+    };
+}
+
 /// Bandwidths and default durations used to price copies and unmeasured launches.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct CostModel {
@@ -73,6 +100,21 @@ impl CostModel {
     /// Device-to-host time for `bytes` with that direction alone.
     pub fn d2h_ns(&self, bytes: u64) -> u64 {
         Self::ns_at(bytes, self.d2h_gbps)
+    }
+
+    /// The rates at which pages actually move when each one also pays `remap` before or after
+    /// its copy, serially (as the shim's swaps do): one page's copy time plus its remap, per
+    /// page. Both directions at once: two pages' copies at the shared rate plus both remaps.
+    pub fn with_page_remaps(self, remap: PageRemapCost) -> CostModel {
+        let page = remap.page_bytes as f64;
+        let rate = |gbps: f64, ns: u64| page / (page / gbps + ns as f64);
+        CostModel {
+            h2d_gbps: rate(self.h2d_gbps, remap.in_ns),
+            d2h_gbps: rate(self.d2h_gbps, remap.out_ns),
+            bidir_gbps: 2.0 * page
+                / (2.0 * page / self.bidir_gbps + (remap.in_ns + remap.out_ns) as f64),
+            ..self
+        }
     }
 
     /// Per-direction rates (bytes per ns) for (h2d, d2h) when both directions are active.
@@ -190,6 +232,14 @@ mod tests {
     fn copy_times_follow_the_bandwidths() {
         let c = CostModel::default();
         assert_eq!(c.h2d_ns(55_000), 1000);
+        // A page in: 38.1 µs of copy at 55 GB/s and 53.9 µs of remapping.
+        let moved = c.with_page_remaps(PageRemapCost::H200);
+        let page = SHIM_PAGE_BYTES;
+        let copy = page as f64 / 55.0;
+        assert!((moved.h2d_ns(page) as f64 - (copy + 53_900.0)).abs() < 2.0);
+        assert!((moved.d2h_ns(page) as f64 - (copy + 75_700.0)).abs() < 2.0);
+        assert!(moved.bidir_gbps < moved.h2d_gbps + moved.d2h_gbps);
+        assert_eq!(moved.d2d_gbps, c.d2d_gbps);
         assert_eq!(c.d2h_ns(55_001), 1001, "rounded up");
         assert_eq!(c.shared_rates(), (46.0, 46.0));
         let slow = CostModel {

@@ -33,7 +33,7 @@ pub mod sim;
 pub mod timeline;
 
 pub use bound::BoundOptions;
-pub use cost::{Budget, CostModel};
+pub use cost::{Budget, CostModel, PageRemapCost};
 pub use cycle::Cycle;
 pub use evaluate::{
     analyze, evaluate, evaluate_many, evaluate_many_with, Analysis, Evaluation, PolicyKind,

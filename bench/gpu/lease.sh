@@ -4,8 +4,9 @@
 #   LEASE_SECONDS=540 OUT=/tmp/out bash bench/gpu/lease.sh [GROUP...]
 #
 # Groups, in the order they run (default: all): probe (nvidia-smi, the kernels' PTX against
-# their CPU twins, what the driver's VMM accepts: vmm_probe.py), gate, nopressure, pressure,
-# alloc, rerun, peers, traced.
+# their CPU twins, what the driver's VMM accepts: vmm_probe.py), gate, nopressure, overhead
+# (the shim's cost without pressure, part by part), pressure, unmapped (the pressure runs with
+# TENSILE_SWAPPED=unmapped), alloc, rerun, peers, traced.
 #
 # Binaries come from $TENSILE_BIN (default target/release): libtensile.so, tensile, libcuda.so
 # (the simulator, which `tensile rerun` wants beside it even on a GPU), wl_allocbench, gpu_check.
@@ -95,7 +96,7 @@ PY
 }
 
 groups=("$@")
-((${#groups[@]})) || groups=(probe gate nopressure pressure alloc rerun peers traced)
+((${#groups[@]})) || groups=(probe gate nopressure overhead pressure unmapped alloc rerun peers traced)
 wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 
 say "lease started $(date -u +%FT%TZ), deadline in $(left)s, groups: ${groups[*]}"
@@ -126,11 +127,29 @@ if wants nopressure; then
     train gpt2-native gpt2 --
 fi
 
+# Where the shim's cost without pressure goes (ResNet-50 makes about 1,130 launches a step):
+# interception and tracking alone (off), the memory manager (lru), the plan executor and the
+# planning thread in the process (plan, coordinator off), and the coordinator's event ring.
+if wants overhead; then
+    train resnet50-native resnet50 --
+    train resnet50-off resnet50 TENSILE_POLICY=off --
+    train resnet50-lru resnet50 TENSILE_POLICY=lru --
+    train resnet50-plan-alone resnet50 TENSILE_POLICY=plan TENSILE_COORDINATOR=off --
+    train resnet50-plan resnet50 TENSILE_POLICY=plan --
+fi
+
 if wants pressure; then
     MAX_RUN=150 train gpt2-plan-6GiB gpt2 TENSILE_POLICY=plan TENSILE_DEVICE_MEMORY=6GiB -- --warmup 4 --steps 6
     MAX_RUN=150 train gpt2-lru-6GiB gpt2 TENSILE_POLICY=lru TENSILE_DEVICE_MEMORY=6GiB -- --warmup 4 --steps 6
     train resnet50-plan-2GiB resnet50 TENSILE_POLICY=plan TENSILE_DEVICE_MEMORY=2GiB -- --warmup 4 --steps 6
     train resnet50-lru-2GiB resnet50 TENSILE_POLICY=lru TENSILE_DEVICE_MEMORY=2GiB -- --warmup 4 --steps 6
+fi
+
+# The same with swapped-out pages left unmapped (TENSILE_SWAPPED=unmapped): 40% of the VMM
+# calls per page moved, and a fault instead of a slow access where the shim did not foresee one.
+if wants unmapped; then
+    MAX_RUN=150 train gpt2-plan-6GiB-unmapped gpt2 TENSILE_POLICY=plan TENSILE_DEVICE_MEMORY=6GiB TENSILE_SWAPPED=unmapped -- --warmup 4 --steps 6
+    train resnet50-plan-2GiB-unmapped resnet50 TENSILE_POLICY=plan TENSILE_DEVICE_MEMORY=2GiB TENSILE_SWAPPED=unmapped -- --warmup 4 --steps 6
 fi
 
 if wants alloc; then

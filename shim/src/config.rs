@@ -104,6 +104,11 @@ pub struct Config {
     /// `TENSILE_PRIORITY`: how this job ranks against others on the GPU when the coordinator
     /// divides its memory.
     pub priority: Priority,
+    /// `TENSILE_SWAPPED=host|unmapped`: whether a swapped-out page's address is left unmapped
+    /// (true: each page moved costs about a third of the driver's VMM time, but an access the
+    /// shim did not foresee faults the GPU) rather than mapped to its host copy (false, the
+    /// default: such an access runs at PCIe speed). docs/memory.md.
+    pub swapped_unmapped: bool,
 }
 
 /// Copy bandwidths for the planner's cost model, GB/s.
@@ -284,6 +289,19 @@ impl Config {
             }
         }
 
+        if let Some(v) = get("TENSILE_SWAPPED").filter(|v| !v.trim().is_empty()) {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "host" => c.swapped_unmapped = false,
+                "unmapped" => c.swapped_unmapped = true,
+                _ => problems.push(Problem {
+                    variable: "TENSILE_SWAPPED",
+                    value: v,
+                    why: "expected host or unmapped".into(),
+                    fallback: "host",
+                }),
+            }
+        }
+
         if let Some(v) = get("TENSILE_COORDINATOR") {
             match Coordinator::parse(&v) {
                 Ok(coordinator) => c.coordinator = coordinator,
@@ -446,6 +464,22 @@ mod tests {
             line.contains("TENSILE_PRIORITY=\"urgent\"") && line.contains("high, normal or low"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn swapped_pages_stay_mapped_to_the_host_unless_asked_and_a_bad_value_says_so() {
+        assert!(!parse(&[]).0.swapped_unmapped, "host mappings by default");
+        assert!(
+            parse(&[("TENSILE_SWAPPED", " Unmapped ")])
+                .0
+                .swapped_unmapped
+        );
+        assert!(!parse(&[("TENSILE_SWAPPED", "host")]).0.swapped_unmapped);
+        let (c, problems) = parse(&[("TENSILE_SWAPPED", "nowhere")]);
+        assert!(!c.swapped_unmapped);
+        assert_eq!(problems.len(), 1);
+        let line = problems[0].to_string();
+        assert!(line.contains("host or unmapped"), "{line}");
     }
 
     #[test]

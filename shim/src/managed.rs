@@ -324,6 +324,12 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     }
     let mut mc = ManagerConfig::new(s.device_budget, s.host_cap);
     mc.device = driver.device();
+    mc.host_mapped = !config.swapped_unmapped;
+    if config.swapped_unmapped {
+        tracing::info!(
+            "tensile: TENSILE_SWAPPED=unmapped: a swapped-out page's address is left unmapped;              an access the shim does not foresee faults the GPU"
+        );
+    }
     // The defaults suit budgets of gigabytes; a budget of a few pages (tests, the demo) must
     // not keep most of itself free, nor evict most of itself in one round.
     let budget_pages = (s.device_budget / mc.page_size).max(1);

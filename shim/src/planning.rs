@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{Receiver, RecvTimeoutError};
 use tensile_analyzer::online::{Learner, LearnerOptions};
-use tensile_analyzer::CostModel;
+use tensile_analyzer::{CostModel, PageRemapCost};
 use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
@@ -167,13 +167,19 @@ pub(crate) fn learned(plan: &ExecPlan) -> String {
     )
 }
 
-/// The planner's cost model: the H100's, with the copy bandwidths `TENSILE_PLAN_GBPS` gives.
+/// The planner's cost model: the bandwidths `TENSILE_PLAN_GBPS` gives (the rates pages move at,
+/// remapping included), else the H100's copy rates with the H200's remap cost per page.
 pub fn cost_model(gbps: Option<PlanBandwidths>) -> CostModel {
     let mut cost = CostModel::default();
-    if let Some(b) = gbps {
-        cost.h2d_gbps = b.to_device;
-        cost.d2h_gbps = b.to_host;
-        cost.bidir_gbps = b.both;
+    match gbps {
+        Some(b) => {
+            cost.h2d_gbps = b.to_device;
+            cost.d2h_gbps = b.to_host;
+            cost.bidir_gbps = b.both;
+        }
+        // The card's copy rates, slowed by what the driver charges to remap each page moved
+        // (the rates pages really move at; docs/gpu-results.md).
+        None => cost = cost.with_page_remaps(PageRemapCost::H200),
     }
     cost
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tensile_analyzer::bound::LowerBound;
-use tensile_analyzer::cost::{format_bytes, parse_size, CostModel};
+use tensile_analyzer::cost::{format_bytes, parse_size, CostModel, PageRemapCost};
 use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::exec_plan;
 use tensile_analyzer::import::{load_with_progress, LoadOptions};
@@ -50,6 +50,11 @@ pub struct ReplayArgs {
     /// Total bandwidth in GB/s with both directions active at once.
     #[arg(long, default_value_t = 92.0)]
     pub bidir_gbps: f64,
+    /// Also charge each 2 MiB page moved what the driver's VMM calls cost the shim to remap
+    /// it on the H200 (54 µs in, 76 µs out: docs/gpu-results.md), as the library's planner
+    /// and `tensile rerun` do. Without it, moves cost their copies alone.
+    #[arg(long)]
+    pub page_remaps: bool,
     /// Print JSON: one object for one policy, an array of objects for several.
     #[arg(long)]
     pub json: bool,
@@ -123,13 +128,18 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     if args.emit_plan.is_some() && !policies.contains(&PolicyKind::Plan) {
         return Err("--emit-plan needs the plan policy (--policy plan)".into());
     }
-    let cost = CostModel {
+    let copies = CostModel {
         h2d_gbps: args.h2d_gbps,
         d2h_gbps: args.d2h_gbps,
         bidir_gbps: args.bidir_gbps,
         ..CostModel::default()
     };
-    cost.validate()?;
+    copies.validate()?;
+    let cost = if args.page_remaps {
+        copies.with_page_remaps(PageRemapCost::H200)
+    } else {
+        copies
+    };
     let trace = load(args)?;
     let mut analysis =
         analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
@@ -567,6 +577,7 @@ fn json_object(
         "h2d_gbps": args.h2d_gbps,
         "d2h_gbps": args.d2h_gbps,
         "bidir_gbps": args.bidir_gbps,
+        "page_remaps": args.page_remaps,
     })
 }
 

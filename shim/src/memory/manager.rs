@@ -77,6 +77,11 @@ pub struct ManagerConfig {
     /// The most pages the eviction adviser is asked about per choice ([`EvictionAdvice`]):
     /// an evenly spread sample when more are resident.
     pub advice_sample: usize,
+    /// Whether a swapped-out page's address is mapped to its host frame (`TENSILE_SWAPPED`):
+    /// an access nobody foresaw then runs at PCIe speed instead of faulting, at the price of
+    /// a map and an access call per page out and an unmap per page in, about 60% of the
+    /// driver's VMM time per page moved (docs/memory.md).
+    pub host_mapped: bool,
 }
 
 impl ManagerConfig {
@@ -99,6 +104,7 @@ impl ManagerConfig {
             free_reserve_pages: (device_budget / (2 * MIB) / 32).max(8),
             fence_every: 4,
             advice_sample: ADVICE_SAMPLE,
+            host_mapped: true,
         }
     }
 }
@@ -1581,9 +1587,10 @@ impl Inner {
         }
     }
 
-    /// Maps `Host` pages left unmapped by a failed driver call back to their host frames.
+    /// Maps `Host` pages left unmapped by a failed driver call back to their host frames
+    /// (without host mappings, [`ManagerConfig::host_mapped`], they stay unmapped).
     fn remap_host(&mut self) {
-        if self.unmapped_host.is_empty() {
+        if self.unmapped_host.is_empty() || !self.cfg.host_mapped {
             return;
         }
         let plan: Vec<(usize, Frame)> = self
@@ -2056,10 +2063,15 @@ impl Inner {
                 .collect();
             // If this fails the data is still safe in the host frames; the pages are noted
             // as unmapped and mapped again later (or brought in on their next access).
-            let mapped = self.map_batch(&plan);
+            // Without host mappings they stay unmapped until they come back.
+            let mapped = if self.cfg.host_mapped {
+                self.map_batch(&plan)
+            } else {
+                Ok(())
+            };
             for (p, d, ev) in finished {
                 self.outgoing.remove(&p);
-                if mapped.is_err() {
+                if mapped.is_err() || !self.cfg.host_mapped {
                     self.unmapped_host.insert(p);
                 }
                 self.dev.give(d);
@@ -2419,6 +2431,7 @@ mod capture_pin_tests {
             free_reserve_pages: 1,
             fence_every: 1,
             advice_sample: ADVICE_SAMPLE,
+            host_mapped: true,
         };
         let mm = MemoryManager::new(fake.clone(), cfg).unwrap();
         (fake, mm)

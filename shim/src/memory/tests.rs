@@ -34,6 +34,7 @@ fn config_fenced(budget_pages: usize, host_cap_pages: usize, fence_every: u32) -
         free_reserve_pages: 2,
         fence_every,
         advice_sample: super::manager::ADVICE_SAMPLE,
+        host_mapped: true,
     }
 }
 
@@ -1726,6 +1727,7 @@ fn a_new_allocation_under_pressure_makes_room_on_the_device_and_its_first_use_co
 fn with_many_pages_the_adviser_is_asked_about_a_spread_sample() {
     let cfg = ManagerConfig {
         advice_sample: 3,
+        host_mapped: true,
         ..config(6, 64)
     };
     let (fake, mm) = setup_with(cfg, Progress::Immediate);

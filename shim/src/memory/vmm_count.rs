@@ -211,6 +211,7 @@ fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_eac
         free_reserve_pages: 0,
         fence_every: 1,
         advice_sample: super::manager::ADVICE_SAMPLE,
+        host_mapped: true,
     };
     let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
     let s = fake.stream_create().expect("stream");
@@ -265,6 +266,76 @@ fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_eac
     let read = fake.app_read(s, b, 4 * P).expect("read b");
     assert!(read.get() == Some(pattern_b), "b's bytes changed");
     assert!(fake.faults().is_empty(), "{:?}", fake.faults());
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn without_host_mappings_a_page_moved_costs_one_device_unmap_out_and_one_map_in() {
+    const P: usize = 64 << 10;
+    let fake = Arc::new(FakeDriver::new(FakeConfig {
+        device_capacity: 1 << 30,
+        host_capacity: 1 << 30,
+        progress: Progress::Immediate,
+    }));
+    let cfg = ManagerConfig {
+        device: 0,
+        page_size: P,
+        arena_bytes: 1024 * P,
+        device_budget: 4 * P,
+        grow_bytes: 4 * P,
+        host_cap: 64 * P,
+        host_chunk_bytes: 16 * P,
+        numa_node: 0,
+        host_background: false,
+        evict_batch: 4,
+        free_reserve_pages: 0,
+        fence_every: 1,
+        advice_sample: super::manager::ADVICE_SAMPLE,
+        host_mapped: false,
+    };
+    let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
+    let s = fake.stream_create().expect("stream");
+    let access = |ptr: u64| {
+        let t = mm
+            .prepare_access(s, &[(ptr, 4 * P)])
+            .expect("prepare_access");
+        mm.note_access_done(t).expect("note_access_done");
+    };
+    let a = mm.alloc(4 * P, Some(s)).expect("a");
+    let b = mm.alloc(4 * P, Some(s)).expect("b");
+    access(a);
+    let pattern: Vec<u8> = (0..4 * P).map(|i| (i * 13 + i / P) as u8).collect();
+    fake.app_write(s, a, pattern.clone()).expect("write a");
+    // b comes in, a goes out: a's 4 device mappings go and nothing is mapped in their place;
+    // b's pages (host-backed when allocated, mapped then) lose their host mappings and get
+    // device frames. One access call, for b.
+    let (maps, unmaps, access_calls) = calls_of(&fake, || access(b));
+    assert_eq!((maps, unmaps, access_calls), (4, 4 + 4, 1));
+    assert!(matches!(
+        mm.residency(a),
+        Some(super::ResidencyState::Host(_))
+    ));
+    // An access the manager was not told of faults, as it would on the card...
+    let stray = fake.app_read(s, a, P).expect("queued");
+    assert!(
+        stray.get().is_none(),
+        "a stray read of a swapped-out page got bytes"
+    );
+    let faults = fake.faults().len();
+    assert!(
+        faults > 0,
+        "a stray read of a swapped-out page did not fault"
+    );
+    // ... and one it prepares brings a back whole: 4 device maps, b's 4 device unmaps, no
+    // host-side call at all.
+    assert_eq!(calls_of(&fake, || access(a)), (4, 4, 1));
+    let read = fake.app_read(s, a, 4 * P).expect("read a");
+    assert!(
+        read.get() == Some(pattern),
+        "a's bytes changed on the round trip"
+    );
+    assert_eq!(fake.faults().len(), faults, "no fault once a is back");
+    mm.audit().expect("audit");
     assert!(fake.violations().is_empty(), "{:?}", fake.violations());
 }
 

@@ -24,6 +24,10 @@
 //!   the device (both directions together: twice it), before the settings above.
 //! - `TENSILE_SIM_JITTER_US`: each stream operation first waits a pseudo-random 0..N
 //!   microseconds (default 0), shuffling the interleaving of streams to shake out races.
+//! - `TENSILE_SIM_VMM_TIME`: the calling thread of a VMM call (`cuMemCreate`, `cuMemMap`,
+//!   `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`) is held for what the call took on the H200
+//!   ([`VmmCosts::H200`], per mapping: docs/gpu-results.md) times this factor. Default 1 with
+//!   `TENSILE_SIM_TIMING=h100`, else 0 (free, the test suite's default).
 //!
 //! A value that does not parse is reported on stderr once and the default is used.
 
@@ -105,6 +109,38 @@ static RATES: [AtomicU64; 6] = [
 ];
 static JITTER_US: AtomicU64 = AtomicU64::new(0);
 
+/// What the driver's VMM calls cost the calling thread, in ns: measured on the H200
+/// (`bench/gpu/vmm_probe.py`, docs/gpu-results.md). `cuMemSetAccess` and `cuMemUnmap` cost
+/// per *mapping* in their range, whatever its size; creating host memory costs per page
+/// (pinning).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VmmCosts {
+    /// `cuMemCreate`, per allocation: device, host (per 2 MiB page of it).
+    pub create_ns: [u64; 2],
+    /// `cuMemMap`, per mapping: device, host.
+    pub map_ns: [u64; 2],
+    /// `cuMemSetAccess`, per mapping in the range: device, host.
+    pub access_ns: [u64; 2],
+    /// `cuMemUnmap`, per mapping in the range: device, host.
+    pub unmap_ns: [u64; 2],
+    /// `cuMemRelease`, per allocation: device, host.
+    pub release_ns: [u64; 2],
+}
+
+impl VmmCosts {
+    /// The H200 with the CUDA 13.0 driver, one-page mappings (64 of them in a row).
+    pub const H200: VmmCosts = VmmCosts {
+        create_ns: [9_500, 400_000],
+        map_ns: [1_900, 4_000],
+        access_ns: [22_000, 57_000],
+        unmap_ns: [14_700, 30_000],
+        release_ns: [10_000, 43_000],
+    };
+}
+
+/// `TENSILE_SIM_VMM_TIME` in thousandths.
+static VMM_MILLI: AtomicU64 = AtomicU64::new(0);
+
 /// Parses a byte count with an optional binary (`KiB`, `MiB`, `GiB`, `TiB`) or decimal
 /// (`KB`, `MB`, `GB`, `TB`) suffix.
 pub fn parse_bytes(text: &str) -> Option<u64> {
@@ -154,6 +190,14 @@ pub fn load() -> u64 {
     set_rates(rates_from_env());
     let jitter = env_or("TENSILE_SIM_JITTER_US", 0u64, |v| v.trim().parse().ok());
     JITTER_US.store(jitter, Ordering::Relaxed);
+    let timed = rates() != Rates::UNLIMITED;
+    let vmm = env_or("TENSILE_SIM_VMM_TIME", if timed { 1.0 } else { 0.0 }, |v| {
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite() && *f >= 0.0)
+    });
+    set_vmm_time(vmm);
     let devices = env_or("TENSILE_SIM_DEVICE_COUNT", 1u64, |v| {
         v.trim()
             .parse()
@@ -162,6 +206,17 @@ pub fn load() -> u64 {
     });
     DEVICE_COUNT.store(devices, Ordering::Relaxed);
     env_or("TENSILE_SIM_DEVICE_MEMORY", DEFAULT_CAPACITY, parse_bytes)
+}
+
+/// Scales the modelled cost of VMM calls ([`VmmCosts::H200`] times `factor`; 0: free).
+pub fn set_vmm_time(factor: f64) {
+    VMM_MILLI.store((factor * 1000.0).round() as u64, Ordering::Relaxed);
+}
+
+/// How long a VMM call of `ns` modelled nanoseconds (at factor 1) holds its caller now.
+pub fn vmm_duration(ns: u64) -> Duration {
+    let milli = VMM_MILLI.load(Ordering::Relaxed);
+    Duration::from_nanos(ns.saturating_mul(milli) / 1000)
 }
 
 /// Simulated devices (`TENSILE_SIM_DEVICE_COUNT`, read at `cuInit`).

@@ -250,3 +250,67 @@ fn pageable_host_memory_is_slower_than_pinned() {
         "pinned {fast:?} is not faster than pageable {slow:?}"
     );
 }
+
+/// Runs `f` `n` times and returns the fastest run (the others may be descheduled).
+fn fastest(n: usize, mut f: impl FnMut()) -> Duration {
+    (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+#[test]
+fn vmm_calls_hold_their_caller_per_mapping_as_on_the_h200() {
+    let _turn = setup(Rates::UNLIMITED);
+    let costs = config::VmmCosts::H200;
+    const PAGE: usize = 2 * MIB;
+    let va = reserve(8 * PAGE);
+    let pages: Vec<_> = (0..4).map(|_| create(PAGE, device_loc())).collect();
+    // Free unless asked for (the test suite's default) ...
+    config::set_vmm_time(0.0);
+    let free = fastest(5, || {
+        for (i, &h) in pages.iter().enumerate() {
+            ck(map(va + (i * PAGE) as u64, PAGE, h));
+        }
+        ck(set_access(va, 4 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        ck(unmap(va, 4 * PAGE));
+    });
+    // ... and with the H200's costs, one access and one unmap call over four one-page
+    // mappings cost four times what they cost for one: the cost is per mapping.
+    config::set_vmm_time(1.0);
+    let modelled = |n: u64| {
+        Duration::from_nanos(n * (costs.map_ns[0] + costs.access_ns[0] + costs.unmap_ns[0]))
+    };
+    let four = fastest(5, || {
+        for (i, &h) in pages.iter().enumerate() {
+            ck(map(va + (i * PAGE) as u64, PAGE, h));
+        }
+        ck(set_access(va, 4 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        ck(unmap(va, 4 * PAGE));
+    });
+    let whole = create(4 * PAGE, device_loc());
+    let one = fastest(5, || {
+        ck(map(va, 4 * PAGE, whole));
+        ck(set_access(va, 4 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        ck(unmap(va, 4 * PAGE));
+    });
+    config::set_vmm_time(0.0);
+    assert!(four >= modelled(4), "{four:?} for four mappings");
+    assert!(one >= modelled(1), "{one:?} for one mapping");
+    assert!(
+        one < four / 2,
+        "{one:?} against {four:?}: one mapping of four pages costs as one"
+    );
+    assert!(
+        free < four / 2,
+        "{free:?} with the costs off, {four:?} with"
+    );
+    for h in pages.into_iter().chain([whole]) {
+        // SAFETY: a handle this test created.
+        ck(unsafe { cuda::api::vmm::cuMemRelease(h) });
+    }
+}

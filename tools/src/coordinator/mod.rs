@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tensile_analyzer::cost::format_bytes;
-use tensile_analyzer::CostModel;
+use tensile_analyzer::{CostModel, PageRemapCost};
 use tensile_protocol::{
     Admission, Command, CoordinatorSegment, Delivery, Geometry, JobSnapshot, SegmentError,
 };
@@ -49,8 +49,9 @@ pub struct CoordinatorArgs {
     /// Job slots in the segment: the most jobs served at once.
     #[arg(long, default_value_t = Geometry::default().slot_count)]
     pub slots: u32,
-    /// The copy bandwidths the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
-    /// TENSILE_PLAN_GBPS); default the H100's 55,55,92.
+    /// The rates pages move at that the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
+    /// TENSILE_PLAN_GBPS); default the H100's copy rates (55,55,92) slowed by the H200's
+    /// remap cost per 2 MiB page moved (about 22.8,18.4,23.9).
     #[arg(long, value_name = "H2D,D2H,BOTH")]
     pub plan_gbps: Option<String>,
     /// Percent of the card's memory never granted to jobs: room for what libraries allocate
@@ -74,7 +75,9 @@ pub const DEFAULT_RESERVE_PERCENT: f64 = 5.0;
 fn cost_model(text: Option<&str>) -> Result<CostModel, String> {
     let mut cost = CostModel::default();
     let Some(text) = text else {
-        return Ok(cost);
+        // The card's copy rates slowed by the driver's remap cost per page moved, as the
+        // library's own planner assumes (docs/gpu-results.md).
+        return Ok(cost.with_page_remaps(PageRemapCost::H200));
     };
     let values: Vec<f64> = text
         .split(',')

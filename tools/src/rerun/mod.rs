@@ -30,7 +30,9 @@ use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::model::Trace;
 use tensile_analyzer::search::SearchOptions;
-use tensile_analyzer::{analyze, evaluate_many_with, Analysis, Budget, CostModel, PolicyKind};
+use tensile_analyzer::{
+    analyze, evaluate_many_with, Analysis, Budget, CostModel, PageRemapCost, PolicyKind,
+};
 use tensile_trace::{Reader, Record, Stats};
 
 use crate::workdir::{run_echoing, WorkDir};
@@ -176,10 +178,17 @@ const H100_RATES: [(&str, f64); 6] = [
 /// and the time scale so that a copy takes the time the recorded one took, times K. Kernels take
 /// their stand-in's duration argument (the recorded time times K) on the card's one compute
 /// engine. (The one place that knows the simulator's setting names.)
+///
+/// VMM calls cost what they cost on the card times `scale` (the page does not scale, so a
+/// scaled run maps `scale` times fewer pages for the same bytes) times K.
 fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, String)> {
     let mut env = vec![
         ("TENSILE_SIM_DEVICE_MEMORY".into(), capacity.to_string()),
         ("TENSILE_SIM_TIMING".into(), "h100".into()),
+        (
+            "TENSILE_SIM_VMM_TIME".into(),
+            format!("{}", scale as f64 * time_scale),
+        ),
     ];
     for (name, gbps) in H100_RATES {
         env.push((name.into(), format!("{}", gbps / scale as f64 / time_scale)));
@@ -187,17 +196,17 @@ fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, Str
     env
 }
 
-/// The settings that make the library's planner price copies as the simulated card runs them
-/// (the H100's bandwidths, scaled like the simulator's): `TENSILE_PLAN_GBPS`.
-fn planner_env(scale: u64, time_scale: f64) -> (String, String) {
+/// The settings that make the library's planner price moves as the simulated card runs them
+/// (`cost`'s rates, the remaps included, scaled like the simulator's): `TENSILE_PLAN_GBPS`.
+fn planner_env(cost: &CostModel, scale: u64, time_scale: f64) -> (String, String) {
     let rate = |gbps: f64| gbps / scale as f64 / time_scale;
     (
         "TENSILE_PLAN_GBPS".into(),
         format!(
             "{},{},{}",
-            rate(PCIE_GBPS),
-            rate(PCIE_GBPS),
-            rate(PCIE_DUPLEX_GBPS)
+            rate(cost.h2d_gbps),
+            rate(cost.d2h_gbps),
+            rate(cost.bidir_gbps)
         ),
     )
 }
@@ -482,6 +491,8 @@ struct Session {
     scaled_budget: u64,
     base_env: Vec<(String, String)>,
     card: Option<SharedCard>,
+    /// How the predictions price moves (the planner on the simulated card is told the same).
+    cost: CostModel,
 }
 
 impl Session {
@@ -560,7 +571,7 @@ impl Session {
             let coordinator = self.card.as_ref().map_or("off", |c| &c.name);
             env.push(("TENSILE_COORDINATOR".into(), coordinator.into()));
             if !self.gpu {
-                env.push(planner_env(self.scale, self.time_scale));
+                env.push(planner_env(&self.cost, self.scale, self.time_scale));
             }
         } else {
             env.push(("TENSILE_LOG".into(), "warn".into()));
@@ -746,7 +757,9 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let policies = policies(&args.policy)?;
     let pieces = find_pieces()?;
     let trace = load(&args.trace, LoadOptions::default()).map_err(|e| e.to_string())?;
-    let cost = CostModel::default();
+    // Pages move at the copy rates slowed by the driver's remap cost per page, on the card
+    // (docs/gpu-results.md) and on the simulated GPU alike (it charges the same per call).
+    let cost = CostModel::default().with_page_remaps(PageRemapCost::H200);
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
@@ -814,6 +827,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         scaled_budget,
         base_env,
         card,
+        cost,
     };
 
     let (native_step_ns, native) = if session.card.is_some() {

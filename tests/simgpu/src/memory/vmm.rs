@@ -20,6 +20,49 @@ fn aligned(v: u64) -> bool {
     v.is_multiple_of(GRANULARITY)
 }
 
+/// Index into [`VmmCosts`]' pairs: 0 for device memory, 1 for host memory.
+fn side(location: &CUmemLocation) -> usize {
+    usize::from(location.type_ != CU_MEM_LOCATION_TYPE_DEVICE)
+}
+
+/// Holds the calling thread for a VMM call's modelled cost (`ns` at factor 1, see
+/// `TENSILE_SIM_VMM_TIME`), after the call's locks are released: the card's driver does this
+/// work on the caller's CPU. Short waits spin (a sleep oversleeps by tens of µs).
+fn hold(ns: u64) {
+    let d = crate::config::vmm_duration(ns);
+    if d.is_zero() {
+        return;
+    }
+    let until = std::time::Instant::now() + d;
+    if d > std::time::Duration::from_micros(200) {
+        std::thread::sleep(d);
+    }
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// The modelled cost of an access or unmap call over `regions`: one `per` for each distinct
+/// mapping (by its allocation's side).
+fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2]) -> u64 {
+    let mut last: Option<(u64, u64)> = None;
+    let mut ns = 0;
+    for r in regions {
+        if let RegionKind::Mapped { handle, offset } = r.kind {
+            // A mapping split by `cuMemSetAccess` shows as several regions of one mapping:
+            // consecutive regions of one handle at consecutive offsets count once.
+            let continues = last.is_some_and(|(h, end)| h == handle && end == offset);
+            last = Some((handle, offset + r.len));
+            if continues {
+                continue;
+            }
+            let s = inner.physical.get(&handle).map_or(0, |p| side(&p.location));
+            ns += per[s];
+        }
+    }
+    ns
+}
+
 fn prot(access: Access) -> i32 {
     match access {
         Access::None => libc::PROT_NONE,
@@ -153,6 +196,12 @@ impl AddressSpace {
         };
         let handle = inner.next_handle;
         inner.next_handle += 1;
+        let costs = crate::config::VmmCosts::H200;
+        let cost = if on_device {
+            costs.create_ns[0]
+        } else {
+            costs.create_ns[1] * (size / GRANULARITY)
+        };
         inner.physical.insert(
             handle,
             Physical {
@@ -164,19 +213,22 @@ impl AddressSpace {
                 maps: 0,
             },
         );
+        drop(inner);
+        hold(cost);
         Ok(handle)
     }
 
     /// `cuMemRelease`: the memory goes when it is also unmapped everywhere.
     pub fn release(&self, handle: u64) -> Result<(), CUresult> {
         let mut inner = self.write_lock();
-        match inner.physical.get(&handle) {
-            Some(p) if p.refs > 0 => {
-                inner.unref(handle, false);
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_INVALID_VALUE),
-        }
+        let cost = match inner.physical.get(&handle) {
+            Some(p) if p.refs > 0 => crate::config::VmmCosts::H200.release_ns[side(&p.location)],
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        inner.unref(handle, false);
+        drop(inner);
+        hold(cost);
+        Ok(())
     }
 
     /// `cuMemMap`: maps all of `handle` at `ptr`, inaccessible until `cuMemSetAccess`.
@@ -204,6 +256,7 @@ impl AddressSpace {
         if offset != 0 || size != phys.size {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
+        let cost = crate::config::VmmCosts::H200.map_ns[side(&phys.location)];
         os::map_fd_fixed(ptr, size, &phys.fd, offset).map_err(os_err)?;
         let kind = RegionKind::Mapped { handle, offset };
         inner.regions.insert(
@@ -219,6 +272,8 @@ impl AddressSpace {
         if let Some(p) = inner.physical.get_mut(&handle) {
             p.maps += 1;
         }
+        drop(inner);
+        hold(cost);
         Ok(())
     }
 
@@ -243,6 +298,7 @@ impl AddressSpace {
         if cursor != end {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let cost = per_mapping(&inner, &regions, crate::config::VmmCosts::H200.unmap_ns);
         for r in regions {
             os::reset_to_reserved(r.start, r.len).map_err(os_err)?;
             inner.regions.remove(&r.start);
@@ -250,6 +306,8 @@ impl AddressSpace {
                 inner.unref(handle, true);
             }
         }
+        drop(inner);
+        hold(cost);
         Ok(())
     }
 
@@ -261,7 +319,8 @@ impl AddressSpace {
         let mut inner = self.write_lock();
         let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let mut cursor = ptr;
-        for r in inner.regions_in(ptr, end) {
+        let regions = inner.regions_in(ptr, end);
+        for r in &regions {
             if r.start > cursor || !matches!(r.kind, RegionKind::Mapped { .. }) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
@@ -270,6 +329,7 @@ impl AddressSpace {
         if cursor < end {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let cost = per_mapping(&inner, &regions, crate::config::VmmCosts::H200.access_ns);
         inner.split_at(ptr);
         inner.split_at(end);
         let starts: Vec<u64> = inner.regions.range(ptr..end).map(|(s, _)| *s).collect();
@@ -279,6 +339,8 @@ impl AddressSpace {
                 r.access = access;
             }
         }
+        drop(inner);
+        hold(cost);
         Ok(())
     }
 
