@@ -189,9 +189,13 @@ fn calls_of(fake: &FakeDriver, f: impl FnOnce()) -> (u64, u64, u64) {
     )
 }
 
-#[test]
-fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_each_way() {
-    const P: usize = 64 << 10;
+/// The page of the small managers below.
+const SMALL_PAGE: usize = 64 << 10;
+
+/// A manager of `budget_pages` pages of [`SMALL_PAGE`] on an immediate fake driver, one fence
+/// per launch, nothing reserved, swapped-out pages mapped to the host or not.
+fn small_manager(budget_pages: usize, host_mapped: bool) -> (Arc<FakeDriver>, MemoryManager) {
+    const P: usize = SMALL_PAGE;
     let fake = Arc::new(FakeDriver::new(FakeConfig {
         device_capacity: 1 << 30,
         host_capacity: 1 << 30,
@@ -201,8 +205,8 @@ fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_eac
         device: 0,
         page_size: P,
         arena_bytes: 1024 * P,
-        device_budget: 8 * P,
-        grow_bytes: 8 * P,
+        device_budget: budget_pages * P,
+        grow_bytes: budget_pages * P,
         host_cap: 64 * P,
         host_chunk_bytes: 16 * P,
         numa_node: 0,
@@ -211,16 +215,26 @@ fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_eac
         free_reserve_pages: 0,
         fence_every: 1,
         advice_sample: super::manager::ADVICE_SAMPLE,
-        host_mapped: true,
+        host_mapped,
     };
     let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
+    (fake, mm)
+}
+
+/// One launch's access to the 4 pages from `ptr`.
+fn access_4_pages(mm: &MemoryManager, s: super::Stream, ptr: u64) {
+    let t = mm
+        .prepare_access(s, &[(ptr, 4 * SMALL_PAGE)])
+        .expect("prepare_access");
+    mm.note_access_done(t).expect("note_access_done");
+}
+
+#[test]
+fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_each_way() {
+    const P: usize = SMALL_PAGE;
+    let (fake, mm) = small_manager(8, true);
     let s = fake.stream_create().expect("stream");
-    let access = |ptr: u64| {
-        let t = mm
-            .prepare_access(s, &[(ptr, 4 * P)])
-            .expect("prepare_access");
-        mm.note_access_done(t).expect("note_access_done");
-    };
+    let access = |ptr: u64| access_4_pages(&mm, s, ptr);
     // a and b fill the budget; c is backed by host frames from the start.
     let a = mm.alloc(4 * P, Some(s)).expect("a");
     let b = mm.alloc(4 * P, Some(s)).expect("b");
@@ -271,36 +285,10 @@ fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_eac
 
 #[test]
 fn without_host_mappings_a_page_moved_costs_one_device_unmap_out_and_one_map_in() {
-    const P: usize = 64 << 10;
-    let fake = Arc::new(FakeDriver::new(FakeConfig {
-        device_capacity: 1 << 30,
-        host_capacity: 1 << 30,
-        progress: Progress::Immediate,
-    }));
-    let cfg = ManagerConfig {
-        device: 0,
-        page_size: P,
-        arena_bytes: 1024 * P,
-        device_budget: 4 * P,
-        grow_bytes: 4 * P,
-        host_cap: 64 * P,
-        host_chunk_bytes: 16 * P,
-        numa_node: 0,
-        host_background: false,
-        evict_batch: 4,
-        free_reserve_pages: 0,
-        fence_every: 1,
-        advice_sample: super::manager::ADVICE_SAMPLE,
-        host_mapped: false,
-    };
-    let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
+    const P: usize = SMALL_PAGE;
+    let (fake, mm) = small_manager(4, false);
     let s = fake.stream_create().expect("stream");
-    let access = |ptr: u64| {
-        let t = mm
-            .prepare_access(s, &[(ptr, 4 * P)])
-            .expect("prepare_access");
-        mm.note_access_done(t).expect("note_access_done");
-    };
+    let access = |ptr: u64| access_4_pages(&mm, s, ptr);
     let a = mm.alloc(4 * P, Some(s)).expect("a");
     let b = mm.alloc(4 * P, Some(s)).expect("b");
     access(a);
