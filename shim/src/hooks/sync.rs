@@ -1,15 +1,38 @@
 //! Host-wait hooks: forwarded unchanged, recorded in the trace (the analyzer uses them to
 //! see where the host stalls on the device).
 
-use tensile_driver_abi::{CUcontext, CUevent, CUresult, CUstream, CUDA_SUCCESS};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tensile_driver_abi::{
+    CUcontext, CUevent, CUresult, CUstream, CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_SUCCESS,
+};
 use tensile_trace::{Record, Sync, SyncScope};
 
 use super::Call;
 use crate::syms::pfn;
 
+/// Says once, when the device reports an illegal address while swapped-out pages are left
+/// unmapped (`TENSILE_SWAPPED=unmapped`), that an access the shim did not foresee may be the
+/// cause: the application's own error names only the address.
+fn explain_fault(call_config: &crate::config::Config, r: CUresult) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if r == CUDA_ERROR_ILLEGAL_ADDRESS
+        && call_config.swapped_unmapped
+        && !SAID.swap(true, Ordering::Relaxed)
+    {
+        tracing::error!(
+            "tensile: the GPU reported an illegal address while swapped-out pages are left \
+             unmapped (TENSILE_SWAPPED=unmapped): a kernel may have touched memory the shim \
+             did not see it use; run with TENSILE_SWAPPED=host (the default) to have such \
+             accesses served from the host copy instead"
+        );
+    }
+}
+
 fn sync_with<F>(call: &Call<F>, scope: SyncScope, forward: impl FnOnce() -> CUresult) -> CUresult {
     let t = call.rt.now_ns();
     let r = forward();
+    explain_fault(&call.rt.config, r);
     if r == CUDA_SUCCESS {
         if let Some(rec) = call.rt.records() {
             rec.record(Record::Sync(Sync { t_ns: t, scope }));
