@@ -94,6 +94,17 @@ impl Fences {
         }
     }
 
+    /// Records a fence on every stream with uses only promised one ([`Self::note`]), so that
+    /// they can complete without waiting for that stream's next launches.
+    pub fn flush(&mut self, driver: &dyn Driver) -> Result<(), CUresult> {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot].unfenced > 0 {
+                self.record(driver, slot)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Advances `completed` of one slot, querying at most `limit` fences.
     fn poll_slot(
         &mut self,

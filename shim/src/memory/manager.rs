@@ -787,8 +787,11 @@ impl Inner {
 
     fn alloc(&mut self, size: usize, stream: Stream) -> Result<CUdeviceptr, CUresult> {
         let slot = self.fences.slot_of(stream);
-        if self.sub.has_pending() {
-            // Learn which stream-ordered frees have matured (one event query per stream).
+        if self.sub.has_pending_besides(slot) {
+            // Other streams' frees are this stream's only once their fences completed: record
+            // the fences they were promised, and learn which have completed (one event query
+            // per stream). A stream's own frees it reuses at once, with no driver call.
+            self.fences.flush(&*self.driver)?;
             self.fences.poll_all(&*self.driver)?;
         }
         let placed = match self.sub.alloc(size as u64, slot, self.fences.completed()) {
@@ -1194,7 +1197,10 @@ impl Inner {
             }
             Some(s) => {
                 let slot = self.fences.slot_of(s);
-                let seq = match self.fences.record(&*self.driver, slot) {
+                // The fence comes with the stream's next recorded one (every `fence_every`
+                // uses, or when another stream or an eviction needs it: `Fences::wait`,
+                // `event_after`, `flush`), not one event per free.
+                let seq = match self.fences.note(&*self.driver, slot, self.cfg.fence_every) {
                     Ok(seq) => seq,
                     Err(e) => {
                         // Keep the allocation: the free did not happen.
@@ -1975,6 +1981,11 @@ impl Inner {
     /// [`Self::poll`]; with `complete_outgoing` false only the part that makes no VMM call:
     /// finished swap-ins and deferred host frames (for the launch path).
     fn poll_with(&mut self, complete_outgoing: bool) -> Result<(), CUresult> {
+        if complete_outgoing {
+            // Fences promised to frees and launches of a stream that has gone quiet: recorded
+            // here, off the fast path, so that what they cover can complete.
+            self.fences.flush(&*self.driver)?;
+        }
         let mut done_cache: HashMap<Event, bool> = HashMap::new();
         let driver = self.driver.clone();
         let mut query = |ev: Event| -> Result<bool, CUresult> {

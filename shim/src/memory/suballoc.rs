@@ -227,6 +227,15 @@ impl Suballocator {
         self.pending.iter().any(|p| !p.is_empty())
     }
 
+    /// Whether a stream-ordered free of another stream than `slot` is still waiting for its
+    /// fence (what only a completed fence can give to `slot`).
+    pub fn has_pending_besides(&self, slot: usize) -> bool {
+        self.pending
+            .iter()
+            .enumerate()
+            .any(|(i, p)| i != slot && !p.is_empty())
+    }
+
     /// How the arena is used now.
     pub fn fragmentation(&self) -> Fragmentation {
         let (largest_hole, largest_aligned_run) = self.free.largest();

@@ -1758,3 +1758,38 @@ fn with_many_pages_the_adviser_is_asked_about_a_spread_sample() {
     }
     assert_consistent(&fake, &mm);
 }
+
+#[test]
+fn a_stream_ordered_free_records_no_event_and_its_memory_still_reaches_another_stream() {
+    use super::fake::FakeCall;
+    let (fake, mm) = setup_with(config_fenced(64, 64, 4), Progress::Immediate);
+    let s1 = fake.stream_create().unwrap();
+    let s2 = fake.stream_create().unwrap();
+    let events = |f: &FakeDriver| f.calls(FakeCall::EventRecord) + f.calls(FakeCall::EventQuery);
+    let a = mm.alloc(PAGE, Some(s1)).unwrap();
+    write(&fake, &mm, s1, a, pattern(1, PAGE));
+    let before = events(&fake);
+    mm.free(a, Some(s1)).unwrap();
+    // The same stream takes it back at once, and neither call went to the driver.
+    let again = mm.alloc(PAGE, Some(s1)).unwrap();
+    assert_eq!(again, a, "the stream's own free is reused first");
+    assert_eq!(
+        events(&fake),
+        before,
+        "a free and a reuse on one stream cost no event"
+    );
+    mm.free(again, Some(s1)).unwrap();
+    // Another stream gets it once the free's work is done: the fence promised to the free is
+    // recorded then (the fake runs work at once, so it has completed by the query).
+    let records = fake.calls(FakeCall::EventRecord);
+    let other = mm.alloc(PAGE, Some(s2)).unwrap();
+    assert_eq!(other, a, "the memory freed on s1 went to s2");
+    assert_eq!(fake.calls(FakeCall::EventRecord), records + 1);
+    write(&fake, &mm, s2, other, pattern(2, PAGE));
+    assert_eq!(
+        read(&fake, &mm, s2, other, PAGE).get().unwrap(),
+        pattern(2, PAGE)
+    );
+    mm.free(other, Some(s2)).unwrap();
+    assert_consistent(&fake, &mm);
+}
