@@ -4,7 +4,7 @@
 //! that stream, numbered by a per-stream sequence; since a stream runs in order, "fence `n`
 //! has completed" means every earlier piece of work on it has too. Pages remember the
 //! `(slot, seq)` of their last use per stream, and stream-ordered frees remember the fence
-//! recorded at the free, so both questions ("may this page be remapped?", "may another stream
+//! promised at the free, so both questions ("may this page be remapped?", "may another stream
 //! reuse this memory?") become one integer comparison against [`Fences::completed`].
 //!
 //! Events are recycled once their fence has completed. This module does not know about pages.

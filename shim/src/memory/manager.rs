@@ -16,7 +16,7 @@
 //!    (`stream_wait_event` on the app's stream). A page with no live allocation holds no data
 //!    anyone can ask for, so it may be dropped without a copy.
 //! 6. **Stream-ordered reuse.** Memory freed on stream S is reused by another stream only
-//!    after the fence recorded at the free has completed (see [`Suballocator`]).
+//!    after the fence promised at the free has completed (see [`Suballocator`]).
 //!
 //! # Locking
 //! One mutex around all state. The hot path (everything already resident) takes it once,

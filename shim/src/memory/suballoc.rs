@@ -12,7 +12,7 @@
 //!   *frontier*) grows, by at least `grow_bytes`, only when no free extent can hold a
 //!   request; the caller backs the new pages with physical memory in one go.
 //! - Stream-ordered frees: memory freed on stream S is kept on S's pending set with the
-//!   fence recorded at the free. An allocation on S may reuse it at once (stream order makes
+//!   fence promised at the free. An allocation on S may reuse it at once (stream order makes
 //!   that safe, as in the caching allocators); other streams get it only once the fence has
 //!   completed and it has moved to the shared free set ([`Suballocator::mature`]).
 //!
