@@ -107,6 +107,46 @@ fn no_byte_is_lost_at_a_half_a_quarter_and_an_eighth_of_the_footprint() {
     }
 }
 
+/// `TENSILE_SWAPPED=unmapped`: swapped-out pages are left unmapped, so a kernel or copy that
+/// reached one without the shim bringing it back would fault the simulated GPU and fail the
+/// run. Every access of the workload is foreseen: the results are the unlimited run's.
+#[test]
+fn with_swapped_pages_left_unmapped_no_byte_is_lost() {
+    let native = train("proc:13000:0").output();
+    native.assert_ok("the native run");
+    let trace = temp_trace("swap-unmapped");
+    let out = train("proc:13000:0")
+        .trace(&trace)
+        .env("TENSILE_POLICY", "lru")
+        .env("TENSILE_SWAPPED", "unmapped")
+        .env("TENSILE_LOG", "info")
+        .env("TENSILE_SIM_DEVICE_MEMORY", (FOOTPRINT / 8).to_string())
+        .env("TENSILE_SIM_JITTER_US", "40")
+        .output();
+    out.assert_ok("unmapped");
+    assert_eq!(
+        named_digests(&out.stdout),
+        named_digests(&native.stdout),
+        "results differ from the unlimited run\n{}",
+        out.stderr
+    );
+    let stats = trace_stats(&trace);
+    assert!(
+        stats.bytes_to_host > 0 && stats.bytes_to_device > 0,
+        "no swapping: {stats:?}"
+    );
+    assert!(
+        out.stderr.contains("TENSILE_SWAPPED=unmapped"),
+        "the mode is not said at start\n{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("ERROR") && !out.stderr.contains("panicked"),
+        "{}",
+        out.stderr
+    );
+}
+
 #[test]
 fn a_budget_above_the_footprint_swaps_nothing_and_policy_off_forwards() {
     let native = train("proc:13000:0").output();
