@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam::channel::{Receiver, RecvTimeoutError};
+use crossbeam::channel::Receiver;
 use tensile_analyzer::online::{Learner, LearnerOptions};
 use tensile_analyzer::{CostModel, PageRemapCost};
 use tensile_protocol::ExecPlan;
@@ -23,6 +23,7 @@ use crate::config::{Coordinator, PlanBandwidths, Policy};
 use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
+use crate::recorder::{next_polled, Polled, CONSUMER_NAP};
 use crate::runtime::Runtime;
 
 /// How often the planner is asked for a plan at most (it decides itself whether to work).
@@ -248,11 +249,11 @@ fn records_until_memory(rt: &Runtime, tap: &Receiver<Record>) -> (Vec<Record>, u
     let mut early = Vec::new();
     let mut lost = 0u64;
     while rt.memory().is_none() && !rt.memory_never() && !STOP.load(Ordering::Relaxed) {
-        match tap.recv_timeout(POLL_INTERVAL) {
-            Ok(record) if early.len() < EARLY_RECORDS => early.push(record),
-            Ok(_) => lost += 1,
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => break,
+        match next_polled(tap, CONSUMER_NAP) {
+            Polled::Message(record) if early.len() < EARLY_RECORDS => early.push(record),
+            Polled::Message(_) => lost += 1,
+            Polled::Nothing => {}
+            Polled::Gone => break,
         }
     }
     (early, lost)
@@ -287,8 +288,8 @@ fn run(
     // A grant not met yet (the manager has not started, or pages were pinned).
     let mut grant: Option<u64> = None;
     while !STOP.load(Ordering::Relaxed) {
-        match tap.recv_timeout(POLL_INTERVAL) {
-            Ok(record) => {
+        match next_polled(tap, CONSUMER_NAP) {
+            Polled::Message(record) => {
                 let lost = rt.records().map_or(lost_seen, |s| s.tap_dropped());
                 if lost > lost_seen {
                     source.lost(lost - lost_seen);
@@ -301,8 +302,8 @@ fn run(
                     since_poll += 1;
                 }
             }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => return,
+            Polled::Nothing => {}
+            Polled::Gone => return,
         }
         if since_poll < RECORDS_PER_POLL && last_poll.elapsed() < POLL_INTERVAL {
             continue;
