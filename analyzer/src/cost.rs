@@ -34,6 +34,14 @@ impl PageRemapCost {
         in_ns: 30_000 + 1_900 + 22_000,
         out_ns: 14_700 + 4_000 + 57_000,
     };
+
+    /// The H200's when swapped-out pages are left unmapped (`TENSILE_SWAPPED=unmapped`): no
+    /// host mapping to remove on the way in, none to make on the way out.
+    pub const H200_UNMAPPED: PageRemapCost = PageRemapCost {
+        page_bytes: SHIM_PAGE_BYTES,
+        in_ns: 1_900 + 22_000,
+        out_ns: 14_700,
+    };
 }
 
 /// Bandwidths and default durations used to price copies and unmeasured launches.

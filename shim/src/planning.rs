@@ -110,8 +110,13 @@ pub fn start_for(rt: &'static Runtime) {
     if config.policy != Policy::Plan || config.plan_file.is_some() {
         return;
     }
-    let cost = cost_model(config.plan_gbps);
-    let gbps = config.plan_gbps;
+    let cost = cost_model(config.plan_gbps, config.swapped_unmapped);
+    // A coordinator this job starts plans with the same rates (one it joins keeps its own).
+    let gbps = Some(config.plan_gbps.unwrap_or(PlanBandwidths {
+        to_device: cost.h2d_gbps,
+        to_host: cost.d2h_gbps,
+        both: cost.bidir_gbps,
+    }));
     let priority = config.priority;
     // Under `auto` the coordinator is the card's: its name comes from the device's UUID,
     // known once the memory manager runs (so the thread waits for it).
@@ -169,8 +174,9 @@ pub(crate) fn learned(plan: &ExecPlan) -> String {
 }
 
 /// The planner's cost model: the bandwidths `TENSILE_PLAN_GBPS` gives (the rates pages move at,
-/// remapping included), else the H100's copy rates with the H200's remap cost per page.
-pub fn cost_model(gbps: Option<PlanBandwidths>) -> CostModel {
+/// remapping included), else the H100's copy rates with the H200's remap cost per page, which
+/// is lower when swapped-out pages are left unmapped (`TENSILE_SWAPPED`).
+pub fn cost_model(gbps: Option<PlanBandwidths>, swapped_unmapped: bool) -> CostModel {
     let mut cost = CostModel::default();
     match gbps {
         Some(b) => {
@@ -180,6 +186,7 @@ pub fn cost_model(gbps: Option<PlanBandwidths>) -> CostModel {
         }
         // The card's copy rates, slowed by what the driver charges to remap each page moved
         // (the rates pages really move at; docs/gpu-results.md).
+        None if swapped_unmapped => cost = cost.with_page_remaps(PageRemapCost::H200_UNMAPPED),
         None => cost = cost.with_page_remaps(PageRemapCost::H200),
     }
     cost
@@ -384,5 +391,30 @@ fn keep_reserve_in_step(rt: &Runtime, saved: &mut Option<usize>) {
             *saved = None;
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_planner_prices_the_remaps_the_manager_makes_unless_told_the_rates() {
+        let mapped = cost_model(None, false);
+        let unmapped = cost_model(None, true);
+        let copies = CostModel::default();
+        // Remapping slows every direction; leaving pages unmapped remaps less.
+        assert!(mapped.h2d_gbps < unmapped.h2d_gbps && unmapped.h2d_gbps < copies.h2d_gbps);
+        assert!(mapped.d2h_gbps < unmapped.d2h_gbps && unmapped.d2h_gbps < copies.d2h_gbps);
+        assert!(mapped.bidir_gbps < unmapped.bidir_gbps);
+        let told = PlanBandwidths {
+            to_device: 10.0,
+            to_host: 12.0,
+            both: 20.0,
+        };
+        for unmapped in [false, true] {
+            let c = cost_model(Some(told), unmapped);
+            assert_eq!((c.h2d_gbps, c.d2h_gbps, c.bidir_gbps), (10.0, 12.0, 20.0));
+        }
     }
 }

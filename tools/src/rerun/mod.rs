@@ -758,8 +758,17 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let pieces = find_pieces()?;
     let trace = load(&args.trace, LoadOptions::default()).map_err(|e| e.to_string())?;
     // Pages move at the copy rates slowed by the driver's remap cost per page, on the card
-    // (docs/gpu-results.md) and on the simulated GPU alike (it charges the same per call).
-    let cost = CostModel::default().with_page_remaps(PageRemapCost::H200);
+    // (docs/gpu-results.md) and on the simulated GPU alike (it charges the same per call);
+    // less of it when the library leaves swapped-out pages unmapped (TENSILE_SWAPPED, which
+    // the runs inherit).
+    let unmapped =
+        std::env::var("TENSILE_SWAPPED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("unmapped"));
+    let remaps = if unmapped {
+        PageRemapCost::H200_UNMAPPED
+    } else {
+        PageRemapCost::H200
+    };
+    let cost = CostModel::default().with_page_remaps(remaps);
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
