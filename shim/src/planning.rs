@@ -23,7 +23,7 @@ use crate::config::{Coordinator, PlanBandwidths, Policy};
 use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
-use crate::recorder::{next_polled, Polled, CONSUMER_NAP};
+use crate::recorder::{Polled, Poller};
 use crate::runtime::Runtime;
 
 /// How often the planner is asked for a plan at most (it decides itself whether to work).
@@ -255,8 +255,9 @@ const EARLY_RECORDS: usize = 1 << 20;
 fn records_until_memory(rt: &Runtime, tap: &Receiver<Record>) -> (Vec<Record>, u64) {
     let mut early = Vec::new();
     let mut lost = 0u64;
+    let mut poller = Poller::new();
     while rt.memory().is_none() && !rt.memory_never() && !STOP.load(Ordering::Relaxed) {
-        match next_polled(tap, CONSUMER_NAP) {
+        match poller.next(tap) {
             Polled::Message(record) if early.len() < EARLY_RECORDS => early.push(record),
             Polled::Message(_) => lost += 1,
             Polled::Nothing => {}
@@ -294,8 +295,9 @@ fn run(
     let mut reserve: Option<usize> = None;
     // A grant not met yet (the manager has not started, or pages were pinned).
     let mut grant: Option<u64> = None;
+    let mut poller = Poller::new();
     while !STOP.load(Ordering::Relaxed) {
-        match next_polled(tap, CONSUMER_NAP) {
+        match poller.next(tap) {
             Polled::Message(record) => {
                 let lost = rt.records().map_or(lost_seen, |s| s.tap_dropped());
                 if lost > lost_seen {

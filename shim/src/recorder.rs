@@ -36,14 +36,17 @@ pub const SEND_PATIENCE: Duration = Duration::from_millis(20);
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How long a consumer of the hooks' records (the trace writer, the planning thread) sleeps
-/// when it finds none. Consumers poll rather than block in the channel: a sender that finds
-/// its receiver blocked must wake it, a futex call on the launch path. Measured on the 2-core
-/// machine with sends 20 and 40 µs apart (a training step's launches are 20 to 40 µs apart):
-/// 4.9 and 8.7 µs per send to a blocked receiver, 0.18 and 0.23 µs to one that polls
-/// (`tests::send_cost_to_a_blocked_and_to_a_polling_consumer`, docs/interposition.md).
+/// when it finds none, at first. Consumers poll rather than block in the channel: a sender
+/// that finds its receiver blocked must wake it, a futex call on the launch path. Measured on
+/// the 2-core machine with sends 20 and 40 µs apart (a training step's launches are 20 to
+/// 40 µs apart): 4.9 and 8.7 µs per send to a blocked receiver, 0.18 and 0.23 µs to one that
+/// polls (`tests::send_cost_to_a_blocked_and_to_a_polling_consumer`, docs/interposition.md).
 pub const CONSUMER_NAP: Duration = Duration::from_millis(1);
+/// The longest nap, reached by doubling while nothing comes: an idle process's consumers wake
+/// about 125 times a second, not 1,000.
+pub const CONSUMER_NAP_MAX: Duration = Duration::from_millis(8);
 
-/// What [`next_polled`] found.
+/// What [`Poller::next`] found.
 pub enum Polled<T> {
     Message(T),
     /// Nothing, after a nap.
@@ -52,18 +55,40 @@ pub enum Polled<T> {
     Gone,
 }
 
-/// The next message of `rx`, without ever blocking in the channel: when there is none, a nap
-/// of `nap` and [`Polled::Nothing`].
-pub fn next_polled<T>(rx: &channel::Receiver<T>, nap: Duration) -> Polled<T> {
-    match rx.try_recv() {
-        Ok(m) => Polled::Message(m),
-        Err(channel::TryRecvError::Empty) => {
-            std::thread::sleep(nap);
-            Polled::Nothing
+/// Takes messages from a channel without ever blocking in it: when there is none, it naps,
+/// from [`CONSUMER_NAP`] doubling up to [`CONSUMER_NAP_MAX`] while none comes.
+pub struct Poller {
+    nap: Duration,
+}
+
+impl Poller {
+    pub fn new() -> Poller {
+        Poller { nap: CONSUMER_NAP }
+    }
+
+    /// The next message of `rx`, or [`Polled::Nothing`] after a nap.
+    pub fn next<T>(&mut self, rx: &channel::Receiver<T>) -> Polled<T> {
+        match rx.try_recv() {
+            Ok(m) => {
+                self.nap = CONSUMER_NAP;
+                Polled::Message(m)
+            }
+            Err(channel::TryRecvError::Empty) => {
+                std::thread::sleep(self.nap);
+                self.nap = (self.nap * 2).min(CONSUMER_NAP_MAX);
+                Polled::Nothing
+            }
+            Err(channel::TryRecvError::Disconnected) => Polled::Gone,
         }
-        Err(channel::TryRecvError::Disconnected) => Polled::Gone,
     }
 }
+
+impl Default for Poller {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// How long [`Recorder::finish`] waits for the writer to close the file.
 pub const FINISH_PATIENCE: Duration = Duration::from_secs(10);
 /// Records that may wait in the tap for the planner.
@@ -238,8 +263,9 @@ fn write_loop(
         }
         *failed = true;
     };
+    let mut poller = Poller::new();
     loop {
-        match next_polled(&rx, CONSUMER_NAP) {
+        match poller.next(&rx) {
             Polled::Message(Msg::Record(r)) => {
                 if !failed {
                     if let Err(e) = writer.write(&r) {
@@ -454,7 +480,7 @@ mod tests {
     use tensile_trace::{Free, Reader, Sync, SyncScope, TraceError};
 
     /// What a send costs the launch path when the consumer blocks in the channel (it must be
-    /// woken) and when it polls ([`next_polled`]), with sends `gap` apart as a training
+    /// woken) and when it polls ([`Poller`]), with sends `gap` apart as a training
     /// step's launches are: `cargo test --release -p tensile-shim --lib
     /// recorder::tests::send_cost -- --ignored --nocapture`.
     #[test]
@@ -465,9 +491,10 @@ mod tests {
             let stop = Arc::new(AtomicBool::new(false));
             let done = stop.clone();
             let consumer = std::thread::spawn(move || {
+                let mut poller = Poller::new();
                 while !done.load(Ordering::Relaxed) {
                     let first = if polling {
-                        match next_polled(&rx, CONSUMER_NAP) {
+                        match poller.next(&rx) {
                             Polled::Message(m) => Some(m),
                             Polled::Nothing | Polled::Gone => None,
                         }
