@@ -515,20 +515,27 @@ mod tests {
             .into_iter()
             .enumerate()
             {
-                let launch = matches!(kind, OpKind::Launch { .. });
-                t.ops.push(Op {
-                    kind,
-                    t_ns: 0,
-                    stream: 0,
-                    seq: if launch { seq } else { 0 },
-                    bytes: if launch { 0 } else { 1 << 20 },
-                    touches: if i == 1 || i == 4 { vec![0] } else { vec![] },
-                    gpu_ns: launch.then_some(1_000_000),
-                });
-                seq += u64::from(launch);
+                let touches = if i == 1 || i == 4 { vec![0] } else { vec![] };
+                push_op(&mut t, &mut seq, kind, touches);
             }
         }
         t
+    }
+
+    /// Appends an op: a launch of 1 ms numbered `seq` (which then advances), or a 1 MiB copy
+    /// or memset, touching `touches`.
+    fn push_op(t: &mut Trace, seq: &mut u64, kind: OpKind, touches: Vec<u32>) {
+        let launch = matches!(kind, OpKind::Launch { .. });
+        t.ops.push(Op {
+            kind,
+            t_ns: 0,
+            stream: 0,
+            seq: if launch { *seq } else { 0 },
+            bytes: if launch { 0 } else { 1 << 20 },
+            touches,
+            gpu_ns: launch.then_some(1_000_000),
+        });
+        *seq += u64::from(launch);
     }
 
     fn round_trip(gap: (u32, u32), out_after: u32, fetch: u32) -> Eviction {
@@ -652,17 +659,7 @@ mod tests {
                 (OpKind::Memset, vec![]),
                 (OpKind::Launch { kernel: 2 }, vec![]),
             ] {
-                let launch = matches!(kind, OpKind::Launch { .. });
-                t.ops.push(Op {
-                    kind,
-                    t_ns: 0,
-                    stream: 0,
-                    seq: if launch { seq } else { 0 },
-                    bytes: if launch { 0 } else { 1 << 20 },
-                    touches,
-                    gpu_ns: launch.then_some(1_000_000),
-                });
-                seq += u64::from(launch);
+                push_op(&mut t, &mut seq, kind, touches);
             }
         }
         t

@@ -9,7 +9,7 @@ use tensile_analyzer::bound::lower_bound;
 use tensile_analyzer::cost::{Budget, CostModel};
 use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::plan::{op_bytes, plan, plan_with, SwapPlan, PLAN_VARIANTS};
-use tensile_analyzer::sim::{simulate, Policy, SimError, SimOptions};
+use tensile_analyzer::sim::{simulate, Policy, SimError, SimOptions, SimReport};
 use tensile_analyzer::timeline::Footprint;
 
 /// A budget between the largest op and the peak, chosen by `frac`.
@@ -18,6 +18,29 @@ fn budget_for(cycle: &tensile_analyzer::Cycle, frac: f64) -> Budget {
     let floor = op_bytes(cycle).into_iter().max().unwrap_or(0).max(1);
     let top = fp.peak_allocated.max(floor);
     Budget::new(floor + ((top - floor) as f64 * frac) as u64)
+}
+
+/// Each planner variant's plan for `budget`, simulated. The simulator returns an error on any
+/// budget or residency violation, which fails the test here.
+fn variant_reports(
+    cycle: &tensile_analyzer::Cycle,
+    budget: Budget,
+    cost: &CostModel,
+) -> Vec<SimReport> {
+    PLAN_VARIANTS
+        .iter()
+        .map(|options| {
+            let plan = plan_with(cycle, &budget, cost, options).expect("feasible budget");
+            simulate(
+                cycle,
+                Policy::Plan(&plan),
+                budget,
+                cost,
+                SimOptions::default(),
+            )
+            .expect("plan simulates without violation")
+        })
+        .collect()
 }
 
 fn cases() -> u32 {
@@ -35,11 +58,7 @@ proptest! {
     fn plan_respects_budget_and_residency(cycle in common_synth::cycle_strategy(), frac in 0.0f64..1.0) {
         let cost = CostModel::default();
         let budget = budget_for(&cycle, frac);
-        for options in PLAN_VARIANTS {
-            let plan = plan_with(&cycle, &budget, &cost, &options).expect("feasible budget");
-            // The simulator returns an error on any budget or residency violation.
-            let report = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default())
-                .expect("plan simulates without violation");
+        for report in variant_reports(&cycle, budget, &cost) {
             prop_assert!(report.peak_resident_bytes <= budget.bytes);
             prop_assert!(report.fits);
             prop_assert_eq!(report.demand_fetches, 0, "plan left a tensor behind");
@@ -105,10 +124,7 @@ proptest! {
         }
         let cost = CostModel::default();
         let budget = budget_for(&cycle, frac);
-        for options in PLAN_VARIANTS {
-            let plan = plan_with(&cycle, &budget, &cost, &options).expect("feasible budget");
-            let report = simulate(&cycle, Policy::Plan(&plan), budget, &cost, SimOptions::default())
-                .expect("plan simulates without violation");
+        for report in variant_reports(&cycle, budget, &cost) {
             prop_assert!(report.peak_resident_bytes <= budget.bytes);
             prop_assert_eq!(report.demand_fetches, 0, "plan left a tensor behind");
             prop_assert!(report.step_ns >= report.compute_ns);

@@ -46,7 +46,8 @@ pub struct CoordinatorSource {
     name: String,
     state: StateRecords,
     start_if_missing: bool,
-    plan_gbps: Option<PlanBandwidths>,
+    /// The rates a coordinator this job starts plans with (one it joins keeps its own).
+    plan_gbps: PlanBandwidths,
     client: Option<JobClient>,
     priority: Priority,
     /// The most this job may be granted (`TENSILE_DEVICE_MEMORY`; 0: the card), known once
@@ -74,7 +75,7 @@ impl CoordinatorSource {
     pub fn connect(
         name: &str,
         start_if_missing: bool,
-        plan_gbps: Option<PlanBandwidths>,
+        plan_gbps: PlanBandwidths,
         priority: Priority,
         state: StateRecords,
     ) -> Result<CoordinatorSource, String> {
@@ -160,10 +161,9 @@ impl CoordinatorSource {
             .arg(SPAWNED_IDLE_EXIT_S)
             .arg("--log")
             .arg(&log);
-        if let Some(b) = self.plan_gbps {
-            cmd.arg("--plan-gbps")
-                .arg(format!("{},{},{}", b.to_device, b.to_host, b.both));
-        }
+        let b = self.plan_gbps;
+        cmd.arg("--plan-gbps")
+            .arg(format!("{},{},{}", b.to_device, b.to_host, b.both));
         // The coordinator must not load the shim into itself, nor share our terminal's
         // signals (it outlives us, serving other jobs).
         cmd.env_remove("LD_PRELOAD")

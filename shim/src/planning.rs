@@ -112,11 +112,11 @@ pub fn start_for(rt: &'static Runtime) {
     }
     let cost = cost_model(config.plan_gbps, config.swapped_unmapped);
     // A coordinator this job starts plans with the same rates (one it joins keeps its own).
-    let gbps = Some(config.plan_gbps.unwrap_or(PlanBandwidths {
+    let gbps = PlanBandwidths {
         to_device: cost.h2d_gbps,
         to_host: cost.d2h_gbps,
         both: cost.bidir_gbps,
-    }));
+    };
     let priority = config.priority;
     // Under `auto` the coordinator is the card's: its name comes from the device's UUID,
     // known once the memory manager runs (so the thread waits for it).

@@ -14,10 +14,10 @@ use crate::syms::pfn;
 /// Says once, when the device reports an illegal address while swapped-out pages are left
 /// unmapped (`TENSILE_SWAPPED=unmapped`), that an access the shim did not foresee may be the
 /// cause: the application's own error names only the address.
-fn explain_fault(call_config: &crate::config::Config, r: CUresult) {
+fn explain_fault(config: &crate::config::Config, r: CUresult) {
     static SAID: AtomicBool = AtomicBool::new(false);
     if r == CUDA_ERROR_ILLEGAL_ADDRESS
-        && call_config.swapped_unmapped
+        && config.swapped_unmapped
         && !SAID.swap(true, Ordering::Relaxed)
     {
         tracing::error!(

@@ -2065,17 +2065,17 @@ impl Inner {
             }
         }
         if !finished.is_empty() {
-            let plan: Vec<(usize, Frame)> = finished
-                .iter()
-                .filter_map(|&(p, _, _)| match self.pages.get(p).map(|e| e.state) {
-                    Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
-                    _ => None,
-                })
-                .collect();
             // If this fails the data is still safe in the host frames; the pages are noted
             // as unmapped and mapped again later (or brought in on their next access).
             // Without host mappings they stay unmapped until they come back.
             let mapped = if self.cfg.host_mapped {
+                let plan: Vec<(usize, Frame)> = finished
+                    .iter()
+                    .filter_map(|&(p, _, _)| match self.pages.get(p).map(|e| e.state) {
+                        Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
+                        _ => None,
+                    })
+                    .collect();
                 self.map_batch(&plan)
             } else {
                 Ok(())

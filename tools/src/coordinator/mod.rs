@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tensile_analyzer::cost::format_bytes;
-use tensile_analyzer::{CostModel, PageRemapCost};
+use tensile_analyzer::CostModel;
 use tensile_protocol::{
     Admission, Command, CoordinatorSegment, Delivery, Geometry, JobSnapshot, SegmentError,
 };
@@ -73,12 +73,12 @@ pub const DEFAULT_RESERVE_PERCENT: f64 = 5.0;
 
 /// The planner's cost model for `--plan-gbps`.
 fn cost_model(text: Option<&str>) -> Result<CostModel, String> {
-    let mut cost = CostModel::default();
     let Some(text) = text else {
-        // The card's copy rates slowed by the driver's remap cost per page moved, as the
-        // library's own planner assumes (docs/gpu-results.md).
-        return Ok(cost.with_page_remaps(PageRemapCost::H200));
+        // What the library's own planner assumes: the card's copy rates slowed by the
+        // driver's remap cost per page moved (docs/gpu-results.md).
+        return Ok(tensile_shim::planning::cost_model(None, false));
     };
+    let mut cost = CostModel::default();
     let values: Vec<f64> = text
         .split(',')
         .map(|v| {

@@ -30,9 +30,7 @@ use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::model::Trace;
 use tensile_analyzer::search::SearchOptions;
-use tensile_analyzer::{
-    analyze, evaluate_many_with, Analysis, Budget, CostModel, PageRemapCost, PolicyKind,
-};
+use tensile_analyzer::{analyze, evaluate_many_with, Analysis, Budget, CostModel, PolicyKind};
 use tensile_trace::{Reader, Record, Stats};
 
 use crate::workdir::{run_echoing, WorkDir};
@@ -758,17 +756,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let pieces = find_pieces()?;
     let trace = load(&args.trace, LoadOptions::default()).map_err(|e| e.to_string())?;
     // Pages move at the copy rates slowed by the driver's remap cost per page, on the card
-    // (docs/gpu-results.md) and on the simulated GPU alike (it charges the same per call);
-    // less of it when the library leaves swapped-out pages unmapped (TENSILE_SWAPPED, which
-    // the runs inherit).
-    let unmapped =
-        std::env::var("TENSILE_SWAPPED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("unmapped"));
-    let remaps = if unmapped {
-        PageRemapCost::H200_UNMAPPED
-    } else {
-        PageRemapCost::H200
-    };
-    let cost = CostModel::default().with_page_remaps(remaps);
+    // (docs/gpu-results.md) and on the simulated GPU alike (it charges the same per call):
+    // the library planner's own default, for the TENSILE_SWAPPED the runs inherit.
+    let swapped_unmapped = tensile_shim::config::Config::from_env().0.swapped_unmapped;
+    let cost = tensile_shim::planning::cost_model(None, swapped_unmapped);
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
