@@ -5,7 +5,8 @@
 #
 # Groups, in the order they run (default: all): probe (nvidia-smi, the kernels' PTX against
 # their CPU twins, what the driver's VMM accepts: vmm_probe.py), gate, nopressure, overhead
-# (the shim's cost without pressure, part by part), pressure, unmapped (the pressure runs with
+# (the shim's cost without pressure, part by part), steady (the same over 40 steps, with CPU
+# seconds per thread), pressure, unmapped (the pressure runs with
 # TENSILE_SWAPPED=unmapped), alloc, rerun, peers, traced.
 #
 # Binaries come from $TENSILE_BIN (default target/release): libtensile.so, tensile, libcuda.so
@@ -96,7 +97,7 @@ PY
 }
 
 groups=("$@")
-((${#groups[@]})) || groups=(probe gate nopressure overhead pressure unmapped alloc rerun peers traced)
+((${#groups[@]})) || groups=(probe gate nopressure overhead steady pressure unmapped alloc rerun peers traced)
 wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 
 say "lease started $(date -u +%FT%TZ), deadline in $(left)s, groups: ${groups[*]}"
@@ -136,6 +137,18 @@ if wants overhead; then
     train resnet50-lru resnet50 TENSILE_POLICY=lru --
     train resnet50-plan-alone resnet50 TENSILE_POLICY=plan TENSILE_COORDINATOR=off --
     train resnet50-plan resnet50 TENSILE_POLICY=plan --
+fi
+
+# The same at steady state (40 steps after 6 of warm-up: learning and planning are over), with
+# each thread's CPU seconds in the JSON line (`cpu_s_by_thread`): whether the planning thread,
+# a coordinator or the launching thread itself costs the time.
+if wants steady; then
+    echo "profilers here: $(command -v perf py-spy gdb | tr '\n' ' ')" | tee -a "$OUT/summary.txt"
+    for run in native:: lru:TENSILE_POLICY=lru plan-alone:TENSILE_POLICY=plan:TENSILE_COORDINATOR=off plan:TENSILE_POLICY=plan; do
+        IFS=: read -r label envs <<<"$run"
+        # shellcheck disable=SC2086
+        train "resnet50-$label-steady" resnet50 ${envs//:/ } -- --warmup 6 --steps 40
+    done
 fi
 
 if wants pressure; then

@@ -92,6 +92,32 @@ def checkpointed(name, model, torch):
     return Segments(layers)
 
 
+def thread_cpu():
+    """CPU seconds by thread name in this process, and of any `tensile` process (a coordinator
+    the shim started): where the shim's time goes when steps are slower than native."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(stat_path):
+        with open(stat_path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            name = open(f"/proc/self/task/{tid}/comm").read().strip()
+            out[name] = round(out.get(name, 0.0) + cpu(f"/proc/self/task/{tid}/stat"), 3)
+        except OSError:
+            pass
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if open(f"/proc/{pid}/comm").read().strip() == "tensile":
+                out[f"process tensile {pid}"] = round(cpu(f"/proc/{pid}/stat"), 3)
+        except OSError:
+            pass
+    return out
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", choices=["resnet50", "transformer", "gpt2", "mlp"])
@@ -150,6 +176,7 @@ def main():
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "preloaded": "libtensile" in os.environ.get("LD_PRELOAD", ""),
+        "cpu_s_by_thread": thread_cpu(),
     }))
 
 

@@ -18,7 +18,7 @@
 //!
 //! Neither pool decides *which* page gets a frame; that is the manager's job.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -26,30 +26,52 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
 use super::driver::{Driver, PhysHandle, PhysLocation};
 
-/// Index of a device frame in its [`DevicePool`].
+/// A device frame: page `offset` of the device allocation `unit` of a [`DevicePool`].
+///
+/// The driver maps only whole allocations, so the pages of one allocation (a *unit*) are
+/// mapped together, at consecutive arena pages in offset order, and unmapped together; the
+/// manager keeps them moving together (docs/memory.md, "Units").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DevFrame(pub u32);
+pub struct DevFrame {
+    pub unit: u32,
+    pub offset: u32,
+}
 
 /// Index of a host frame in its [`HostPool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct HostFrame(pub u32);
 
-/// Device frames, one physical allocation each, never more than the budget.
+/// One device allocation: `pages` frames, mapped whole.
+#[derive(Debug, Clone, Copy)]
+struct DevUnit {
+    handle: PhysHandle,
+    pages: u32,
+    /// Frames of it owned by pages; 0: the unit is free.
+    owned: u32,
+}
+
+/// Device memory within the budget, in units of one or more pages, each its own physical
+/// allocation (`cuMemCreate`).
 ///
-/// One `cuMemCreate` per page, because the driver maps only whole allocations (see the
-/// module's header): a page evicted alone must have an allocation of its own. A budget that
-/// shrinks below what was created gives memory back to the driver (for other jobs on the
-/// card) frame by frame, as frames become free ([`Self::release_free_frames`]).
+/// The VMM calls cost per mapping, not per byte (docs/gpu-results.md: a 64-page allocation is
+/// mapped, given access and unmapped 40 times cheaper per page than 64 one-page ones), so pages
+/// that move together get one unit of their size: a unit is created on demand (about 10 µs,
+/// plus 0.2 µs per page, on the H200) and kept, free, for the next request of its size; free
+/// units of other sizes are released to make room within the budget (about 10 µs each). A
+/// budget that shrinks below what was created gives memory back to the driver (for other
+/// jobs on the card) as units become free ([`Self::release_free_frames`]).
 pub struct DevicePool {
     page: usize,
     device: i32,
     budget_frames: usize,
-    /// Frame index → its allocation; `None`: released, the frame retired (never free, never
-    /// handed out again).
-    handles: Vec<Option<PhysHandle>>,
-    /// Frames not released.
-    live_frames: usize,
-    free: Vec<DevFrame>,
+    /// Unit index → the unit; `None`: released (the index is reused, see `vacant`).
+    units: Vec<Option<DevUnit>>,
+    vacant: Vec<u32>,
+    /// Pages of the units not released.
+    created: usize,
+    /// Free units by size in pages.
+    free: BTreeMap<u32, Vec<u32>>,
+    free_pages: usize,
 }
 
 impl DevicePool {
@@ -58,9 +80,11 @@ impl DevicePool {
             page,
             device,
             budget_frames: budget_bytes / page,
-            handles: Vec::new(),
-            live_frames: 0,
-            free: Vec::new(),
+            units: Vec::new(),
+            vacant: Vec::new(),
+            created: 0,
+            free: BTreeMap::new(),
+            free_pages: 0,
         }
     }
 
@@ -68,114 +92,193 @@ impl DevicePool {
         self.budget_frames
     }
 
-    /// Changes the budget. Frames already created over a smaller budget stay created until
-    /// [`Self::release_free_frames`] gives them back, and [`Self::take`] hands out none while
-    /// the frames in use reach the budget.
+    /// Changes the budget. Units already created over a smaller budget stay created until
+    /// [`Self::release_free_frames`] gives them back, and [`Self::take_unit`] hands out none
+    /// while the frames in use reach the budget.
     pub fn set_budget_frames(&mut self, frames: usize) {
         self.budget_frames = frames;
     }
 
-    /// Frames owned by pages (created and not free).
+    /// Frames owned by pages (created and not in a free unit).
     pub fn in_use(&self) -> usize {
-        self.live_frames - self.free.len()
+        self.created - self.free_pages
     }
 
     /// Frames created and not released (free or not): the device memory the process holds.
     pub fn created_frames(&self) -> usize {
-        self.live_frames
+        self.created
     }
 
     pub fn free_frames(&self) -> usize {
-        self.free.len()
+        self.free_pages
     }
 
-    /// Frames still obtainable without evicting anything: free ones plus unused budget.
+    /// Frames still obtainable without evicting anything: free ones plus unused budget (a
+    /// free unit of another size is released and its memory created again at the size
+    /// asked for).
     pub fn available(&self) -> usize {
         self.budget_frames.saturating_sub(self.in_use())
     }
 
-    /// A free frame, creating one if the budget has room. `Ok(None)` when the budget is used
-    /// up (or the card refused more memory, which then becomes the budget).
+    /// A free one-page frame, creating one if the budget has room.
     pub fn take(&mut self, driver: &dyn Driver) -> Result<Option<DevFrame>, CUresult> {
-        if self.in_use() >= self.budget_frames {
+        Ok(self.take_unit(driver, 1)?.map(|(f, _)| f))
+    }
+
+    /// A unit of `pages` frames (its first frame and its size, for [`Self::frames`]): a free
+    /// one of that size, or a new one, releasing free units of other sizes to make room.
+    /// `Ok(None)` when the budget has no room (or the card refused more memory, which then
+    /// becomes the budget).
+    pub fn take_unit(
+        &mut self,
+        driver: &dyn Driver,
+        pages: usize,
+    ) -> Result<Option<(DevFrame, usize)>, CUresult> {
+        let n = u32::try_from(pages).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        if pages == 0 || self.in_use() + pages > self.budget_frames {
             return Ok(None);
         }
-        if let Some(f) = self.free.pop() {
-            return Ok(Some(f));
+        if let Some(u) = self.free.get_mut(&n).and_then(Vec::pop) {
+            self.free.retain(|_, v| !v.is_empty());
+            self.free_pages -= pages;
+            if let Some(unit) = self.units[u as usize].as_mut() {
+                unit.owned = n;
+            }
+            return Ok(Some((DevFrame { unit: u, offset: 0 }, pages)));
         }
-        if self.live_frames >= self.budget_frames {
-            return Ok(None);
+        // Room for a new allocation: free units of other sizes go back to the driver.
+        while self.created + pages > self.budget_frames {
+            if !self.release_one_free(driver) {
+                return Ok(None);
+            }
         }
-        match driver.mem_create(self.page, PhysLocation::Device(self.device)) {
-            Ok(h) => {
-                let f = DevFrame(self.handles.len() as u32);
-                self.handles.push(Some(h));
-                self.live_frames += 1;
-                Ok(Some(f))
+        match driver.mem_create(pages * self.page, PhysLocation::Device(self.device)) {
+            Ok(handle) => {
+                let unit = DevUnit {
+                    handle,
+                    pages: n,
+                    owned: n,
+                };
+                let u = match self.vacant.pop() {
+                    Some(u) => {
+                        self.units[u as usize] = Some(unit);
+                        u
+                    }
+                    None => {
+                        self.units.push(Some(unit));
+                        (self.units.len() - 1) as u32
+                    }
+                };
+                self.created += pages;
+                Ok(Some((DevFrame { unit: u, offset: 0 }, pages)))
             }
             Err(CUDA_ERROR_OUT_OF_MEMORY) => {
                 tracing::warn!(
-                    held = self.live_frames * self.page,
+                    held = self.created * self.page,
                     "the device refused more memory; the budget shrinks to what is held"
                 );
-                self.budget_frames = self.live_frames;
+                self.budget_frames = self.created;
                 Ok(None)
             }
             Err(e) => Err(e),
         }
     }
 
+    /// The frames of the unit `first` starts, in page order.
+    pub fn frames(first: DevFrame, pages: usize) -> impl Iterator<Item = DevFrame> {
+        (0..pages as u32).map(move |offset| DevFrame {
+            unit: first.unit,
+            offset,
+        })
+    }
+
+    /// Gives a page's frame back; once every frame of its unit is back (the unit is mapped
+    /// nowhere by then), the unit is free.
     pub fn give(&mut self, f: DevFrame) {
-        self.free.push(f);
+        let Some(unit) = self.units.get_mut(f.unit as usize).and_then(Option::as_mut) else {
+            debug_assert!(false, "a frame of a released unit: {f:?}");
+            return;
+        };
+        debug_assert!(unit.owned > 0, "{f:?} given back twice");
+        unit.owned = unit.owned.saturating_sub(1);
+        if unit.owned == 0 {
+            let pages = unit.pages;
+            self.free.entry(pages).or_default().push(f.unit);
+            self.free_pages += pages as usize;
+        }
     }
 
-    /// The free frames (for consistency checks).
-    pub fn free_list(&self) -> &[DevFrame] {
-        &self.free
+    /// Every frame of the free units (for consistency checks).
+    pub fn free_list(&self) -> Vec<DevFrame> {
+        self.free
+            .iter()
+            .flat_map(|(&pages, units)| {
+                units.iter().flat_map(move |&u| {
+                    Self::frames(DevFrame { unit: u, offset: 0 }, pages as usize)
+                })
+            })
+            .collect()
     }
 
-    /// The physical allocation of a frame (one that is free or owned by a page: not
-    /// released), mapped whole at offset 0.
-    pub fn location(&self, f: DevFrame) -> (PhysHandle, usize) {
-        let handle = self.handles[f.0 as usize].expect("a frame in use is not released");
-        (handle, 0)
+    /// The physical allocation of a frame's unit (free or owned: not released) and the
+    /// unit's size in pages. It is mapped whole, its first page at the frame's page less
+    /// `f.offset`.
+    pub fn unit(&self, f: DevFrame) -> (PhysHandle, usize) {
+        let unit = self.units[f.unit as usize].expect("a frame in use is not released");
+        (unit.handle, unit.pages as usize)
     }
 
-    /// While more frames are created than the budget allows, releases free frames (free
-    /// frames are mapped nowhere). Returns the frames given back.
+    /// Releases one free unit, the largest; false if none is free.
+    fn release_one_free(&mut self, driver: &dyn Driver) -> bool {
+        let Some(mut entry) = self.free.last_entry() else {
+            return false;
+        };
+        let pages = *entry.key();
+        let Some(u) = entry.get_mut().pop() else {
+            return false;
+        };
+        if entry.get().is_empty() {
+            entry.remove();
+        }
+        let Some(unit) = self.units[u as usize] else {
+            debug_assert!(false, "a released unit was free");
+            return false;
+        };
+        if let Err(e) = driver.mem_release(unit.handle) {
+            tracing::warn!(code = e, "cuMemRelease of a device unit failed; it is kept");
+            self.free.entry(pages).or_default().push(u);
+            return false;
+        }
+        self.free_pages -= pages as usize;
+        self.units[u as usize] = None;
+        self.vacant.push(u);
+        self.created -= pages as usize;
+        true
+    }
+
+    /// While more frames are created than the budget allows, releases free units (free units
+    /// are mapped nowhere). Returns the frames given back.
     pub fn release_free_frames(&mut self, driver: &dyn Driver) -> usize {
-        let mut given_back = 0;
-        let mut kept = Vec::new();
-        while self.live_frames > self.budget_frames {
-            let Some(f) = self.free.pop() else { break };
-            let Some(h) = self.handles[f.0 as usize] else {
-                continue;
-            };
-            if let Err(e) = driver.mem_release(h) {
-                tracing::warn!(
-                    code = e,
-                    "cuMemRelease of a device frame failed; it is kept"
-                );
-                kept.push(f);
+        let before = self.created;
+        while self.created > self.budget_frames {
+            if !self.release_one_free(driver) {
                 break;
             }
-            self.handles[f.0 as usize] = None;
-            self.live_frames -= 1;
-            given_back += 1;
         }
-        self.free.extend(kept);
-        given_back
+        before - self.created
     }
 
-    /// Releases every frame (all must be unmapped by now).
+    /// Releases every unit (all must be unmapped by now).
     pub fn release_all(&mut self, driver: &dyn Driver) {
-        for h in self.handles.drain(..).flatten() {
-            if let Err(e) = driver.mem_release(h) {
-                tracing::warn!(code = e, "cuMemRelease of a device frame failed");
+        for unit in self.units.drain(..).flatten() {
+            if let Err(e) = driver.mem_release(unit.handle) {
+                tracing::warn!(code = e, "cuMemRelease of a device unit failed");
             }
         }
+        self.vacant.clear();
         self.free.clear();
-        self.live_frames = 0;
+        self.free_pages = 0;
+        self.created = 0;
     }
 }
 

@@ -15,7 +15,12 @@
 //!    frame; it returns through a copy ordered before any work that asked for it
 //!    (`stream_wait_event` on the app's stream). A page with no live allocation holds no data
 //!    anyone can ask for, so it may be dropped without a copy.
-//! 6. **Stream-ordered reuse.** Memory freed on stream S is reused by another stream only
+//! 6. **Units move whole.** The driver maps and unmaps only whole physical allocations, and a
+//!    page's device frame is part of a *unit*, one allocation of one or more pages mapped at
+//!    consecutive pages ([`DevicePool`]). All pages of a unit are in the same state (with
+//!    the same copy event while one runs) and change state together: they are evicted,
+//!    dropped, cancelled and brought in as one.
+//! 7. **Stream-ordered reuse.** Memory freed on stream S is reused by another stream only
 //!    after the fence promised at the free has completed (see [`Suballocator`]).
 //!
 //! # Locking
@@ -41,7 +46,7 @@ use super::driver::{Driver, Event, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolError};
-use super::page::{Frame, PageTable, ResidencyState, Use};
+use super::page::{Frame, PageEntry, PageTable, ResidencyState, Use};
 use super::stats::MemoryStats;
 use super::suballoc::{SubAllocError, Suballocator};
 
@@ -194,6 +199,12 @@ struct Inner {
 struct PinStall {
     bytes_needed: usize,
 }
+
+/// The most pages one device unit (one physical allocation, mapped whole) holds: pages
+/// brought in together get units of up to this size. Larger units cost fewer VMM calls per
+/// page (per mapping, not per byte: docs/gpu-results.md) but move more at once: a unit
+/// leaves the device only whole.
+pub const MAX_UNIT_PAGES: usize = 32;
 
 /// How many times one operation may release the lock to wait for swap-out copies before it
 /// waits with the lock held (each wait is followed by a retry from the start).
@@ -676,7 +687,7 @@ impl MemoryManager {
                 Err(format!("device frame {d:?} twice ({who})"))
             }
         };
-        for &d in s.dev.free_list() {
+        for d in s.dev.free_list() {
             own_dev(d, "free list")?;
         }
         let mut host_own = |h: HostFrame, who: &str| {
@@ -740,6 +751,42 @@ impl MemoryManager {
                 "{} host frames accounted for, {host_created} created",
                 host.len()
             ));
+        }
+        // Units whole: every page of a unit holds its frame of it, in order, in one state.
+        let kind = |st: ResidencyState| match st {
+            ResidencyState::ToHost { event, .. } => (1, Some(event)),
+            ResidencyState::ToDevice { event, .. } => (2, Some(event)),
+            _ => (0, None),
+        };
+        for (p, e) in s.pages.iter() {
+            let Some(d) = e.state.device_frame() else {
+                continue;
+            };
+            let (_, n) = s.dev.unit(d);
+            let first = p
+                .checked_sub(d.offset as usize)
+                .ok_or_else(|| format!("page {p} holds {d:?} below the arena"))?;
+            for (i, q) in (first..first + n).enumerate() {
+                let other = s.pages.get(q).map(|o| o.state);
+                let frame = other.and_then(|st| st.device_frame());
+                if frame
+                    != Some(DevFrame {
+                        unit: d.unit,
+                        offset: i as u32,
+                    })
+                {
+                    return Err(format!(
+                        "unit {} of page {p} is not whole: page {q} holds {frame:?}",
+                        d.unit
+                    ));
+                }
+                if other.map(kind) != Some(kind(e.state)) {
+                    return Err(format!(
+                        "unit {} is split: page {p} is {:?}, page {q} {other:?}",
+                        d.unit, e.state
+                    ));
+                }
+            }
         }
         for &p in &s.unmapped_host {
             if !matches!(
@@ -851,7 +898,7 @@ impl Inner {
                 self.dead_device.remove(&p);
             }
         }
-        let ready = match self.device_frames_for_new(want.len()) {
+        let ready = match self.device_frames_for_new(&want) {
             Ok(frames) => frames,
             Err(e) => {
                 // Copies out are in flight: the caller waits for them without the lock and
@@ -879,11 +926,12 @@ impl Inner {
     /// over half the budget or room cannot be made without waiting for other threads' pins.
     /// `Err` only when copies out are in flight and the caller should wait for them
     /// ([`Self::acquire_device_frames`]).
-    fn device_frames_for_new(&mut self, n: usize) -> Result<Vec<DevFrame>, CUresult> {
+    fn device_frames_for_new(&mut self, pages: &[usize]) -> Result<Vec<DevFrame>, CUresult> {
+        let n = pages.len();
         if n == 0 || n > self.dev.budget_frames() / 2 {
             return Ok(Vec::new());
         }
-        match self.acquire_device_frames(n) {
+        match self.acquire_device_frames(pages) {
             Ok(frames) => Ok(frames),
             Err(e) if !self.copy_waits.is_empty() => Err(e),
             Err(e) => {
@@ -1017,30 +1065,39 @@ impl Inner {
         }
     }
 
-    fn location(&self, f: Frame) -> (super::driver::PhysHandle, usize) {
-        match f {
-            Frame::Device(d) => self.dev.location(d),
-            Frame::Host(h) => self.host.location(h),
-        }
-    }
-
-    /// Maps each `(page, frame)` at the page's address (one `cuMemMap` per page: a frame is
-    /// an allocation of its own), then sets access in contiguous runs (`cuMemSetAccess` is the
-    /// expensive call, and one call may span several mappings). Undoes its own maps on
-    /// failure.
+    /// Maps each `(page, frame)` at the page's address: a device unit once, whole, at the page
+    /// of its first frame (every frame of it must be in `plan`, at consecutive pages, in
+    /// order), a host frame on its own (a host frame is an allocation of its own); then sets
+    /// access in contiguous runs (one call may span several mappings). Undoes its own maps
+    /// on failure.
     fn map_batch(&mut self, plan: &[(usize, Frame)]) -> Result<(), CUresult> {
         let page = self.page;
         let mut pages: Vec<usize> = plan.iter().map(|&(p, _)| p).collect();
         pages.sort_unstable();
-        let mut mapped = 0;
+        let mut mapped: Vec<(CUdeviceptr, usize)> = Vec::new();
         let mut err = None;
         for &(p, f) in plan {
-            let (h, off) = self.location(f);
-            if let Err(e) = self.driver.mem_map(self.va(p), page, off, h) {
+            let (h, bytes) = match f {
+                Frame::Device(d) if d.offset != 0 => continue,
+                Frame::Device(d) => {
+                    let (h, n) = self.dev.unit(d);
+                    debug_assert!(
+                        (1..n).all(|i| plan.iter().any(|&(q, g)| q == p + i
+                            && g == Frame::Device(DevFrame {
+                                unit: d.unit,
+                                offset: i as u32
+                            }))),
+                        "unit {d:?} not whole in a map batch"
+                    );
+                    (h, n * page)
+                }
+                Frame::Host(hf) => (self.host.location(hf).0, page),
+            };
+            if let Err(e) = self.driver.mem_map(self.va(p), bytes, 0, h) {
                 err = Some(e);
                 break;
             }
-            mapped += 1;
+            mapped.push((self.va(p), bytes));
         }
         if err.is_none() {
             for (a, b) in runs(&pages) {
@@ -1056,12 +1113,78 @@ impl Inner {
         match err {
             None => Ok(()),
             Some(e) => {
-                for &(p, _) in &plan[..mapped] {
-                    let _ = self.driver.mem_unmap(self.va(p), page);
+                for (va, bytes) in mapped {
+                    let _ = self.driver.mem_unmap(va, bytes);
                 }
                 Err(e)
             }
         }
+    }
+
+    /// The unit page `p`'s device frame belongs to, as `(first page, pages)`.
+    fn unit_span(&self, p: usize) -> Option<(usize, usize)> {
+        let d = self.pages.get(p)?.state.device_frame()?;
+        let (_, n) = self.dev.unit(d);
+        Some((p - d.offset as usize, n))
+    }
+
+    /// `pages` grown to whole units (sorted, deduplicated): the pages of a unit are taken
+    /// together if every one of them passes `ok`, and left out together otherwise; a page
+    /// without a device frame is taken if it passes `ok`.
+    fn whole_units(&self, mut pages: Vec<usize>, ok: impl Fn(&PageEntry) -> bool) -> Vec<usize> {
+        pages.sort_unstable();
+        pages.dedup();
+        let mut out = Vec::with_capacity(pages.len());
+        let mut covered_to = 0;
+        for p in pages {
+            if p < covered_to {
+                continue;
+            }
+            match self.unit_span(p) {
+                Some((a, n)) => {
+                    covered_to = a + n;
+                    if (a..a + n).all(|q| self.pages.get(q).is_some_and(&ok)) {
+                        out.extend(a..a + n);
+                    }
+                }
+                None => {
+                    if self.pages.get(p).is_some_and(&ok) {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The units of sorted whole-unit `pages` (pages with device frames), as `(first, pages)`.
+    fn spans(&self, pages: &[usize]) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for &p in pages {
+            if out.last().is_some_and(|&(a, n)| p < a + n) {
+                continue;
+            }
+            if let Some(span) = self.unit_span(p) {
+                out.push(span);
+            }
+        }
+        out
+    }
+
+    /// Sorted `pages` cut into the units they get when brought in together: runs of
+    /// consecutive pages, at most [`MAX_UNIT_PAGES`] each. Sizes in page order.
+    fn unit_sizes(pages: &[usize]) -> Vec<usize> {
+        runs(pages)
+            .into_iter()
+            .flat_map(|(a, b)| {
+                let n = b - a + 1;
+                let whole = n / MAX_UNIT_PAGES;
+                std::iter::repeat_n(MAX_UNIT_PAGES, whole)
+                    .chain((n % MAX_UNIT_PAGES > 0).then_some(n % MAX_UNIT_PAGES))
+            })
+            .collect()
     }
 
     /// Removes the host mappings of `pages` (all `Host`). Every page whose mapping this
@@ -1127,58 +1250,80 @@ impl Inner {
         r.map(|()| !dead.is_empty())
     }
 
+    /// Drops page `p` (no live allocation, idle) without a copy: a host page alone, a device
+    /// page with the rest of its unit, which must be dead and idle too.
     fn unback(&mut self, p: usize, completed: &[u64]) -> Result<(), CUresult> {
-        let va = self.va(p);
-        let allowed = self.pages.get(p).is_some_and(|e| {
+        let dead_idle = |e: &PageEntry| {
             e.live == 0
                 && e.is_idle(completed)
                 && matches!(e.state, ResidencyState::Device(_) | ResidencyState::Host(_))
-        });
-        if !allowed {
+        };
+        if !self.pages.get(p).is_some_and(dead_idle) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        // Unmap first: if that fails the page keeps its frame and stays consistent. A host
-        // page may take its run's other pages along (they are left to `remap_host`).
-        if matches!(
+        // Unmap first: if that fails the pages keep their frames and stay consistent.
+        let span = if matches!(
             self.pages.get(p).map(|e| e.state),
             Some(ResidencyState::Host(_))
         ) {
             self.unmap_host_pages(&[p])?;
             self.unmapped_host.remove(&p);
+            (p, 1)
         } else {
-            self.driver.mem_unmap(va, self.page)?;
-        }
-        match self.pages.unback(p, completed) {
-            Ok(f) => {
-                self.give_frame(f);
-                self.dead_device.remove(&p);
-                Ok(())
+            let (a, n) = self.unit_span(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            if !(a..a + n).all(|q| self.pages.get(q).is_some_and(dead_idle)) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            Err(e) => {
-                debug_assert!(false, "unback after unmap refused: {e:?}");
-                Err(CUDA_ERROR_INVALID_VALUE)
+            self.driver.mem_unmap(self.va(a), n * self.page)?;
+            (a, n)
+        };
+        for q in span.0..span.0 + span.1 {
+            match self.pages.unback(q, completed) {
+                Ok(f) => {
+                    self.give_frame(f);
+                    self.dead_device.remove(&q);
+                }
+                Err(e) => debug_assert!(false, "unback after unmap refused: {e:?}"),
             }
         }
+        Ok(())
     }
 
-    /// A device frame without copying anything: free, new within budget, or taken from a
-    /// dead idle page.
-    fn take_device_cheap(&mut self) -> Result<Option<DevFrame>, CUresult> {
-        if let Some(d) = self.dev.take(&*self.driver)? {
-            return Ok(Some(d));
+    /// A unit of `pages` device frames without copying anything: free, new within budget, or
+    /// made from the units of dead idle pages. Its first frame and size.
+    fn take_unit_cheap(&mut self, pages: usize) -> Result<Option<(DevFrame, usize)>, CUresult> {
+        if let Some(u) = self.dev.take_unit(&*self.driver, pages)? {
+            return Ok(Some(u));
         }
         self.fences.poll_all(&*self.driver)?;
         let completed = self.fences.completed().to_vec();
-        let victim = self.dead_device.iter().copied().find(|&p| {
-            self.pages
-                .get(p)
-                .is_some_and(|e| e.live == 0 && e.is_idle(&completed))
-        });
-        if let Some(p) = victim {
-            self.unback(p, &completed)?;
-            return self.dev.take(&*self.driver);
+        let dead: Vec<usize> = self.dead_device.iter().copied().collect();
+        let mut dropped_to = 0;
+        for p in dead {
+            if p < dropped_to || self.dev.available() >= pages {
+                continue;
+            }
+            let Some((a, n)) = self.unit_span(p) else {
+                continue;
+            };
+            dropped_to = a + n;
+            let droppable = (a..a + n).all(|q| {
+                self.pages.get(q).is_some_and(|e| {
+                    e.live == 0
+                        && e.is_idle(&completed)
+                        && matches!(e.state, ResidencyState::Device(_))
+                })
+            });
+            if droppable {
+                self.unback(a, &completed)?;
+            }
         }
-        Ok(None)
+        self.dev.take_unit(&*self.driver, pages)
+    }
+
+    /// A one-page device frame without copying anything ([`Self::take_unit_cheap`]).
+    fn take_device_cheap(&mut self) -> Result<Option<DevFrame>, CUresult> {
+        Ok(self.take_unit_cheap(1)?.map(|(f, _)| f))
     }
 
     // ---- free ----
@@ -1370,16 +1515,14 @@ impl Inner {
     /// `host_waits`: wait for the copies in on the host instead of making `t.stream` wait
     /// for them (a capturing stream must not wait on anything recorded outside its capture).
     fn make_resident(&mut self, t: &AccessTicket, host_waits: bool) -> Result<bool, CUresult> {
-        let touched: usize = t
-            .runs
-            .iter()
-            .flat_map(|&(a, b)| a..=b)
-            .filter(|&p| {
-                self.pages
-                    .get(p)
-                    .is_some_and(|e| e.state != ResidencyState::Unbacked)
-            })
-            .count();
+        // What must be on the device at once: the pages touched, and the rest of their units.
+        let mut touched = self.access_footprint(t);
+        if touched > self.dev.budget_frames() {
+            // Units reaching past the access may be what makes it too large: they go out, and
+            // the pages touched come back in units of their own.
+            self.split_units_around(t)?;
+            touched = self.access_footprint(t);
+        }
         if touched > self.dev.budget_frames() {
             let needed = touched * self.page;
             if !self.budget_wait.is_zero() {
@@ -1395,28 +1538,34 @@ impl Inner {
         self.poll_with(false)?;
         let mut waits: Vec<Event> = Vec::new();
         let mut bring_in: Vec<usize> = Vec::new();
-        let mut cancelled: Vec<usize> = Vec::new();
+        let mut leaving: Vec<usize> = Vec::new();
         for p in t.runs.iter().flat_map(|&(a, b)| a..=b) {
             match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::ToDevice { event, .. }) => waits.push(event),
-                Some(ResidencyState::ToHost { .. }) => {
-                    // Still on the device: keep it there; the host frame is free once the
-                    // copy that fills it is done.
-                    if let Ok((h, ev)) = self.pages.cancel_swap_out(p) {
-                        self.outgoing.remove(&p);
-                        self.deferred_host.push((h, ev));
-                        cancelled.push(p);
-                    }
-                }
+                Some(ResidencyState::ToHost { .. }) => leaving.push(p),
                 Some(ResidencyState::Host(_)) => bring_in.push(p),
                 _ => {}
+            }
+        }
+        // Still on the device: keep them there, with the rest of their units (a unit leaves
+        // whole); the host frames are free once the copies that fill them are done.
+        let mut cancelled: Vec<usize> = Vec::new();
+        for p in self.whole_units(leaving, |e| {
+            matches!(e.state, ResidencyState::ToHost { .. })
+        }) {
+            if let Ok((h, ev)) = self.pages.cancel_swap_out(p) {
+                self.outgoing.remove(&p);
+                self.deferred_host.push((h, ev));
+                cancelled.push(p);
             }
         }
         if !cancelled.is_empty() {
             self.guard_cancelled(&cancelled);
         }
         if !bring_in.is_empty() {
-            let frames = self.acquire_device_frames(bring_in.len())?;
+            bring_in.sort_unstable();
+            bring_in.dedup();
+            let frames = self.acquire_device_frames(&bring_in)?;
             waits.push(self.swap_in(&bring_in, frames)?);
         }
         waits.sort_unstable();
@@ -1435,6 +1584,49 @@ impl Inner {
             tracing::debug!(code = e, "evicting ahead of need failed");
         }
         Ok(stalled)
+    }
+
+    /// Pages that must be on the device at once for `t`: those it touches (backed), with
+    /// the rest of their units.
+    fn access_footprint(&self, t: &AccessTicket) -> usize {
+        self.whole_units(t.runs.iter().flat_map(|&(a, b)| a..=b).collect(), |e| {
+            e.state != ResidencyState::Unbacked
+        })
+        .len()
+    }
+
+    /// Sends the units that hold pages of `t` and pages outside it to the host, and waits
+    /// until they are there: brought back for `t`, its pages then get units of their own. For
+    /// an access that fits the budget only without those units' other pages. Units pinned by
+    /// other calls in flight stay.
+    fn split_units_around(&mut self, t: &AccessTicket) -> Result<(), CUresult> {
+        let inside = |p: usize| t.runs.iter().any(|&(a, b)| (a..=b).contains(&p));
+        let touched: Vec<usize> = t.runs.iter().flat_map(|&(a, b)| a..=b).collect();
+        let straddling: Vec<(usize, usize)> = self
+            .spans(&self.whole_units(touched, |e| e.state.device_frame().is_some()))
+            .into_iter()
+            .filter(|&(a, n)| !(a..a + n).all(inside))
+            .collect();
+        if straddling.is_empty() {
+            return Ok(());
+        }
+        // This access's own pins would hold them: drop them meanwhile (the lock is held).
+        self.unpin(t);
+        let r = (|| {
+            self.wait_incoming()?;
+            let pages: Vec<usize> = straddling.iter().flat_map(|&(a, n)| a..a + n).collect();
+            let victims = self.whole_units(pages, |e| {
+                e.pins == 0 && matches!(e.state, ResidencyState::Device(_))
+            });
+            if !victims.is_empty() {
+                self.order_swap_out_after_uses(&victims)?;
+                let need = victims.len();
+                self.swap_out_pages(victims, need, SwapOrder::AfterUses)?;
+            }
+            self.wait_outgoing()
+        })();
+        let _ = self.pin_pages(t);
+        r
     }
 
     /// A cancelled swap-out's copy still reads the page: the page must not be remapped before
@@ -1583,8 +1775,11 @@ impl Inner {
             tracing::error!(code = e, "the swap-in stream failed");
         }
         self.spare_events.push(ev);
-        for &p in pages {
-            let _ = self.driver.mem_unmap(self.va(p), self.page);
+        for (&p, &d) in pages.iter().zip(&frames) {
+            if d.offset == 0 {
+                let (_, n) = self.dev.unit(d);
+                let _ = self.driver.mem_unmap(self.va(p), n * self.page);
+            }
             self.unmapped_host.insert(p);
         }
         self.remap_host();
@@ -1617,41 +1812,56 @@ impl Inner {
         }
     }
 
-    /// `n` device frames, evicting least recently used idle pages if it must (and waiting
-    /// for their copies: this is the on-demand stall).
-    fn acquire_device_frames(&mut self, n: usize) -> Result<Vec<DevFrame>, CUresult> {
-        let mut got = Vec::with_capacity(n);
-        let r = self.acquire_into(n, &mut got);
-        if r.is_err() {
-            // Whatever went wrong, the frames taken so far go back.
-            for d in got.drain(..) {
-                self.dev.give(d);
-            }
-        }
-        r.map(|()| got)
+    /// Device frames for `pages` (sorted), one unit per run of consecutive pages (at most
+    /// [`MAX_UNIT_PAGES`] each), in page order, evicting least recently used pages if it must
+    /// (and waiting for their copies: this is the on-demand stall). All or nothing.
+    fn acquire_device_frames(&mut self, pages: &[usize]) -> Result<Vec<DevFrame>, CUresult> {
+        self.acquire_units(&Self::unit_sizes(pages))
     }
 
-    fn acquire_into(&mut self, n: usize, got: &mut Vec<DevFrame>) -> Result<(), CUresult> {
+    /// Units of the given sizes, their frames in order ([`Self::acquire_device_frames`]).
+    fn acquire_units(&mut self, sizes: &[usize]) -> Result<Vec<DevFrame>, CUresult> {
+        let mut got = Vec::with_capacity(sizes.len());
+        let r = self.acquire_into(sizes, &mut got);
+        let frames = got
+            .into_iter()
+            .flat_map(|(first, n)| DevicePool::frames(first, n));
+        if r.is_err() {
+            // Whatever went wrong, the units taken so far go back.
+            for d in frames {
+                self.dev.give(d);
+            }
+            return r.map(|()| Vec::new());
+        }
+        Ok(frames.collect())
+    }
+
+    fn acquire_into(
+        &mut self,
+        sizes: &[usize],
+        got: &mut Vec<(DevFrame, usize)>,
+    ) -> Result<(), CUresult> {
         let mut rounds = 0;
-        while got.len() < n {
-            if let Some(d) = self.take_device_cheap()? {
-                got.push(d);
+        while got.len() < sizes.len() {
+            let k = sizes[got.len()];
+            if let Some(u) = self.take_unit_cheap(k)? {
+                got.push(u);
                 continue;
             }
             // Evict enough for the rest (in flight already counts), then wait for it.
-            let short = n - got.len();
+            let short: usize = sizes[got.len()..].iter().sum();
             let in_flight = self.outgoing.len();
             if short > in_flight {
                 let want = (short - in_flight).max(self.cfg.evict_batch);
                 self.evict(want, short - in_flight)?;
             }
-            if self.dev.available() > 0 {
+            if self.dev.available() >= k {
                 continue; // dead pages were dropped without a copy
             }
             if !self.outgoing.is_empty() {
                 // Copies out that have finished give their frames now.
                 self.poll()?;
-                if self.dev.available() > 0 {
+                if self.dev.available() >= k {
                     continue;
                 }
                 if self.unlocked_copy_waits_left > 0 {
@@ -1667,7 +1877,7 @@ impl Inner {
                 // pages are pinned by calls in flight on other threads. Not an out-of-memory:
                 // the caller gives back what it holds, waits for pins to drop and retries.
                 self.pin_stall = Some(PinStall {
-                    bytes_needed: n * self.page,
+                    bytes_needed: short * self.page,
                 });
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
@@ -1693,38 +1903,55 @@ impl Inner {
         // optional part of a batch, or eviction ahead of need) it is skipped. Its copy is
         // ordered after its uses on the device (the swap-out stream waits for their fences),
         // so nothing here waits for the application's work with the lock held.
+        // A unit leaves whole: a page is taken with the rest of its unit, and only if none of
+        // them is pinned; the unit ranks where its first-ranked page does.
         let mut idle_victims: Vec<usize> = Vec::with_capacity(want.max(need));
         let mut busy_victims: Vec<usize> = Vec::new();
-        for (_, p, idle) in candidates {
+        let mut seen: std::collections::HashSet<usize> = std::collections::HashSet::new();
+        for (_, p, _) in candidates {
             let taken = idle_victims.len() + busy_victims.len();
             if taken >= want.max(need) {
                 break;
             }
-            if idle {
-                idle_victims.push(p);
+            let Some((a, n)) = self.unit_span(p) else {
+                continue;
+            };
+            if !seen.insert(a) {
+                continue;
+            }
+            let unit = a..a + n;
+            let entries: Vec<&PageEntry> = unit.clone().filter_map(|q| self.pages.get(q)).collect();
+            if entries.len() != n
+                || !entries
+                    .iter()
+                    .all(|e| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
+            {
+                continue;
+            }
+            let completed = self.fences.completed();
+            if entries.iter().all(|e| e.is_idle(completed)) {
+                idle_victims.extend(unit);
                 continue;
             }
             if taken >= need {
                 continue;
             }
-            let dead = self.pages.get(p).is_some_and(|e| e.live == 0);
-            if !dead {
-                busy_victims.push(p);
+            if !entries.iter().all(|e| e.live == 0) {
+                busy_victims.extend(unit);
                 continue;
             }
-            // A dead page is dropped, not copied, and a drop needs it idle: wait for it.
-            let uses = self
-                .pages
-                .get(p)
-                .map(|e| e.uses.clone())
-                .unwrap_or_default();
+            // A dead unit is dropped, not copied, and a drop needs it idle: wait for it.
+            let uses: Vec<Use> = entries.iter().flat_map(|e| e.uses.clone()).collect();
             for u in uses {
                 self.fences
                     .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
             }
             let completed = self.fences.completed();
-            if self.pages.get(p).is_some_and(|e| e.is_idle(completed)) {
-                idle_victims.push(p);
+            if unit
+                .clone()
+                .all(|q| self.pages.get(q).is_some_and(|e| e.is_idle(completed)))
+            {
+                idle_victims.extend(unit);
             }
         }
         let idle_need = need.min(idle_victims.len());
@@ -1776,32 +2003,60 @@ impl Inner {
         if victims.is_empty() {
             return Ok(());
         }
-        victims.sort_unstable();
+        // Callers pass whole units; this keeps it so whatever they pass.
+        victims = self.whole_units(victims, |e| matches!(e.state, ResidencyState::Device(_)));
         let completed = self.fences.completed().to_vec();
-        // Dead pages need no copy: drop them instead.
         let mut copy: Vec<(usize, HostFrame)> = Vec::new();
-        for p in victims {
-            let dead = self.pages.get(p).is_some_and(|e| e.live == 0);
-            if dead {
-                if let Err(e) = self.unback(p, &completed) {
-                    for (_, h) in copy {
-                        self.host.give(h);
+        let mut i = 0;
+        while i < victims.len() {
+            let (a, n) = self.unit_span(victims[i]).unwrap_or((victims[i], 1));
+            i += n;
+            let unit = a..a + n;
+            if unit
+                .clone()
+                .all(|q| self.pages.get(q).is_some_and(|e| e.live == 0))
+            {
+                // A dead unit needs no copy: drop it instead (once idle; a dead unit still in
+                // use is left for a later eviction).
+                let idle = unit
+                    .clone()
+                    .all(|q| self.pages.get(q).is_some_and(|e| e.is_idle(&completed)));
+                if idle {
+                    if let Err(e) = self.unback(a, &completed) {
+                        for (_, h) in copy {
+                            self.host.give(h);
+                        }
+                        return Err(e);
                     }
-                    return Err(e);
                 }
                 continue;
             }
-            match self.take_host() {
-                Ok(h) => copy.push((p, h)),
-                // The extra victims of a batch are optional.
-                Err(_) if copy.len() >= need => break,
-                Err(e) => {
-                    for (_, h) in copy {
-                        self.host.give(h);
+            // A unit with live data is copied whole (its dead pages too: it is unmapped whole).
+            let mut frames: Vec<(usize, HostFrame)> = Vec::with_capacity(n);
+            let mut failed = None;
+            for q in unit {
+                match self.take_host() {
+                    Ok(h) => frames.push((q, h)),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
                     }
-                    return Err(e);
                 }
             }
+            if let Some(e) = failed {
+                for (_, h) in frames {
+                    self.host.give(h);
+                }
+                // The extra victims of a batch are optional.
+                if copy.len() >= need {
+                    break;
+                }
+                for (_, h) in copy {
+                    self.host.give(h);
+                }
+                return Err(e);
+            }
+            copy.extend(frames);
         }
         if copy.is_empty() {
             return Ok(());
@@ -1860,10 +2115,20 @@ impl Inner {
     /// pages it cannot place (oldest first), then those left out of its sample (oldest first).
     fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
         let completed = self.fences.completed();
+        // A unit leaves whole: one with a page pinned (or not yet arrived) cannot.
+        let blocked: std::collections::HashSet<u32> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins > 0 || !matches!(e.state, ResidencyState::Device(_)))
+            .filter_map(|(_, e)| e.state.device_frame().map(|d| d.unit))
+            .collect();
         let mut ranked: Vec<(u64, usize, bool)> = self
             .pages
             .iter()
-            .filter(|(_, e)| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
+            .filter(|(_, e)| match e.state {
+                ResidencyState::Device(d) => e.pins == 0 && !blocked.contains(&d.unit),
+                _ => false,
+            })
             .map(|(p, e)| (e.last_access, p, e.is_idle(completed)))
             .collect();
         if let Some(advice) = &self.advice {
@@ -2038,30 +2303,50 @@ impl Inner {
         let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
         let mut finished: Vec<(usize, DevFrame, Event)> = Vec::new();
         let mut failed: Option<CUresult> = None;
+        // A unit is unmapped whole, once every page of it has been copied out and none is
+        // pinned.
+        let mut done_to = 0;
         for p in outgoing {
-            let Some(ResidencyState::ToHost { event, .. }) = self.pages.get(p).map(|e| e.state)
-            else {
-                continue;
-            };
-            let done = match query(event) {
-                Ok(d) => d,
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            };
-            if !done || self.pages.get(p).is_some_and(|e| e.pins > 0) {
+            if p < done_to {
                 continue;
             }
-            // Unmap the device frame before the state says Host, so a failure leaves the
-            // page as it was (and the pages finished so far are still completed below).
-            if let Err(e) = self.driver.mem_unmap(self.va(p), self.page) {
+            let Some((a, n)) = self.unit_span(p) else {
+                continue;
+            };
+            done_to = a + n;
+            let mut events: Vec<Event> = Vec::with_capacity(n);
+            for q in a..a + n {
+                let Some(ResidencyState::ToHost { event, .. }) =
+                    self.pages.get(q).filter(|e| e.pins == 0).map(|e| e.state)
+                else {
+                    break;
+                };
+                match query(event) {
+                    Ok(true) => events.push(event),
+                    Ok(false) => break,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
+            if events.len() != n {
+                continue;
+            }
+            // Unmap the device unit before the state says Host, so a failure leaves the
+            // pages as they were (and the units finished so far are still completed below).
+            if let Err(e) = self.driver.mem_unmap(self.va(a), n * self.page) {
                 failed = Some(e);
                 break;
             }
-            match self.pages.finish_swap_out(p, |_| true) {
-                Ok(d) => finished.push((p, d, event)),
-                Err(e) => debug_assert!(false, "{e:?}"),
+            for (q, event) in (a..a + n).zip(events) {
+                match self.pages.finish_swap_out(q, |_| true) {
+                    Ok(d) => finished.push((q, d, event)),
+                    Err(e) => debug_assert!(false, "{e:?}"),
+                }
             }
         }
         if !finished.is_empty() {
@@ -2173,15 +2458,9 @@ impl Inner {
     fn start_swap_out(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
         self.fences.poll_all(&*self.driver)?;
         let completed = self.fences.completed();
-        let victims: Vec<usize> = self
-            .pages_in(ranges)
-            .into_iter()
-            .filter(|&p| {
-                self.pages.get(p).is_some_and(|e| {
-                    matches!(e.state, ResidencyState::Device(_)) && e.is_idle(completed)
-                })
-            })
-            .collect();
+        let victims = self.whole_units(self.pages_in(ranges), |e| {
+            matches!(e.state, ResidencyState::Device(_)) && e.is_idle(completed)
+        });
         let before = self.outgoing.len();
         self.swap_out_pages(victims, 0, SwapOrder::Idle)?;
         Ok(self.outgoing.len() - before)
@@ -2189,21 +2468,22 @@ impl Inner {
 
     fn swap_out_after_use(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
         self.fences.poll_all(&*self.driver)?;
-        let completed = self.fences.completed().to_vec();
-        // Pinned pages belong to a call in flight (it may still add uses); dead pages that are
-        // still busy are left for the next eviction to drop (a drop needs them idle).
-        let mut victims: Vec<usize> = Vec::new();
-        let mut arriving: Vec<usize> = Vec::new();
-        for p in self.pages_in(ranges) {
-            let Some(e) = self.pages.get(p).filter(|e| e.pins == 0) else {
-                continue;
-            };
-            match e.state {
-                ResidencyState::Device(_) if e.live > 0 || e.is_idle(&completed) => victims.push(p),
-                ResidencyState::ToDevice { .. } if e.live > 0 => arriving.push(p),
-                _ => {}
-            }
-        }
+        // Pinned pages belong to a call in flight (it may still add uses), and a unit leaves
+        // whole; dead units that are still busy are left for the next eviction to drop (a
+        // drop needs them idle: `swap_out_pages`), and dead units arriving stay.
+        let pages = self.pages_in(ranges);
+        let victims = self.whole_units(pages.clone(), |e| {
+            e.pins == 0 && matches!(e.state, ResidencyState::Device(_))
+        });
+        let mut arriving = self.whole_units(pages, |e| {
+            e.pins == 0 && matches!(e.state, ResidencyState::ToDevice { .. })
+        });
+        let dead: Vec<(usize, usize)> = self
+            .spans(&arriving)
+            .into_iter()
+            .filter(|&(a, n)| (a..a + n).all(|q| self.pages.get(q).is_some_and(|e| e.live == 0)))
+            .collect();
+        arriving.retain(|&p| !dead.iter().any(|&(a, n)| (a..a + n).contains(&p)));
         let before = self.outgoing.len();
         if !victims.is_empty() {
             // The copy stream waits (on the device, not here) for the last use of each page.
@@ -2360,9 +2640,13 @@ impl Inner {
             .map(|(p, _)| p)
             .collect();
         for p in pages {
-            if !self.unmapped_host.contains(&p) {
-                let _ = d.mem_unmap(self.va(p), self.page);
-            }
+            let bytes = match self.pages.get(p).and_then(|e| e.state.device_frame()) {
+                Some(f) if f.offset != 0 => continue,
+                Some(f) => self.dev.unit(f).1 * self.page,
+                None if self.unmapped_host.contains(&p) => continue,
+                None => self.page,
+            };
+            let _ = d.mem_unmap(self.va(p), bytes);
         }
         self.dev.release_all(&*d);
         self.host.release_all();

@@ -471,7 +471,7 @@ mod tests {
                 match a {
                     Act::BackDevice => {
                         let f = fresh();
-                        let r = t.back_device(p, DevFrame(f));
+                        let r = t.back_device(p, DevFrame { unit: f, offset: 0 });
                         prop_assert_eq!(r.is_ok(), model[p] == M::Unbacked);
                         if r.is_ok() { model[p] = M::Device(f); }
                     }
@@ -487,7 +487,7 @@ mod tests {
                         prop_assert_eq!(r.is_ok(), ok);
                         if let Ok(fr) = r {
                             match model[p] {
-                                M::Device(f) => prop_assert_eq!(fr, Frame::Device(DevFrame(f))),
+                                M::Device(f) => prop_assert_eq!(fr, Frame::Device(DevFrame { unit: f, offset: 0 })),
                                 M::Host(f) => prop_assert_eq!(fr, Frame::Host(HostFrame(f))),
                                 _ => unreachable!(),
                             }
@@ -519,7 +519,7 @@ mod tests {
                         let ok = matches!(model[p], M::ToHost(_, _, true)) && pins[p] == 0;
                         prop_assert_eq!(r.is_ok(), ok, "{:?} {:?}", model[p], r);
                         if let (Ok(d), M::ToHost(md, h, _)) = (r, model[p]) {
-                            prop_assert_eq!(d, DevFrame(md));
+                            prop_assert_eq!(d, DevFrame { unit: md, offset: 0 });
                             model[p] = M::Host(h);
                         }
                     }
@@ -527,7 +527,7 @@ mod tests {
                         let f = fresh();
                         events_done.push(false);
                         let ev = Event(events_done.len() - 1);
-                        let r = t.start_swap_in(p, DevFrame(f), ev);
+                        let r = t.start_swap_in(p, DevFrame { unit: f, offset: 0 }, ev);
                         prop_assert_eq!(r.is_ok(), matches!(model[p], M::Host(_)));
                         if let (Ok(h), M::Host(mh)) = (r, model[p]) {
                             prop_assert_eq!(h, HostFrame(mh));
@@ -597,14 +597,14 @@ mod tests {
         let mut t = PageTable::new();
         t.ensure_len(1);
         assert_eq!(
-            t.start_swap_in(0, DevFrame(1), Event(1)),
+            t.start_swap_in(0, DevFrame { unit: 1, offset: 0 }, Event(1)),
             Err(TransitionError::WrongState {
                 page: 0,
                 state: "Unbacked",
                 transition: "start_swap_in"
             })
         );
-        t.back_device(0, DevFrame(1)).unwrap();
+        t.back_device(0, DevFrame { unit: 1, offset: 0 }).unwrap();
         t.entry_mut(0).unwrap().add_use(
             Use {
                 stream_slot: 0,
@@ -624,7 +624,10 @@ mod tests {
             t.finish_swap_out(0, |_| false),
             Err(TransitionError::NotReady { page: 0 })
         );
-        assert_eq!(t.finish_swap_out(0, |_| true), Ok(DevFrame(1)));
+        assert_eq!(
+            t.finish_swap_out(0, |_| true),
+            Ok(DevFrame { unit: 1, offset: 0 })
+        );
         assert_eq!(t.get(0).unwrap().state, ResidencyState::Host(HostFrame(1)));
     }
 }

@@ -827,6 +827,8 @@ fn run_model_fenced(
     }));
     let mm =
         MemoryManager::new(fake.clone(), config_fenced(budget_pages, 1024, fence_every)).unwrap();
+    // Single-threaded: no pin is ever held by another call, so a wait for pins is a bug.
+    mm.set_pin_wait(std::time::Duration::ZERO);
     let streams = vec![
         fake.stream_create().unwrap(),
         fake.stream_create().unwrap(),

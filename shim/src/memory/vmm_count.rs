@@ -230,12 +230,13 @@ fn access_4_pages(mm: &MemoryManager, s: super::Stream, ptr: u64) {
 }
 
 #[test]
-fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_each_way() {
+fn a_tensor_leaves_and_returns_with_one_device_mapping_and_one_access_call_each_way() {
     const P: usize = SMALL_PAGE;
     let (fake, mm) = small_manager(8, true);
     let s = fake.stream_create().expect("stream");
     let access = |ptr: u64| access_4_pages(&mm, s, ptr);
-    // a and b fill the budget; c is backed by host frames from the start.
+    // a and b fill the budget, a 4-page device unit each; c is backed by host frames from
+    // the start.
     let a = mm.alloc(4 * P, Some(s)).expect("a");
     let b = mm.alloc(4 * P, Some(s)).expect("b");
     let c = mm.alloc(4 * P, Some(s)).expect("c");
@@ -245,17 +246,17 @@ fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_eac
     access(b);
     let pattern_b: Vec<u8> = pattern.iter().map(|x| x ^ 0x5a).collect();
     fake.app_write(s, b, pattern_b.clone()).expect("write b");
-    // c comes in, a (least recently used) goes out: a's 4 device mappings are removed and
-    // its 4 host frames mapped; c's 4 host mappings are removed and its 4 device frames
-    // mapped: one call per page each way (the driver maps only whole allocations, and a
-    // frame is one), one access call per direction.
-    assert_eq!(calls_of(&fake, || access(c)), (4 + 4, 4 + 4, 2));
+    // c comes in, a (least recently used) goes out: a's one device mapping is removed and
+    // its 4 host frames mapped (a host frame is an allocation of its own); c's 4 host
+    // mappings are removed and one device unit of 4 pages mapped; one access call per
+    // direction.
+    assert_eq!(calls_of(&fake, || access(c)), (4 + 1, 1 + 4, 2));
     assert!(matches!(
         mm.residency(a),
         Some(super::ResidencyState::Host(_))
     ));
-    // And back: b leaves the same way, a returns through its one host mapping.
-    assert_eq!(calls_of(&fake, || access(a)), (4 + 4, 4 + 4, 2));
+    // And back: b leaves the same way, a returns as one unit.
+    assert_eq!(calls_of(&fake, || access(a)), (4 + 1, 1 + 4, 2));
     let read = fake.app_read(s, a, 4 * P).expect("read");
     assert!(
         read.get() == Some(pattern),
@@ -284,7 +285,7 @@ fn a_tensor_leaves_and_returns_with_one_mapping_per_page_and_one_access_call_eac
 }
 
 #[test]
-fn without_host_mappings_a_page_moved_costs_one_device_unmap_out_and_one_map_in() {
+fn without_host_mappings_a_unit_moved_costs_one_device_unmap_out_and_one_map_in() {
     const P: usize = SMALL_PAGE;
     let (fake, mm) = small_manager(4, false);
     let s = fake.stream_create().expect("stream");
@@ -294,11 +295,12 @@ fn without_host_mappings_a_page_moved_costs_one_device_unmap_out_and_one_map_in(
     access(a);
     let pattern: Vec<u8> = (0..4 * P).map(|i| (i * 13 + i / P) as u8).collect();
     fake.app_write(s, a, pattern.clone()).expect("write a");
-    // b comes in, a goes out: a's 4 device mappings go and nothing is mapped in their place;
-    // b's pages (host-backed when allocated, mapped then) lose their host mappings and get
-    // device frames. One access call, for b.
+    // b comes in, a goes out: a's 4 device mappings go (an allocation of over half the
+    // budget is backed page by page, as frames are found) and nothing is mapped in their
+    // place; b's pages (host-backed when allocated, mapped then) lose their host mappings
+    // and get one device unit. One access call, for b.
     let (maps, unmaps, access_calls) = calls_of(&fake, || access(b));
-    assert_eq!((maps, unmaps, access_calls), (4, 4 + 4, 1));
+    assert_eq!((maps, unmaps, access_calls), (1, 4 + 4, 1));
     assert!(matches!(
         mm.residency(a),
         Some(super::ResidencyState::Host(_))
@@ -314,9 +316,9 @@ fn without_host_mappings_a_page_moved_costs_one_device_unmap_out_and_one_map_in(
         faults > 0,
         "a stray read of a swapped-out page did not fault"
     );
-    // ... and one it prepares brings a back whole: 4 device maps, b's 4 device unmaps, no
+    // ... and one it prepares brings a back whole: one device map, b's one device unmap, no
     // host-side call at all.
-    assert_eq!(calls_of(&fake, || access(a)), (4, 4, 1));
+    assert_eq!(calls_of(&fake, || access(a)), (1, 1, 1));
     let read = fake.app_read(s, a, 4 * P).expect("read a");
     assert!(
         read.get() == Some(pattern),
