@@ -1,15 +1,16 @@
-//! Physical page frames: device frames within the budget, and the pinned host pool.
+//! Physical memory: device units within the budget, and the pinned host pool.
 //!
-//! A *frame* is one page of physical memory with an allocation (`cuMemCreate`) of its own.
 //! The driver maps only whole allocations from offset 0: on the H200 (CUDA 13.0 driver) a
 //! `cuMemMap` of one page of a 64 MiB allocation failed with `CUDA_ERROR_NOT_SUPPORTED`
-//! (docs/gpu-results.md), so frames cannot be carved out of larger allocations, and a page
-//! evicted alone needs an allocation of its own. A `cuMemCreate` of 2 MiB costs about 11 µs
-//! (GPU_FACTS.md). Where frames are mapped at the arena is the manager's business; this
-//! module keeps host frames in address order and hands out runs of them
-//! ([`HostPool::regroup`]), so that a batch of pages is one copy.
+//! (docs/gpu-results.md). And the VMM calls cost per mapping, not per byte. So device memory
+//! comes in *units*, one allocation of one or more pages each, mapped whole at consecutive
+//! arena pages; a page's *frame* is its page of a unit. Pinned host memory comes in single
+//! frames, an allocation each, and in host units of several pages ([`HostPool::take_unit`])
+//! for pages that leave the device together. Where frames are mapped at the arena is the
+//! manager's business; this module keeps single host frames in address order and hands out
+//! runs of them ([`HostPool::regroup`]), so that a batch of pages is one copy.
 //!
-//! - [`DevicePool`]: device frames. It never creates more than the budget allows; that is
+//! - [`DevicePool`]: device units. It never creates more than the budget allows; that is
 //!   the single place the device budget is enforced.
 //! - [`HostPool`]: host-NUMA frames, each also mapped once, for good, into a *host window*
 //!   virtual range, so swap copies are plain device-to-device copies between two virtual
@@ -18,7 +19,7 @@
 //!
 //! Neither pool decides *which* page gets a frame; that is the manager's job.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -296,18 +297,106 @@ pub struct HostPoolConfig {
     pub background: bool,
 }
 
+/// One host frame: its allocation (a single page, or a host unit shared by its frames).
+#[derive(Debug, Clone, Copy)]
+struct HostFrameInfo {
+    handle: PhysHandle,
+    /// The unit's first frame and size in pages (itself and 1 for a single frame).
+    first: u32,
+    pages: u32,
+}
+
 struct HostState {
-    /// Frame index → (its allocation, its address in the host window).
-    frames: Vec<(PhysHandle, CUdeviceptr)>,
-    /// Free frames in address order (frame indices follow window addresses), so the lowest
-    /// are handed out first and runs of free frames can be found.
+    /// Frame index (its page in the host window) → the frame; `None`: nothing there.
+    frames: Vec<Option<HostFrameInfo>>,
+    /// Frames in existence.
+    created: usize,
+    /// Free single frames in address order, so the lowest are handed out first and runs of
+    /// free frames can be found.
     free: BTreeSet<HostFrame>,
-    /// Bytes of the window promised to chunks (created or being created).
-    reserved_bytes: usize,
+    /// Host units (allocations of several pages): first frame → frames owned by pages.
+    unit_owned: HashMap<u32, u32>,
+    /// Free host units by size in pages: their first frames.
+    free_units: BTreeMap<u32, Vec<u32>>,
+    /// Window pages not promised to any frame: start → length, and the untouched tail from
+    /// `window_used` on.
+    window_holes: BTreeMap<u32, u32>,
+    window_used: u32,
     growing: bool,
     want_grow: bool,
     shutdown: bool,
     last_error: Option<CUresult>,
+}
+
+impl HostState {
+    /// Promises `pages` consecutive window pages (first fit, then the tail); their first.
+    fn take_window(&mut self, pages: u32, window_pages: u32) -> Option<u32> {
+        let hole = self
+            .window_holes
+            .iter()
+            .find(|&(_, &len)| len >= pages)
+            .map(|(&start, &len)| (start, len));
+        if let Some((start, len)) = hole {
+            self.window_holes.remove(&start);
+            if len > pages {
+                self.window_holes.insert(start + pages, len - pages);
+            }
+            return Some(start);
+        }
+        if self.window_used + pages <= window_pages {
+            self.window_used += pages;
+            return Some(self.window_used - pages);
+        }
+        None
+    }
+
+    /// Gives window pages back (coalescing with the holes around them and the tail).
+    fn give_window(&mut self, start: u32, pages: u32) {
+        let (mut start, mut pages) = (start, pages);
+        if let Some((&s, &l)) = self.window_holes.range(..start).next_back() {
+            if s + l == start {
+                self.window_holes.remove(&s);
+                start = s;
+                pages += l;
+            }
+        }
+        if let Some(l) = self.window_holes.remove(&(start + pages)) {
+            pages += l;
+        }
+        if start + pages == self.window_used {
+            self.window_used = start;
+        } else {
+            self.window_holes.insert(start, pages);
+        }
+    }
+
+    fn window_free_pages(&self, window_pages: u32) -> u32 {
+        window_pages - self.window_used + self.window_holes.values().sum::<u32>()
+    }
+
+    fn publish(&mut self, first: u32, pages: u32, handles: &[PhysHandle]) {
+        let end = (first + pages) as usize;
+        if self.frames.len() < end {
+            self.frames.resize(end, None);
+        }
+        for i in 0..pages {
+            let info = if handles.len() == 1 && pages > 1 {
+                HostFrameInfo {
+                    handle: handles[0],
+                    first,
+                    pages,
+                }
+            } else {
+                HostFrameInfo {
+                    handle: handles[i as usize],
+                    first: first + i,
+                    pages: 1,
+                }
+            };
+            self.frames[(first + i) as usize] = Some(info);
+        }
+        self.created += pages as usize;
+    }
 }
 
 struct HostShared {
@@ -329,6 +418,11 @@ pub enum HostPoolError {
 }
 
 /// The pinned host pool. Dropping it stops the grower; [`HostPool::release_all`] frees memory.
+///
+/// Single frames (one allocation per page) are grown ahead of need in chunks; *host units*
+/// (one allocation of several pages, whose frames are mapped at the arena together, as one
+/// mapping) are made on demand for pages that leave the device together
+/// ([`HostPool::take_unit`]) and kept, free, for the next request of their size.
 pub struct HostPool {
     shared: Arc<HostShared>,
     grower: Option<JoinHandle<()>>,
@@ -339,48 +433,140 @@ impl HostShared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Creates, maps and publishes one chunk of frames: `chunk_bytes` of the window, one
-    /// allocation per frame (the driver maps only whole allocations). Called with `growing`
-    /// set by the caller.
+    fn window_pages(&self) -> u32 {
+        (self.window_bytes / self.config.page) as u32
+    }
+
+    fn frame_va(&self, f: u32) -> CUdeviceptr {
+        self.window + f as u64 * self.config.page as u64
+    }
+
+    /// Creates, maps and publishes one chunk of single frames: up to `chunk_bytes` of the
+    /// window, one allocation per frame. Called with `growing` set by the caller.
     fn grow_one(&self) -> Result<(), CUresult> {
         let c = self.config;
-        let (offset, bytes) = {
+        let first_pages = {
             let mut s = self.lock();
-            let bytes = c
-                .chunk_bytes
-                .min(self.window_bytes.saturating_sub(s.reserved_bytes));
-            let bytes = bytes / c.page * c.page;
-            if bytes == 0 {
-                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            let want = (c.chunk_bytes / c.page).max(1) as u32;
+            let room = s.window_free_pages(self.window_pages());
+            let pages = want.min(room);
+            let mut got = None;
+            // The largest run the window has, up to a chunk.
+            let mut n = pages;
+            while n > 0 {
+                if let Some(first) = s.take_window(n, self.window_pages()) {
+                    got = Some((first, n));
+                    break;
+                }
+                n /= 2;
             }
-            let off = s.reserved_bytes;
-            s.reserved_bytes += bytes;
-            (off, bytes)
+            got
         };
-        let va = self.window + offset as u64;
-        let result = self.create_frames(va, bytes / c.page);
+        let Some((first, pages)) = first_pages else {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        let result = self.create_frames(self.frame_va(first), pages as usize);
         let mut s = self.lock();
         match result {
             Ok(handles) => {
-                let first = s.frames.len() as u32;
-                let n = handles.len() as u32;
-                s.frames.extend(
-                    handles
-                        .into_iter()
-                        .enumerate()
-                        .map(|(i, h)| (h, va + (i * c.page) as u64)),
-                );
-                s.free.extend((first..first + n).map(HostFrame));
+                s.publish(first, pages, &handles);
+                s.free.extend((first..first + pages).map(HostFrame));
                 s.last_error = None;
                 Ok(())
             }
             Err(e) => {
-                // Only one grower runs at a time, so the window tail is still ours to undo.
-                s.reserved_bytes -= bytes;
+                s.give_window(first, pages);
                 s.last_error = Some(e);
                 Err(e)
             }
         }
+    }
+
+    /// Creates one host unit of `pages` pages mapped into the window; its first frame.
+    /// Called with `growing` set by the caller. `Ok(None)`: no room in the window.
+    fn create_unit(&self, pages: u32) -> Result<Option<u32>, CUresult> {
+        let c = self.config;
+        let first = {
+            let mut s = self.lock();
+            let window = self.window_pages();
+            match s.take_window(pages, window) {
+                Some(f) => f,
+                None => {
+                    // Free units of other sizes go back to the driver to make room.
+                    let mut found = None;
+                    while found.is_none() && self.release_one_free_unit(&mut s) {
+                        found = s.take_window(pages, window);
+                    }
+                    match found {
+                        Some(f) => f,
+                        None => return Ok(None),
+                    }
+                }
+            }
+        };
+        let d = &*self.driver;
+        let va = self.frame_va(first);
+        let bytes = pages as usize * c.page;
+        let made = (|| {
+            let h = d.mem_create(bytes, PhysLocation::HostNuma(c.numa_node))?;
+            if let Err(e) = d.mem_map(va, bytes, 0, h) {
+                let _ = d.mem_release(h);
+                return Err(e);
+            }
+            if let Err(e) = d.mem_set_access(va, bytes, c.device) {
+                let _ = d.mem_unmap(va, bytes);
+                let _ = d.mem_release(h);
+                return Err(e);
+            }
+            Ok(h)
+        })();
+        let mut s = self.lock();
+        match made {
+            Ok(h) => {
+                s.publish(first, pages, &[h]);
+                s.unit_owned.insert(first, pages);
+                Ok(Some(first))
+            }
+            Err(e) => {
+                s.give_window(first, pages);
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases one free host unit (the largest) and gives its window pages back; false if
+    /// none is free.
+    fn release_one_free_unit(&self, s: &mut HostState) -> bool {
+        let Some(mut entry) = s.free_units.last_entry() else {
+            return false;
+        };
+        let pages = *entry.key();
+        let Some(first) = entry.get_mut().pop() else {
+            return false;
+        };
+        if entry.get().is_empty() {
+            entry.remove();
+        }
+        let Some(info) = s.frames[first as usize] else {
+            return false;
+        };
+        let bytes = pages as usize * self.config.page;
+        let d = &*self.driver;
+        if let Err(e) = d
+            .mem_unmap(self.frame_va(first), bytes)
+            .and_then(|()| d.mem_release(info.handle))
+        {
+            tracing::warn!(code = e, "releasing a free host unit failed; it is kept");
+            s.free_units.entry(pages).or_default().push(first);
+            return false;
+        }
+        for i in first..first + pages {
+            s.frames[i as usize] = None;
+        }
+        s.unit_owned.remove(&first);
+        s.created -= pages as usize;
+        s.give_window(first, pages);
+        true
     }
 
     /// `n` pinned host pages mapped one by one from `va` on, readable and writable by the
@@ -438,7 +624,7 @@ impl HostShared {
 impl HostPool {
     /// Reserves the host window (sized to the cap) and starts the grower if asked to.
     pub fn new(driver: Arc<dyn Driver>, config: HostPoolConfig) -> Result<Self, CUresult> {
-        let window_bytes = config.cap_bytes / config.page * config.page;
+        let window_bytes = (config.cap_bytes / config.page).min(u32::MAX as usize) * config.page;
         let window = if window_bytes > 0 {
             driver.mem_address_reserve(window_bytes, config.page)?
         } else {
@@ -451,8 +637,12 @@ impl HostPool {
             window_bytes,
             state: Mutex::new(HostState {
                 frames: Vec::new(),
+                created: 0,
                 free: BTreeSet::new(),
-                reserved_bytes: 0,
+                unit_owned: HashMap::new(),
+                free_units: BTreeMap::new(),
+                window_holes: BTreeMap::new(),
+                window_used: 0,
                 growing: false,
                 want_grow: config.background && window_bytes > 0,
                 shutdown: false,
@@ -473,7 +663,7 @@ impl HostPool {
         Ok(Self { shared, grower })
     }
 
-    /// A free host frame; grows the pool synchronously only if it is empty.
+    /// A free single host frame; grows the pool synchronously only if it is empty.
     pub fn take(&self) -> Result<HostFrame, HostPoolError> {
         let sh = &self.shared;
         let mut s = sh.lock();
@@ -481,7 +671,7 @@ impl HostPool {
             if let Some(f) = s.free.pop_first() {
                 if s.free.len() < sh.config.low_water_frames
                     && sh.config.background
-                    && s.reserved_bytes < sh.window_bytes
+                    && s.window_free_pages(sh.window_pages()) > 0
                 {
                     s.want_grow = true;
                     sh.changed.notify_all();
@@ -492,7 +682,7 @@ impl HostPool {
                 s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            if s.reserved_bytes + sh.config.page > sh.window_bytes {
+            if s.window_free_pages(sh.window_pages()) == 0 && !sh.release_one_free_unit(&mut s) {
                 return Err(HostPoolError::CapReached {
                     cap_bytes: sh.window_bytes,
                 });
@@ -509,15 +699,75 @@ impl HostPool {
         }
     }
 
-    pub fn give(&self, f: HostFrame) {
-        self.shared.lock().free.insert(f);
+    /// A host unit of `pages` frames (its first; the others follow it): a free one of that
+    /// size, or a new one (pinned now, synchronously: about 0.4 ms per page on the H200).
+    /// `None` when none can be had (no room under the cap, or the driver refused): the caller
+    /// then takes single frames.
+    pub fn take_unit(&self, pages: usize) -> Option<HostFrame> {
+        let n = u32::try_from(pages).ok().filter(|&n| n > 1)?;
+        let sh = &self.shared;
+        let mut s = sh.lock();
+        if let Some(first) = s.free_units.get_mut(&n).and_then(Vec::pop) {
+            s.free_units.retain(|_, v| !v.is_empty());
+            s.unit_owned.insert(first, n);
+            return Some(HostFrame(first));
+        }
+        while s.growing {
+            s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        s.growing = true;
+        drop(s);
+        let r = sh.create_unit(n);
+        let mut s = sh.lock();
+        s.growing = false;
+        sh.changed.notify_all();
+        drop(s);
+        match r {
+            Ok(first) => first.map(HostFrame),
+            Err(e) => {
+                tracing::debug!(code = e, pages, "creating a host unit failed");
+                None
+            }
+        }
     }
 
-    /// Trades `held` (frames taken for one batch of consecutive pages) for as many free
-    /// frames in as few runs of consecutive frames as it finds, in address order: a batch of
-    /// pages copied into a run of frames is one copy, and once swapped out it is mapped with
-    /// one `cuMemMap` (when the run lies in one chunk). Looks at a bounded number of free
-    /// frames, so a fragmented pool costs little. `held` comes back sorted.
+    /// Gives a page's frame back: a single frame is free at once; a unit once every frame
+    /// of it is back (it is mapped at the arena nowhere by then).
+    pub fn give(&self, f: HostFrame) {
+        let mut s = self.shared.lock();
+        let Some(info) = s.frames.get(f.0 as usize).copied().flatten() else {
+            debug_assert!(false, "give of an unknown host frame {f:?}");
+            return;
+        };
+        if info.pages == 1 {
+            s.free.insert(f);
+            return;
+        }
+        let Some(owned) = s.unit_owned.get_mut(&info.first) else {
+            debug_assert!(false, "{f:?} of a free host unit given back");
+            return;
+        };
+        *owned = owned.saturating_sub(1);
+        if *owned == 0 {
+            s.unit_owned.remove(&info.first);
+            s.free_units.entry(info.pages).or_default().push(info.first);
+        }
+    }
+
+    /// The host unit of a frame, as its first frame and size in pages (a single frame is a
+    /// unit of one page).
+    pub fn unit_of(&self, f: HostFrame) -> (HostFrame, usize) {
+        let s = self.shared.lock();
+        match s.frames.get(f.0 as usize).copied().flatten() {
+            Some(info) => (HostFrame(info.first), info.pages as usize),
+            None => (f, 1),
+        }
+    }
+
+    /// Trades `held` (single frames taken for one batch of consecutive pages) for as many
+    /// free single frames in as few runs of consecutive frames as it finds, in address
+    /// order: a batch of pages copied into a run of frames is one copy. Looks at a bounded
+    /// number of free frames, so a fragmented pool costs little. `held` comes back sorted.
     pub fn regroup(&self, held: &mut [HostFrame]) {
         const SCAN: usize = 4096;
         let n = held.len();
@@ -564,28 +814,43 @@ impl HostPool {
 
     /// Address of the frame in the host window (a copy source or destination).
     pub fn window_address(&self, f: HostFrame) -> CUdeviceptr {
-        self.shared.lock().frames[f.0 as usize].1
+        self.shared.frame_va(f.0)
     }
 
-    /// The physical allocation of a frame (for mapping it, whole, at an arena page).
+    /// The physical allocation of a frame's unit (to map it, whole, at the arena page of the
+    /// unit's first frame).
     pub fn location(&self, f: HostFrame) -> (PhysHandle, usize) {
-        (self.shared.lock().frames[f.0 as usize].0, 0)
+        let s = self.shared.lock();
+        let info = s.frames[f.0 as usize].expect("a host frame in use exists");
+        (info.handle, 0)
     }
 
     /// Bytes of pinned memory created so far.
     pub fn size_bytes(&self) -> usize {
-        let s = self.shared.lock();
-        s.frames.len() * self.shared.config.page
+        self.shared.lock().created * self.shared.config.page
     }
 
+    /// Free single frames and frames of free units.
     pub fn free_frames(&self) -> usize {
-        self.shared.lock().free.len()
+        let s = self.shared.lock();
+        s.free.len()
+            + s.free_units
+                .iter()
+                .map(|(&p, v)| p as usize * v.len())
+                .sum::<usize>()
     }
 
-    /// The free frames and the number of frames created (for consistency checks).
+    /// The free frames (singles and those of free units) and the number of frames created
+    /// (for consistency checks).
     pub fn free_list(&self) -> (Vec<HostFrame>, usize) {
         let s = self.shared.lock();
-        (s.free.iter().copied().collect(), s.frames.len())
+        let mut out: Vec<HostFrame> = s.free.iter().copied().collect();
+        for (&pages, firsts) in &s.free_units {
+            for &f in firsts {
+                out.extend((f..f + pages).map(HostFrame));
+            }
+        }
+        (out, s.created)
     }
 
     /// Waits until no growth is in flight (for tests that count bytes).
@@ -611,23 +876,30 @@ impl HostPool {
         }
     }
 
-    /// Stops the grower, unmaps the window and releases every chunk. No frame may be mapped
-    /// at an arena page any more.
+    /// Stops the grower, unmaps the window and releases every allocation. No frame may be
+    /// mapped at an arena page any more.
     pub fn release_all(&mut self) {
         self.stop_grower();
         let sh = &self.shared;
         let mut s = sh.lock();
         let page = sh.config.page;
-        for (h, va) in std::mem::take(&mut s.frames) {
-            if let Err(e) = sh.driver.mem_unmap(va, page) {
+        let frames = std::mem::take(&mut s.frames);
+        for (i, info) in frames.into_iter().enumerate() {
+            let Some(info) = info.filter(|info| info.first as usize == i) else {
+                continue;
+            };
+            let bytes = info.pages as usize * page;
+            if let Err(e) = sh.driver.mem_unmap(sh.frame_va(info.first), bytes) {
                 tracing::warn!(code = e, "cuMemUnmap of the host window failed");
             }
-            if let Err(e) = sh.driver.mem_release(h) {
-                tracing::warn!(code = e, "cuMemRelease of a host frame failed");
+            if let Err(e) = sh.driver.mem_release(info.handle) {
+                tracing::warn!(code = e, "cuMemRelease of host memory failed");
             }
         }
-        s.frames.clear();
         s.free.clear();
+        s.free_units.clear();
+        s.unit_owned.clear();
+        s.created = 0;
         if sh.window_bytes > 0 {
             if let Err(e) = sh.driver.mem_address_free(sh.window, sh.window_bytes) {
                 tracing::warn!(code = e, "cuMemAddressFree of the host window failed");

@@ -756,7 +756,9 @@ impl MemoryManager {
         let kind = |st: ResidencyState| match st {
             ResidencyState::ToHost { event, .. } => (1, Some(event)),
             ResidencyState::ToDevice { event, .. } => (2, Some(event)),
-            _ => (0, None),
+            ResidencyState::Host(_) => (3, None),
+            ResidencyState::Device(_) => (4, None),
+            ResidencyState::Unbacked => (0, None),
         };
         for (p, e) in s.pages.iter() {
             let Some(d) = e.state.device_frame() else {
@@ -784,6 +786,25 @@ impl MemoryManager {
                     return Err(format!(
                         "unit {} is split: page {p} is {:?}, page {q} {other:?}",
                         d.unit, e.state
+                    ));
+                }
+            }
+        }
+        // Host units whole likewise.
+        for (p, e) in s.pages.iter() {
+            let Some((a, n)) = s.host_unit_span(p).filter(|&(_, n)| n > 1) else {
+                continue;
+            };
+            for q in a..a + n {
+                let other = s.pages.get(q).map(|o| o.state);
+                if other.map(kind) != Some(kind(e.state))
+                    || s.host_unit_span(q) != Some((a, n))
+                    || s.unmapped_host.contains(&q) != s.unmapped_host.contains(&p)
+                {
+                    return Err(format!(
+                        "host unit at page {a} ({n} pages) is split: page {p} is {:?}, page {q} \
+                         {other:?}",
+                        e.state
                     ));
                 }
             }
@@ -948,21 +969,19 @@ impl Inner {
     /// back and are backed afresh like any unbacked page (on the device when there is room).
     fn drop_stale_host_pages(&mut self, first: usize, last: usize) {
         let completed = self.fences.completed().to_vec();
+        let dead_idle = |e: &PageEntry| {
+            e.live == 0 && matches!(e.state, ResidencyState::Host(_)) && e.is_idle(&completed)
+        };
         let stale: Vec<usize> = (first..=last)
-            .filter(|&p| {
-                self.pages.get(p).is_some_and(|e| {
-                    e.live == 0
-                        && matches!(e.state, ResidencyState::Host(_))
-                        && e.is_idle(&completed)
-                })
-            })
+            .filter(|&p| self.pages.get(p).is_some_and(dead_idle))
             .collect();
+        // Whole host units only (their pages beyond the allocation too): a unit is unmapped
+        // whole.
+        let stale = self.whole_host_units(stale, dead_idle);
         if stale.is_empty() {
             return;
         }
-        let r = self
-            .unmap_host_pages(&stale)
-            .and_then(|()| stale.iter().try_for_each(|&p| self.unback(p, &completed)));
+        let r = self.unback_host_pages(&stale, &completed);
         self.remap_host();
         if let Err(code) = r {
             // Whatever was not unbacked is still mapped to its host frame: correct, and
@@ -1091,7 +1110,19 @@ impl Inner {
                     );
                     (h, n * page)
                 }
-                Frame::Host(hf) => (self.host.location(hf).0, page),
+                Frame::Host(hf) => {
+                    let (first, n) = self.host.unit_of(hf);
+                    if hf != first {
+                        continue;
+                    }
+                    debug_assert!(
+                        (1..n)
+                            .all(|i| plan.iter().any(|&(q, g)| q == p + i
+                                && g == Frame::Host(HostFrame(first.0 + i as u32)))),
+                        "host unit {first:?} not whole in a map batch"
+                    );
+                    (self.host.location(hf).0, n * page)
+                }
             };
             if let Err(e) = self.driver.mem_map(self.va(p), bytes, 0, h) {
                 err = Some(e);
@@ -1126,6 +1157,43 @@ impl Inner {
         let d = self.pages.get(p)?.state.device_frame()?;
         let (_, n) = self.dev.unit(d);
         Some((p - d.offset as usize, n))
+    }
+
+    /// The host unit page `p`'s host frame belongs to (`Host`, `ToHost` or `ToDevice`), as
+    /// `(first page, pages)`.
+    fn host_unit_span(&self, p: usize) -> Option<(usize, usize)> {
+        let h = match self.pages.get(p)?.state {
+            ResidencyState::Host(h)
+            | ResidencyState::ToHost { host: h, .. }
+            | ResidencyState::ToDevice { host: h, .. } => h,
+            _ => return None,
+        };
+        let (first, n) = self.host.unit_of(h);
+        Some((p - (h.0 - first.0) as usize, n))
+    }
+
+    /// `Host` pages grown to whole host units (sorted, deduplicated), as
+    /// [`Self::whole_units`] does for device units.
+    fn whole_host_units(
+        &self,
+        mut pages: Vec<usize>,
+        ok: impl Fn(&PageEntry) -> bool,
+    ) -> Vec<usize> {
+        pages.sort_unstable();
+        pages.dedup();
+        let mut out = Vec::with_capacity(pages.len());
+        let mut covered_to = 0;
+        for p in pages {
+            if p < covered_to {
+                continue;
+            }
+            let (a, n) = self.host_unit_span(p).unwrap_or((p, 1));
+            covered_to = a + n;
+            if (a..a + n).all(|q| self.pages.get(q).is_some_and(&ok)) {
+                out.extend(a..a + n);
+            }
+        }
+        out
     }
 
     /// `pages` grown to whole units (sorted, deduplicated): the pages of a unit are taken
@@ -1174,28 +1242,55 @@ impl Inner {
     }
 
     /// Sorted `pages` cut into the units they get when brought in together: runs of
-    /// consecutive pages, at most [`MAX_UNIT_PAGES`] each. Sizes in page order.
-    fn unit_sizes(pages: &[usize]) -> Vec<usize> {
-        runs(pages)
-            .into_iter()
-            .flat_map(|(a, b)| {
-                let n = b - a + 1;
-                let whole = n / MAX_UNIT_PAGES;
-                std::iter::repeat_n(MAX_UNIT_PAGES, whole)
-                    .chain((n % MAX_UNIT_PAGES > 0).then_some(n % MAX_UNIT_PAGES))
-            })
-            .collect()
+    /// consecutive pages whose first bytes belong to one live allocation (a unit moves whole,
+    /// and two tensors seldom move together again), cut after [`MAX_UNIT_PAGES`].
+    /// Sizes in page order.
+    /// The pages of a host unit (all in `pages`, as [`Self::whole_host_units`] makes them)
+    /// get one device unit of their own: the same pages then leave again as one.
+    fn unit_sizes(&self, pages: &[usize]) -> Vec<usize> {
+        let owner = |p: usize| self.sub.find(self.va(p)).map(|a| a.ptr);
+        let mut sizes: Vec<usize> = Vec::new();
+        let mut prev: Option<(usize, Option<CUdeviceptr>)> = None;
+        let mut i = 0;
+        while i < pages.len() {
+            let p = pages[i];
+            if let Some((a, n)) = self.host_unit_span(p).filter(|&(_, n)| n > 1) {
+                if a == p
+                    && pages
+                        .get(i..i + n)
+                        .is_some_and(|w| w.iter().copied().eq(a..a + n))
+                {
+                    sizes.push(n);
+                    prev = None;
+                    i += n;
+                    continue;
+                }
+            }
+            let own = owner(p);
+            // Only pages of one allocation share a unit: where small tensors share pages, a
+            // unit over them would pull all of them in and out whenever one is touched.
+            let joins = prev.is_some_and(|(q, o)| q + 1 == p && own.is_some() && o == own);
+            match sizes.last_mut() {
+                Some(n) if joins && *n < MAX_UNIT_PAGES => *n += 1,
+                _ => sizes.push(1),
+            }
+            prev = Some((p, own));
+            i += 1;
+        }
+        sizes
     }
 
     /// Removes the host mappings of `pages` (all `Host`). Every page whose mapping this
     /// removed is in `unmapped_host` afterwards, also when it fails part way.
+    /// A host unit's mapping goes whole: its other pages are unmapped (and noted) with it.
     fn unmap_host_pages(&mut self, pages: &[usize]) -> Result<(), CUresult> {
         for &p in pages {
             if self.unmapped_host.contains(&p) {
                 continue;
             }
-            self.driver.mem_unmap(self.va(p), self.page)?;
-            self.unmapped_host.insert(p);
+            let (a, n) = self.host_unit_span(p).unwrap_or((p, 1));
+            self.driver.mem_unmap(self.va(a), n * self.page)?;
+            self.unmapped_host.extend(a..a + n);
         }
         Ok(())
     }
@@ -1234,20 +1329,35 @@ impl Inner {
 
     fn reclaim_dead_host(&mut self) -> Result<bool, CUresult> {
         let completed = self.fences.completed().to_vec();
+        let dead_idle = |e: &PageEntry| {
+            e.live == 0 && matches!(e.state, ResidencyState::Host(_)) && e.is_idle(&completed)
+        };
         let dead: Vec<usize> = self
             .pages
             .iter()
-            .filter(|(_, e)| {
-                e.live == 0 && matches!(e.state, ResidencyState::Host(_)) && e.is_idle(&completed)
-            })
+            .filter(|(_, e)| dead_idle(e))
             .map(|(p, _)| p)
             .collect();
-        // Their runs' other pages come back through `remap_host` (also after a failure).
-        let r = self
-            .unmap_host_pages(&dead)
-            .and_then(|()| dead.iter().try_for_each(|&p| self.unback(p, &completed)));
+        // Whole host units only: a unit is unmapped whole.
+        let dead = self.whole_host_units(dead, dead_idle);
+        let r = self.unback_host_pages(&dead, &completed);
         self.remap_host();
         r.map(|()| !dead.is_empty())
+    }
+
+    /// Drops `pages` (`Host`, dead and idle, whole host units), unmapping them first in one
+    /// go. Pages a failure leaves unmapped come back through `remap_host`.
+    fn unback_host_pages(&mut self, pages: &[usize], completed: &[u64]) -> Result<(), CUresult> {
+        self.unmap_host_pages(pages)?;
+        for &p in pages {
+            if matches!(
+                self.pages.get(p).map(|e| e.state),
+                Some(ResidencyState::Host(_))
+            ) {
+                self.unback(p, completed)?;
+            }
+        }
+        Ok(())
     }
 
     /// Drops page `p` (no live allocation, idle) without a copy: a host page alone, a device
@@ -1266,9 +1376,15 @@ impl Inner {
             self.pages.get(p).map(|e| e.state),
             Some(ResidencyState::Host(_))
         ) {
-            self.unmap_host_pages(&[p])?;
-            self.unmapped_host.remove(&p);
-            (p, 1)
+            let (a, n) = self.host_unit_span(p).unwrap_or((p, 1));
+            if !(a..a + n).all(|q| self.pages.get(q).is_some_and(dead_idle)) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            self.unmap_host_pages(&[a])?;
+            for q in a..a + n {
+                self.unmapped_host.remove(&q);
+            }
+            (a, n)
         } else {
             let (a, n) = self.unit_span(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             if !(a..a + n).all(|q| self.pages.get(q).is_some_and(dead_idle)) {
@@ -1563,8 +1679,9 @@ impl Inner {
             self.guard_cancelled(&cancelled);
         }
         if !bring_in.is_empty() {
-            bring_in.sort_unstable();
-            bring_in.dedup();
+            // A host unit's mapping goes whole, so its pages come in together.
+            let bring_in =
+                self.whole_host_units(bring_in, |e| matches!(e.state, ResidencyState::Host(_)));
             let frames = self.acquire_device_frames(&bring_in)?;
             waits.push(self.swap_in(&bring_in, frames)?);
         }
@@ -1589,10 +1706,19 @@ impl Inner {
     /// Pages that must be on the device at once for `t`: those it touches (backed), with
     /// the rest of their units.
     fn access_footprint(&self, t: &AccessTicket) -> usize {
-        self.whole_units(t.runs.iter().flat_map(|&(a, b)| a..=b).collect(), |e| {
+        let pages = self.whole_units(t.runs.iter().flat_map(|&(a, b)| a..=b).collect(), |e| {
             e.state != ResidencyState::Unbacked
-        })
-        .len()
+        });
+        let (host, other): (Vec<usize>, Vec<usize>) = pages.into_iter().partition(|&p| {
+            matches!(
+                self.pages.get(p).map(|e| e.state),
+                Some(ResidencyState::Host(_))
+            )
+        });
+        other.len()
+            + self
+                .whole_host_units(host, |e| matches!(e.state, ResidencyState::Host(_)))
+                .len()
     }
 
     /// Sends the units that hold pages of `t` and pages outside it to the host, and waits
@@ -1603,16 +1729,16 @@ impl Inner {
         let inside = |p: usize| t.runs.iter().any(|&(a, b)| (a..=b).contains(&p));
         let touched: Vec<usize> = t.runs.iter().flat_map(|&(a, b)| a..=b).collect();
         let straddling: Vec<(usize, usize)> = self
-            .spans(&self.whole_units(touched, |e| e.state.device_frame().is_some()))
+            .spans(&self.whole_units(touched.clone(), |e| e.state.device_frame().is_some()))
             .into_iter()
             .filter(|&(a, n)| !(a..a + n).all(inside))
             .collect();
-        if straddling.is_empty() {
-            return Ok(());
-        }
         // This access's own pins would hold them: drop them meanwhile (the lock is held).
         self.unpin(t);
         let r = (|| {
+            if straddling.is_empty() {
+                return Ok(());
+            }
             self.wait_incoming()?;
             let pages: Vec<usize> = straddling.iter().flat_map(|&(a, n)| a..a + n).collect();
             let victims = self.whole_units(pages, |e| {
@@ -1626,7 +1752,79 @@ impl Inner {
             self.wait_outgoing()
         })();
         let _ = self.pin_pages(t);
-        r
+        r?;
+        // Then host units reaching past the access (those just made too) become single
+        // frames (a copy on the host).
+        let mut host_units: Vec<(usize, usize)> = Vec::new();
+        for &p in &touched {
+            if let Some((a, n)) = self.host_unit_span(p).filter(|&(_, n)| n > 1) {
+                let host = matches!(
+                    self.pages.get(p).map(|e| e.state),
+                    Some(ResidencyState::Host(_))
+                );
+                if host && !(a..a + n).all(inside) && !host_units.contains(&(a, n)) {
+                    host_units.push((a, n));
+                }
+            }
+        }
+        for (a, n) in host_units {
+            self.host_unit_to_singles(a, n)?;
+        }
+        Ok(())
+    }
+
+    /// Moves the pages of the host unit at `a` (`n` pages, all `Host`) to single host frames:
+    /// a copy between the two in the host window, then the unit's mapping goes and the single
+    /// frames are mapped page by page. The unit is free afterwards.
+    fn host_unit_to_singles(&mut self, a: usize, n: usize) -> Result<(), CUresult> {
+        let mut singles: Vec<HostFrame> = Vec::with_capacity(n);
+        let give_back = |s: &mut Self, singles: Vec<HostFrame>| {
+            for h in singles {
+                s.host.give(h);
+            }
+        };
+        for _ in 0..n {
+            match self.take_host() {
+                Ok(h) => singles.push(h),
+                Err(e) => {
+                    give_back(self, singles);
+                    return Err(e);
+                }
+            }
+        }
+        self.host.regroup(&mut singles);
+        let mut copies: Vec<(CUdeviceptr, CUdeviceptr)> = Vec::with_capacity(n);
+        for (q, &h) in (a..a + n).zip(&singles) {
+            let Some(ResidencyState::Host(old)) = self.pages.get(q).map(|e| e.state) else {
+                give_back(self, singles);
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            };
+            copies.push((self.host.window_address(h), self.host.window_address(old)));
+        }
+        let copied = coalesce(&copies, self.page)
+            .into_iter()
+            .try_for_each(|(dst, src, len)| {
+                self.driver
+                    .memcpy_dtod_async(dst, src, len, self.swap_out_stream)
+            });
+        // Whatever was queued must have run before the frames are reused or given back.
+        let synced = self.driver.stream_synchronize(self.swap_out_stream);
+        if let Err(e) = copied.and(synced) {
+            give_back(self, singles);
+            return Err(e);
+        }
+        if let Err(e) = self.unmap_host_pages(&[a]) {
+            give_back(self, singles);
+            return Err(e);
+        }
+        for (q, h) in (a..a + n).zip(singles) {
+            match self.pages.rehost(q, h) {
+                Ok(old) => self.host.give(old),
+                Err(e) => debug_assert!(false, "rehost refused: {e:?}"),
+            }
+        }
+        self.remap_host();
+        Ok(())
     }
 
     /// A cancelled swap-out's copy still reads the page: the page must not be remapped before
@@ -1816,7 +2014,8 @@ impl Inner {
     /// [`MAX_UNIT_PAGES`] each), in page order, evicting least recently used pages if it must
     /// (and waiting for their copies: this is the on-demand stall). All or nothing.
     fn acquire_device_frames(&mut self, pages: &[usize]) -> Result<Vec<DevFrame>, CUresult> {
-        self.acquire_units(&Self::unit_sizes(pages))
+        let sizes = self.unit_sizes(pages);
+        self.acquire_units(&sizes)
     }
 
     /// Units of the given sizes, their frames in order ([`Self::acquire_device_frames`]).
@@ -1864,7 +2063,13 @@ impl Inner {
                 if self.dev.available() >= k {
                     continue;
                 }
-                if self.unlocked_copy_waits_left > 0 {
+                if self.outgoing.is_empty() {
+                    // All of them landed and a unit of `k` is still short: evict again.
+                    rounds += 1;
+                    if rounds <= 4 {
+                        continue;
+                    }
+                } else if self.unlocked_copy_waits_left > 0 {
                     // The rest is in flight: let the caller wait for it without the lock.
                     self.unlocked_copy_waits_left -= 1;
                     self.copy_waits = self.outgoing_events();
@@ -2031,8 +2236,17 @@ impl Inner {
                 }
                 continue;
             }
-            // A unit with live data is copied whole (its dead pages too: it is unmapped whole).
+            // A unit with live data is copied whole (its dead pages too: it is unmapped whole),
+            // into a host unit of its size when its pages are to be mapped to host memory
+            // (one mapping instead of one per page), else into single frames.
             let mut frames: Vec<(usize, HostFrame)> = Vec::with_capacity(n);
+            if n > 1 && self.cfg.host_mapped {
+                if let Some(first) = self.host.take_unit(n) {
+                    frames.extend(unit.clone().zip((first.0..).map(HostFrame)));
+                    copy.extend(frames);
+                    continue;
+                }
+            }
             let mut failed = None;
             for q in unit {
                 match self.take_host() {
@@ -2064,10 +2278,14 @@ impl Inner {
         // Host frames in runs, in address order along the (sorted) pages: contiguous pages
         // then land in contiguous frames, so their copies merge and, once out, their host
         // mappings do too.
-        let mut frames: Vec<HostFrame> = copy.iter().map(|&(_, h)| h).collect();
+        // (Single frames only: a host unit's frames are already consecutive.)
+        let singles: Vec<usize> = (0..copy.len())
+            .filter(|&i| self.host.unit_of(copy[i].1).1 == 1)
+            .collect();
+        let mut frames: Vec<HostFrame> = singles.iter().map(|&i| copy[i].1).collect();
         self.host.regroup(&mut frames);
-        for (c, h) in copy.iter_mut().zip(frames) {
-            c.1 = h;
+        for (&i, h) in singles.iter().zip(frames) {
+            copy[i].1 = h;
         }
         let ev = match self.copy_event() {
             Ok(ev) => ev,
@@ -2644,7 +2862,11 @@ impl Inner {
                 Some(f) if f.offset != 0 => continue,
                 Some(f) => self.dev.unit(f).1 * self.page,
                 None if self.unmapped_host.contains(&p) => continue,
-                None => self.page,
+                None => match self.host_unit_span(p) {
+                    Some((a, _)) if a != p => continue,
+                    Some((_, n)) => n * self.page,
+                    None => self.page,
+                },
             };
             let _ = d.mem_unmap(self.va(p), bytes);
         }

@@ -336,6 +336,17 @@ impl PageTable {
         Ok((host, event))
     }
 
+    /// `Host → Host` on another frame, holding a copy of the page's bytes (a host unit split
+    /// into single frames). Returns the old frame, free once the caller has remapped the page.
+    pub fn rehost(&mut self, page: usize, to: HostFrame) -> Result<HostFrame, TransitionError> {
+        let e = self.at(page, "rehost")?;
+        let ResidencyState::Host(old) = e.state else {
+            return Err(Self::wrong(page, e, "rehost"));
+        };
+        e.state = ResidencyState::Host(to);
+        Ok(old)
+    }
+
     /// `ToHost → Host` once the copy's event is done (`event_done` is asked about it).
     /// Returns the device frame, free once the caller has remapped the page to the host frame.
     pub fn finish_swap_out(
