@@ -17,11 +17,10 @@ pub const SHIM_PAGE_BYTES: u64 = 2 << 20;
 /// and unmapping cost per mapping, whatever its size. Device memory moves in units of up to
 /// 32 pages mapped whole (docs/memory.md): a unit in costs a map (1.9 µs) and an access call
 /// (22 µs) plus about 0.6 µs per page, a unit out an unmap (14.7 µs) plus 0.3 µs per page;
-/// spread over units of about 8 pages, 4 µs per page in and 2 µs out. Pages that leave
-/// together are mapped to one host unit likewise, but pinned memory's access call costs per
-/// page even in one allocation: a unit out costs a map and an access call of about 43 µs plus
-/// 18 µs per page, a unit in an unmap of 26 µs plus 4.5 µs per page; over 8 pages, 24 µs per
-/// page out and 8 µs in.
+/// spread over units of about 8 pages, 4 µs per page in and 2 µs out. Host frames are one
+/// page each by default (host units, `TENSILE_HOST_UNITS`, are off: docs/memory.md): a page
+/// in also removes its host mapping (30 µs); a page out maps its host frame (4 µs) and sets
+/// its access (57 µs).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PageRemapCost {
     /// Bytes per page.
@@ -37,8 +36,8 @@ impl PageRemapCost {
     const DEVICE_IN_NS: u64 = 4_000;
     const DEVICE_OUT_NS: u64 = 2_000;
     /// The host side's share per page when swapped-out pages are mapped to host memory.
-    const HOST_IN_NS: u64 = 8_000;
-    const HOST_OUT_NS: u64 = 24_000;
+    const HOST_IN_NS: u64 = 30_000;
+    const HOST_OUT_NS: u64 = 4_000 + 57_000;
 
     /// The H200's, with swapped-out pages mapped to their host frames (see the type).
     pub const H200: PageRemapCost = PageRemapCost {
@@ -252,12 +251,12 @@ mod tests {
     fn copy_times_follow_the_bandwidths() {
         let c = CostModel::default();
         assert_eq!(c.h2d_ns(55_000), 1000);
-        // A page in: 38.1 µs of copy at 55 GB/s and 12 µs of remapping; out, 26 µs.
+        // A page in: 38.1 µs of copy at 55 GB/s and 34 µs of remapping; out, 63 µs.
         let moved = c.with_page_remaps(PageRemapCost::H200);
         let page = SHIM_PAGE_BYTES;
         let copy = page as f64 / 55.0;
-        assert!((moved.h2d_ns(page) as f64 - (copy + 12_000.0)).abs() < 2.0);
-        assert!((moved.d2h_ns(page) as f64 - (copy + 26_000.0)).abs() < 2.0);
+        assert!((moved.h2d_ns(page) as f64 - (copy + 34_000.0)).abs() < 2.0);
+        assert!((moved.d2h_ns(page) as f64 - (copy + 63_000.0)).abs() < 2.0);
         assert!(moved.bidir_gbps < moved.h2d_gbps + moved.d2h_gbps);
         assert_eq!(moved.d2d_gbps, c.d2d_gbps);
         assert_eq!(c.d2h_ns(55_001), 1001, "rounded up");

@@ -109,6 +109,11 @@ pub struct Config {
     /// shim did not foresee faults the GPU) rather than mapped to its host copy (false, the
     /// default: such an access runs at PCIe speed). docs/memory.md.
     pub swapped_unmapped: bool,
+    /// `TENSILE_HOST_UNITS=on|off` (default off): whether pages that leave the device
+    /// together go into one pinned allocation, mapped once at their address, and come back
+    /// together. Halves the MLP's step and cuts GPT-2's by a fifth on the H200, but makes
+    /// ResNet-50 and BERT thrash (docs/gpu-results.md, "Host units"). docs/memory.md.
+    pub host_units: bool,
 }
 
 /// Copy bandwidths for the planner's cost model, GB/s.
@@ -302,6 +307,19 @@ impl Config {
             }
         }
 
+        if let Some(v) = get("TENSILE_HOST_UNITS").filter(|v| !v.trim().is_empty()) {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => c.host_units = true,
+                "off" | "0" | "false" => c.host_units = false,
+                _ => problems.push(Problem {
+                    variable: "TENSILE_HOST_UNITS",
+                    value: v,
+                    why: "expected on or off".into(),
+                    fallback: "off",
+                }),
+            }
+        }
+
         if let Some(v) = get("TENSILE_COORDINATOR") {
             match Coordinator::parse(&v) {
                 Ok(coordinator) => c.coordinator = coordinator,
@@ -475,6 +493,12 @@ mod tests {
                 .swapped_unmapped
         );
         assert!(!parse(&[("TENSILE_SWAPPED", "host")]).0.swapped_unmapped);
+        assert!(!parse(&[]).0.host_units, "host units off by default");
+        assert!(parse(&[("TENSILE_HOST_UNITS", " On ")]).0.host_units);
+        let (c, problems) = parse(&[("TENSILE_HOST_UNITS", "maybe")]);
+        assert!(!c.host_units);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].variable, "TENSILE_HOST_UNITS");
         let (c, problems) = parse(&[("TENSILE_SWAPPED", "nowhere")]);
         assert!(!c.swapped_unmapped);
         assert_eq!(problems.len(), 1);

@@ -51,7 +51,7 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 92.0)]
     pub bidir_gbps: f64,
     /// Also charge each 2 MiB page moved what the driver's VMM calls cost the shim to remap
-    /// it on the H200 (12 µs in, 26 µs out, with units: docs/gpu-results.md), as the
+    /// it on the H200 (34 µs in, 63 µs out, with device units: docs/gpu-results.md), as the
     /// library's planner and `tensile rerun` do. Without it, moves cost their copies alone.
     #[arg(long)]
     pub page_remaps: bool,

@@ -87,6 +87,9 @@ pub struct ManagerConfig {
     /// a map and an access call per page out and an unmap per page in, about 60% of the
     /// driver's VMM time per page moved (docs/memory.md).
     pub host_mapped: bool,
+    /// Whether a device unit leaving the device while pages are mapped to host memory goes
+    /// into one host unit of its size (`TENSILE_HOST_UNITS`; docs/memory.md, "Host units").
+    pub host_units: bool,
 }
 
 impl ManagerConfig {
@@ -110,6 +113,7 @@ impl ManagerConfig {
             fence_every: 4,
             advice_sample: ADVICE_SAMPLE,
             host_mapped: true,
+            host_units: false,
         }
     }
 }
@@ -2240,7 +2244,7 @@ impl Inner {
             // into a host unit of its size when its pages are to be mapped to host memory
             // (one mapping instead of one per page), else into single frames.
             let mut frames: Vec<(usize, HostFrame)> = Vec::with_capacity(n);
-            if n > 1 && self.cfg.host_mapped {
+            if n > 1 && self.cfg.host_mapped && self.cfg.host_units {
                 if let Some(first) = self.host.take_unit(n) {
                     frames.extend(unit.clone().zip((first.0..).map(HostFrame)));
                     copy.extend(frames);
@@ -2949,6 +2953,7 @@ mod capture_pin_tests {
             fence_every: 1,
             advice_sample: ADVICE_SAMPLE,
             host_mapped: true,
+            host_units: false,
         };
         let mm = MemoryManager::new(fake.clone(), cfg).unwrap();
         (fake, mm)

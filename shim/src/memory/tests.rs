@@ -35,6 +35,8 @@ fn config_fenced(budget_pages: usize, host_cap_pages: usize, fence_every: u32) -
         fence_every,
         advice_sample: super::manager::ADVICE_SAMPLE,
         host_mapped: true,
+        // Host units on: the property tests check them too.
+        host_units: true,
     }
 }
 
@@ -1730,6 +1732,7 @@ fn with_many_pages_the_adviser_is_asked_about_a_spread_sample() {
     let cfg = ManagerConfig {
         advice_sample: 3,
         host_mapped: true,
+        host_units: false,
         ..config(6, 64)
     };
     let (fake, mm) = setup_with(cfg, Progress::Immediate);

@@ -216,6 +216,7 @@ fn small_manager(budget_pages: usize, host_mapped: bool) -> (Arc<FakeDriver>, Me
         fence_every: 1,
         advice_sample: super::manager::ADVICE_SAMPLE,
         host_mapped,
+        host_units: true,
     };
     let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
     (fake, mm)

@@ -51,7 +51,7 @@ pub struct CoordinatorArgs {
     pub slots: u32,
     /// The rates pages move at that the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
     /// TENSILE_PLAN_GBPS); default the H100's copy rates (55,55,92) slowed by the H200's
-    /// remap cost per 2 MiB page moved (about 22.8,18.4,23.9).
+    /// remap cost per 2 MiB page moved (about 29.1,20.7,29.4).
     #[arg(long, value_name = "H2D,D2H,BOTH")]
     pub plan_gbps: Option<String>,
     /// Percent of the card's memory never granted to jobs: room for what libraries allocate
