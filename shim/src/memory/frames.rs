@@ -231,16 +231,9 @@ impl DevicePool {
 
     /// Releases one free unit, the largest; false if none is free.
     fn release_one_free(&mut self, driver: &dyn Driver) -> bool {
-        let Some(mut entry) = self.free.last_entry() else {
+        let Some((pages, u)) = pop_largest(&mut self.free) else {
             return false;
         };
-        let pages = *entry.key();
-        let Some(u) = entry.get_mut().pop() else {
-            return false;
-        };
-        if entry.get().is_empty() {
-            entry.remove();
-        }
         let Some(unit) = self.units[u as usize] else {
             debug_assert!(false, "a released unit was free");
             return false;
@@ -295,6 +288,17 @@ pub struct HostPoolConfig {
     pub low_water_frames: usize,
     /// Grow on a background thread (otherwise only synchronously, when empty).
     pub background: bool,
+}
+
+/// Takes a unit of the largest size out of free units kept by size: `(size, unit)`.
+fn pop_largest(free: &mut BTreeMap<u32, Vec<u32>>) -> Option<(u32, u32)> {
+    let mut entry = free.last_entry()?;
+    let size = *entry.key();
+    let unit = entry.get_mut().pop();
+    if entry.get().is_empty() {
+        entry.remove();
+    }
+    unit.map(|u| (size, u))
 }
 
 /// One host frame: its allocation (a single page, or a host unit shared by its frames).
@@ -537,16 +541,9 @@ impl HostShared {
     /// Releases one free host unit (the largest) and gives its window pages back; false if
     /// none is free.
     fn release_one_free_unit(&self, s: &mut HostState) -> bool {
-        let Some(mut entry) = s.free_units.last_entry() else {
+        let Some((pages, first)) = pop_largest(&mut s.free_units) else {
             return false;
         };
-        let pages = *entry.key();
-        let Some(first) = entry.get_mut().pop() else {
-            return false;
-        };
-        if entry.get().is_empty() {
-            entry.remove();
-        }
         let Some(info) = s.frames[first as usize] else {
             return false;
         };

@@ -1178,9 +1178,23 @@ impl Inner {
 
     /// `Host` pages grown to whole host units (sorted, deduplicated), as
     /// [`Self::whole_units`] does for device units.
-    fn whole_host_units(
+    fn whole_host_units(&self, pages: Vec<usize>, ok: impl Fn(&PageEntry) -> bool) -> Vec<usize> {
+        self.grown_to_spans(pages, |p| self.host_unit_span(p), ok)
+    }
+
+    /// `pages` grown to whole units (sorted, deduplicated): the pages of a unit are taken
+    /// together if every one of them passes `ok`, and left out together otherwise; a page
+    /// without a device frame is taken if it passes `ok`.
+    fn whole_units(&self, pages: Vec<usize>, ok: impl Fn(&PageEntry) -> bool) -> Vec<usize> {
+        self.grown_to_spans(pages, |p| self.unit_span(p), ok)
+    }
+
+    /// `pages` grown to the spans `span` gives (a page alone where it gives none), each taken
+    /// whole if every page of it passes `ok` and left out otherwise. Sorted, deduplicated.
+    fn grown_to_spans(
         &self,
         mut pages: Vec<usize>,
+        span: impl Fn(usize) -> Option<(usize, usize)>,
         ok: impl Fn(&PageEntry) -> bool,
     ) -> Vec<usize> {
         pages.sort_unstable();
@@ -1191,43 +1205,12 @@ impl Inner {
             if p < covered_to {
                 continue;
             }
-            let (a, n) = self.host_unit_span(p).unwrap_or((p, 1));
+            let (a, n) = span(p).unwrap_or((p, 1));
             covered_to = a + n;
             if (a..a + n).all(|q| self.pages.get(q).is_some_and(&ok)) {
                 out.extend(a..a + n);
             }
         }
-        out
-    }
-
-    /// `pages` grown to whole units (sorted, deduplicated): the pages of a unit are taken
-    /// together if every one of them passes `ok`, and left out together otherwise; a page
-    /// without a device frame is taken if it passes `ok`.
-    fn whole_units(&self, mut pages: Vec<usize>, ok: impl Fn(&PageEntry) -> bool) -> Vec<usize> {
-        pages.sort_unstable();
-        pages.dedup();
-        let mut out = Vec::with_capacity(pages.len());
-        let mut covered_to = 0;
-        for p in pages {
-            if p < covered_to {
-                continue;
-            }
-            match self.unit_span(p) {
-                Some((a, n)) => {
-                    covered_to = a + n;
-                    if (a..a + n).all(|q| self.pages.get(q).is_some_and(&ok)) {
-                        out.extend(a..a + n);
-                    }
-                }
-                None => {
-                    if self.pages.get(p).is_some_and(&ok) {
-                        out.push(p);
-                    }
-                }
-            }
-        }
-        out.sort_unstable();
-        out.dedup();
         out
     }
 
