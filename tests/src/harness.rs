@@ -132,6 +132,17 @@ impl Output {
         );
         self
     }
+
+    /// Panics with the stderr if it has an error line or a panic in it.
+    #[track_caller]
+    pub fn assert_quiet(&self, what: &str) -> &Self {
+        assert!(
+            !self.stderr.contains("ERROR") && !self.stderr.contains("panicked"),
+            "{what}: an error or a panic in stderr\n{}",
+            self.stderr
+        );
+        self
+    }
 }
 
 impl Run {

@@ -99,17 +99,8 @@ fn no_byte_is_lost_at_a_half_a_quarter_and_an_eighth_of_the_footprint() {
             "{what}: no statistics at exit\n{}",
             out.stderr
         );
-        assert_quiet(what, &out);
+        out.assert_quiet(what);
     }
-}
-
-/// No error line and no panic in a run's stderr.
-fn assert_quiet(what: &str, out: &Output) {
-    assert!(
-        !out.stderr.contains("ERROR") && !out.stderr.contains("panicked"),
-        "{what}:\n{}",
-        out.stderr
-    );
 }
 
 /// `TENSILE_SWAPPED=unmapped`: swapped-out pages are left unmapped, so a kernel or copy that
@@ -145,7 +136,7 @@ fn with_swapped_pages_left_unmapped_no_byte_is_lost() {
         "the mode is not said at start\n{}",
         out.stderr
     );
-    assert_quiet("unmapped", &out);
+    out.assert_quiet("unmapped");
 }
 
 #[test]
