@@ -1207,11 +1207,16 @@ impl Inner {
             }
             let (a, n) = span(p).unwrap_or((p, 1));
             covered_to = a + n;
-            if (a..a + n).all(|q| self.pages.get(q).is_some_and(&ok)) {
+            if self.span_all((a, n), &ok) {
                 out.extend(a..a + n);
             }
         }
         out
+    }
+
+    /// Whether every page of the span `(first, pages)` passes `ok`.
+    fn span_all(&self, (a, n): (usize, usize), ok: impl Fn(&PageEntry) -> bool) -> bool {
+        (a..a + n).all(|q| self.pages.get(q).is_some_and(&ok))
     }
 
     /// The units of sorted whole-unit `pages` (pages with device frames), as `(first, pages)`.
@@ -1358,29 +1363,28 @@ impl Inner {
         if !self.pages.get(p).is_some_and(dead_idle) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        // Unmap first: if that fails the pages keep their frames and stay consistent.
-        let span = if matches!(
+        let on_host = matches!(
             self.pages.get(p).map(|e| e.state),
             Some(ResidencyState::Host(_))
-        ) {
-            let (a, n) = self.host_unit_span(p).unwrap_or((p, 1));
-            if !(a..a + n).all(|q| self.pages.get(q).is_some_and(dead_idle)) {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
+        );
+        let (a, n) = if on_host {
+            self.host_unit_span(p).unwrap_or((p, 1))
+        } else {
+            self.unit_span(p).ok_or(CUDA_ERROR_INVALID_VALUE)?
+        };
+        if !self.span_all((a, n), dead_idle) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // Unmap first: if that fails the pages keep their frames and stay consistent.
+        if on_host {
             self.unmap_host_pages(&[a])?;
             for q in a..a + n {
                 self.unmapped_host.remove(&q);
             }
-            (a, n)
         } else {
-            let (a, n) = self.unit_span(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            if !(a..a + n).all(|q| self.pages.get(q).is_some_and(dead_idle)) {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
             self.driver.mem_unmap(self.va(a), n * self.page)?;
-            (a, n)
-        };
-        for q in span.0..span.0 + span.1 {
+        }
+        for q in a..a + n {
             match self.pages.unback(q, completed) {
                 Ok(f) => {
                     self.give_frame(f);
@@ -1410,12 +1414,8 @@ impl Inner {
                 continue;
             };
             dropped_to = a + n;
-            let droppable = (a..a + n).all(|q| {
-                self.pages.get(q).is_some_and(|e| {
-                    e.live == 0
-                        && e.is_idle(&completed)
-                        && matches!(e.state, ResidencyState::Device(_))
-                })
+            let droppable = self.span_all((a, n), |e| {
+                e.live == 0 && e.is_idle(&completed) && matches!(e.state, ResidencyState::Device(_))
             });
             if droppable {
                 self.unback(a, &completed)?;
@@ -2139,10 +2139,7 @@ impl Inner {
                     .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
             }
             let completed = self.fences.completed();
-            if unit
-                .clone()
-                .all(|q| self.pages.get(q).is_some_and(|e| e.is_idle(completed)))
-            {
+            if self.span_all((a, n), |e| e.is_idle(completed)) {
                 idle_victims.extend(unit);
             }
         }
@@ -2204,16 +2201,10 @@ impl Inner {
             let (a, n) = self.unit_span(victims[i]).unwrap_or((victims[i], 1));
             i += n;
             let unit = a..a + n;
-            if unit
-                .clone()
-                .all(|q| self.pages.get(q).is_some_and(|e| e.live == 0))
-            {
+            if self.span_all((a, n), |e| e.live == 0) {
                 // A dead unit needs no copy: drop it instead (once idle; a dead unit still in
                 // use is left for a later eviction).
-                let idle = unit
-                    .clone()
-                    .all(|q| self.pages.get(q).is_some_and(|e| e.is_idle(&completed)));
-                if idle {
+                if self.span_all((a, n), |e| e.is_idle(&completed)) {
                     if let Err(e) = self.unback(a, &completed) {
                         for (_, h) in copy {
                             self.host.give(h);
@@ -2686,7 +2677,7 @@ impl Inner {
         let dead: Vec<(usize, usize)> = self
             .spans(&arriving)
             .into_iter()
-            .filter(|&(a, n)| (a..a + n).all(|q| self.pages.get(q).is_some_and(|e| e.live == 0)))
+            .filter(|&span| self.span_all(span, |e| e.live == 0))
             .collect();
         arriving.retain(|&p| !dead.iter().any(|&(a, n)| (a..a + n).contains(&p)));
         let before = self.outgoing.len();
