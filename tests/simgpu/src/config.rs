@@ -29,6 +29,9 @@
 //!   ([`VmmCosts::H200`], per mapping: docs/gpu-results.md) times this factor. Default 1 with
 //!   `TENSILE_SIM_TIMING=h100`, else 0 (free, the test suite's default).
 //!
+//! - `TENSILE_SIM_CALL_COUNTS`: count the calls of every export and write them at exit
+//!   ([`crate::calls`]).
+//!
 //! A value that does not parse is reported on stderr once and the default is used.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -16,6 +16,7 @@
 //! See `README.md` for the environment variables and what is NOT simulated.
 
 pub mod api;
+pub mod calls;
 pub mod capture;
 pub mod card;
 pub mod config;

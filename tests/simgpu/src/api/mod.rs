@@ -181,6 +181,7 @@ macro_rules! per_thread_pair {
     ($legacy:ident, $pt:ident, $imp:path, ($($arg:ident: $ty:ty),* $(,)?)) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $legacy($($arg: $ty),*) -> CUresult {
+            $crate::calls::count(stringify!($legacy));
             $crate::api::guard(|| {
                 // SAFETY: forwarded under this entry point's API contract.
                 unsafe { $imp(false, $($arg),*) }
@@ -189,6 +190,7 @@ macro_rules! per_thread_pair {
 
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $pt($($arg: $ty),*) -> CUresult {
+            $crate::calls::count(stringify!($pt));
             $crate::api::guard(|| {
                 // SAFETY: forwarded under this entry point's API contract.
                 unsafe { $imp(true, $($arg),*) }
@@ -203,6 +205,7 @@ macro_rules! export {
     ($name:ident, $imp:path, ($($arg:ident: $ty:ty),* $(,)?)) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            $crate::calls::count(stringify!($name));
             $crate::api::guard(|| {
                 // SAFETY: forwarded under this entry point's API contract.
                 unsafe { $imp($($arg),*) }
