@@ -271,3 +271,115 @@ fn under_auto_jobs_on_one_card_share_a_coordinator_and_jobs_on_another_do_not() 
     assert_eq!(names[0], names[1], "one card, one coordinator");
     assert_ne!(names[0], names[2], "another card, another coordinator");
 }
+
+/// The driver calls a run made, by export name, as the simulated GPU counted them
+/// (`TENSILE_SIM_CALL_COUNTS`).
+fn driver_calls(path: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("no call counts at {}: {e}", path.display()));
+    text.lines()
+        .filter_map(|l| {
+            let (name, n) = l.split_once(' ')?;
+            Some((name.to_string(), n.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Calls of the exports whose name starts with one of `prefixes` (their per-thread-stream
+/// and versioned twins included).
+fn calls_of(counts: &std::collections::BTreeMap<String, u64>, prefixes: &[&str]) -> u64 {
+    counts
+        .iter()
+        .filter(|(name, _)| {
+            prefixes
+                .iter()
+                .any(|p| name.as_str() == *p || name.starts_with(&format!("{p}_")))
+        })
+        .map(|(_, &n)| n)
+        .sum()
+}
+
+/// Issue 11: with a coordinator, ResNet-50 on an H200 once ran 23% slower than with the
+/// planner in the process. A plan from the coordinator must cost the launch path exactly what
+/// a plan learned in the process does: at no pressure, the same driver calls reach the GPU
+/// per launch, above all none that order or block streams (a stream wait, an event or stream
+/// synchronization added per launch serializes the card's streams, which the simulated GPU's
+/// wall time would not show).
+#[test]
+fn at_no_pressure_a_coordinator_plan_adds_no_driver_calls_per_launch() {
+    let name = unique_name("calls");
+    let dir = std::env::temp_dir().join(format!("tensile-calls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |coordinator: &str| {
+        let counts = dir.join(format!("{coordinator}.counts"));
+        // No budget: the card's memory (or the coordinator's grant of it), far above the
+        // footprint.
+        let out = train(30)
+            .preload(true)
+            .env("TENSILE_POLICY", "plan")
+            .env("TENSILE_COORDINATOR", coordinator)
+            .env("TENSILE_LOG", "info")
+            .env("TENSILE_SIM_CALL_COUNTS", counts.display().to_string())
+            .output();
+        (out, driver_calls(&counts))
+    };
+    let (alone, alone_calls) = run("off");
+    let (joined, joined_calls) = run(&name);
+    stop_coordinator(&name);
+    let _ = std::fs::remove_dir_all(&dir);
+    alone
+        .assert_ok("job planning in its process")
+        .assert_quiet("job planning in its process");
+    joined
+        .assert_ok("job with a coordinator")
+        .assert_quiet("job with a coordinator");
+    assert!(
+        joined.stderr.contains("from the coordinator"),
+        "no plan came from the coordinator:\n{}",
+        joined.stderr
+    );
+    for out in [&alone, &joined] {
+        assert!(executor_counter(out, "plans_loaded") >= 1, "{}", out.stderr);
+        assert_eq!(executor_counter(out, "mismatches"), 0, "{}", out.stderr);
+        assert_eq!(
+            executor_counter(out, "pages_out"),
+            0,
+            "no pressure: nothing moves"
+        );
+        assert_eq!(
+            executor_counter(out, "pages_in"),
+            0,
+            "no pressure: nothing moves"
+        );
+    }
+    let launches = calls_of(&alone_calls, &["cuLaunchKernel", "cuLaunchKernelEx"]);
+    assert!(launches > 0);
+    assert_eq!(
+        calls_of(&joined_calls, &["cuLaunchKernel", "cuLaunchKernelEx"]),
+        launches
+    );
+    // Calls that order or block streams: exactly the application's own in both runs.
+    for kind in [
+        "cuStreamWaitEvent",
+        "cuEventSynchronize",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+        "cuStreamQuery",
+    ] {
+        assert_eq!(
+            calls_of(&joined_calls, &[kind]),
+            calls_of(&alone_calls, &[kind]),
+            "{kind} with a coordinator against without one (per {launches} launches)"
+        );
+    }
+    // Events recorded (the manager's fences, the planner's launch timing): the same, up to
+    // fences the maintenance thread records for a stream gone quiet (timing-dependent).
+    let (with, without) = (
+        calls_of(&joined_calls, &["cuEventRecord"]),
+        calls_of(&alone_calls, &["cuEventRecord"]),
+    );
+    assert!(
+        with.abs_diff(without) <= without / 50 + 4,
+        "cuEventRecord: {with} with a coordinator, {without} without (per {launches} launches)"
+    );
+}
