@@ -1234,13 +1234,22 @@ impl Inner {
     }
 
     /// Sorted `pages` cut into the units they get when brought in together: runs of
-    /// consecutive pages whose first bytes belong to one live allocation (a unit moves whole,
-    /// and two tensors seldom move together again), cut after [`MAX_UNIT_PAGES`].
-    /// Sizes in page order.
+    /// consecutive pages that one live allocation covers whole (a unit moves whole, and two
+    /// tensors seldom move together again), cut after [`MAX_UNIT_PAGES`]. A tensor's last
+    /// page, which it covers only in part, is a unit of its own: the arena packs small
+    /// tensors into the rest of it, and an access to one of them must not bring in (or pin)
+    /// the whole tensor. Sizes in page order.
     /// The pages of a host unit (all in `pages`, as [`Self::whole_host_units`] makes them)
     /// get one device unit of their own: the same pages then leave again as one.
     fn unit_sizes(&self, pages: &[usize]) -> Vec<usize> {
-        let owner = |p: usize| self.sub.find(self.va(p)).map(|a| a.ptr);
+        // The live allocation that covers page `p` whole, if one does.
+        let owner = |p: usize| {
+            let start = self.va(p);
+            self.sub
+                .find(start)
+                .filter(|a| a.ptr + a.span >= start + self.page as u64)
+                .map(|a| a.ptr)
+        };
         let mut sizes: Vec<usize> = Vec::new();
         let mut prev: Option<(usize, Option<CUdeviceptr>)> = None;
         let mut i = 0;
@@ -1259,8 +1268,8 @@ impl Inner {
                 }
             }
             let own = owner(p);
-            // Only pages of one allocation share a unit: where small tensors share pages, a
-            // unit over them would pull all of them in and out whenever one is touched.
+            // Only pages one allocation covers whole share a unit: where tensors share a page,
+            // a unit over it would pull all of them in and out whenever one is touched.
             let joins = prev.is_some_and(|(q, o)| q + 1 == p && own.is_some() && o == own);
             match sizes.last_mut() {
                 Some(n) if joins && *n < MAX_UNIT_PAGES => *n += 1,
@@ -2214,25 +2223,41 @@ impl Inner {
                 }
                 continue;
             }
-            // A unit with live data is copied whole (its dead pages too: it is unmapped whole),
-            // into a host unit of its size when its pages are to be mapped to host memory
-            // (one mapping instead of one per page), else into single frames.
+            // A unit with live data is copied whole (its dead pages too: it is unmapped whole).
+            // When its pages are to be mapped to host memory, each run of them that one live
+            // allocation covers goes into a host unit of its own (one mapping instead of one
+            // per page), the rest into single frames. Cut by today's allocations, not the
+            // unit's: a device unit outlives the tensor it was made for, and a host unit over
+            // two tensors would bring both in whenever one is used.
+            let by_units = n > 1 && self.cfg.host_mapped && self.cfg.host_units;
+            let pieces = if by_units {
+                self.unit_sizes(&unit.collect::<Vec<_>>())
+            } else {
+                vec![n]
+            };
             let mut frames: Vec<(usize, HostFrame)> = Vec::with_capacity(n);
-            if n > 1 && self.cfg.host_mapped && self.cfg.host_units {
-                if let Some(first) = self.host.take_unit(n) {
-                    frames.extend(unit.clone().zip((first.0..).map(HostFrame)));
-                    copy.extend(frames);
-                    continue;
-                }
-            }
             let mut failed = None;
-            for q in unit {
-                match self.take_host() {
-                    Ok(h) => frames.push((q, h)),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
+            let mut q = a;
+            for k in pieces {
+                let piece = q..q + k;
+                q += k;
+                if by_units && k > 1 {
+                    if let Some(first) = self.host.take_unit(k) {
+                        frames.extend(piece.zip((first.0..).map(HostFrame)));
+                        continue;
                     }
+                }
+                for r in piece {
+                    match self.take_host() {
+                        Ok(h) => frames.push((r, h)),
+                        Err(e) => {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+                if failed.is_some() {
+                    break;
                 }
             }
             if let Some(e) = failed {

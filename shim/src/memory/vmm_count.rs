@@ -309,6 +309,116 @@ fn a_tensor_leaves_and_returns_with_one_mapping_and_one_access_call_each_way() {
 }
 
 #[test]
+fn a_small_tensor_packed_into_a_large_ones_last_page_comes_in_alone() {
+    const P: usize = SMALL_PAGE;
+    let (fake, mm) = small_manager(8, true);
+    let s = fake.stream_create().expect("stream");
+    // A tensor of 3 pages and a quarter: the arena packs a small one into the rest of its
+    // last page.
+    let big_len = 3 * P + P / 4;
+    let big = mm.alloc(big_len, Some(s)).expect("big");
+    let small = mm.alloc(P / 8, Some(s)).expect("small");
+    let last_page = big + 3 * P as u64;
+    assert!(
+        (last_page..last_page + P as u64).contains(&small),
+        "the small tensor is not in the large one's last page"
+    );
+    let touch = |ranges: &[(u64, usize)]| {
+        let t = mm.prepare_access(s, ranges).expect("prepare_access");
+        mm.note_access_done(t).expect("note_access_done");
+    };
+    touch(&[(big, big_len), (small, P / 8)]);
+    let big_bytes: Vec<u8> = (0..big_len).map(|i| (i * 13 + i / P) as u8).collect();
+    let small_bytes: Vec<u8> = (0..P / 8).map(|i| (i * 5) as u8 ^ 0x5a).collect();
+    fake.app_write(s, big, big_bytes.clone())
+        .expect("write big");
+    fake.app_write(s, small, small_bytes.clone())
+        .expect("write small");
+    // Both go out (into a host unit of 3 pages and a single frame), then the small one alone
+    // is used: only its page comes back.
+    assert_eq!(mm.start_swap_out(&[(big, big_len)]).expect("swap out"), 4);
+    mm.poll().expect("poll");
+    assert!(matches!(
+        mm.residency(big),
+        Some(super::ResidencyState::Host(_))
+    ));
+    let before = mm.stats().pages_swapped_in;
+    touch(&[(small, P / 8)]);
+    assert_eq!(
+        mm.stats().pages_swapped_in - before,
+        1,
+        "the small tensor's access brought in more than its page"
+    );
+    for page in 0..3 {
+        assert!(
+            matches!(
+                mm.residency(big + (page * P) as u64),
+                Some(super::ResidencyState::Host(_))
+            ),
+            "page {page} of the large tensor came in"
+        );
+    }
+    mm.audit().expect("audit");
+    touch(&[(big, big_len)]);
+    let read = fake.app_read(s, big, big_len).expect("read big");
+    assert!(read.get().as_deref() == Some(&big_bytes[..]), "big changed");
+    let read = fake.app_read(s, small, P / 8).expect("read small");
+    assert!(
+        read.get().as_deref() == Some(&small_bytes[..]),
+        "small changed"
+    );
+    assert!(fake.faults().is_empty(), "{:?}", fake.faults());
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
+fn tensors_on_the_pages_of_a_freed_ones_unit_leave_and_return_apart() {
+    const P: usize = SMALL_PAGE;
+    let (fake, mm) = small_manager(8, true);
+    let s = fake.stream_create().expect("stream");
+    let touch = |ranges: &[(u64, usize)]| {
+        let t = mm.prepare_access(s, ranges).expect("prepare_access");
+        mm.note_access_done(t).expect("note_access_done");
+    };
+    // A tensor of 4 pages gets a device unit of 4, is freed, and two tensors of 2 pages take
+    // its place (and its unit).
+    let old = mm.alloc(4 * P, Some(s)).expect("old");
+    touch(&[(old, 4 * P)]);
+    mm.free(old, Some(s)).expect("free");
+    let x = mm.alloc(2 * P, Some(s)).expect("x");
+    let y = mm.alloc(2 * P, Some(s)).expect("y");
+    assert_eq!(
+        (x, y),
+        (old, old + 2 * P as u64),
+        "the freed pages were not reused"
+    );
+    touch(&[(x, 2 * P), (y, 2 * P)]);
+    let xs: Vec<u8> = (0..2 * P).map(|i| (i * 3) as u8).collect();
+    let ys: Vec<u8> = (0..2 * P).map(|i| (i * 7) as u8 ^ 0xa5).collect();
+    fake.app_write(s, x, xs.clone()).expect("write x");
+    fake.app_write(s, y, ys.clone()).expect("write y");
+    // The unit leaves whole; on the host each tensor has a host unit of its own, so the
+    // next use of one brings in its pages alone.
+    assert_eq!(mm.start_swap_out(&[(x, 2 * P)]).expect("swap out"), 4);
+    mm.poll().expect("poll");
+    let before = mm.stats().pages_swapped_in;
+    touch(&[(x, 2 * P)]);
+    assert_eq!(mm.stats().pages_swapped_in - before, 2, "y came in with x");
+    assert!(matches!(
+        mm.residency(y),
+        Some(super::ResidencyState::Host(_))
+    ));
+    mm.audit().expect("audit");
+    touch(&[(y, 2 * P)]);
+    let read = fake.app_read(s, x, 2 * P).expect("read x");
+    assert!(read.get().as_deref() == Some(&xs[..]), "x changed");
+    let read = fake.app_read(s, y, 2 * P).expect("read y");
+    assert!(read.get().as_deref() == Some(&ys[..]), "y changed");
+    assert!(fake.faults().is_empty(), "{:?}", fake.faults());
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
+#[test]
 fn without_host_mappings_a_unit_moved_costs_one_device_unmap_out_and_one_map_in() {
     const P: usize = SMALL_PAGE;
     let (fake, mm) = small_manager(4, false);
