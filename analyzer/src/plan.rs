@@ -126,6 +126,35 @@ impl SwapPlan {
             .collect()
     }
 
+    /// The same plan on its pieces cut to at most `max_piece` bytes ([`pieces::refine`]): each
+    /// round trip, tail write-out and host-resident piece becomes one per part, at the same
+    /// positions. The parts of a piece are accessed by the same ops, so the plan means the same
+    /// moves; only its copies are smaller.
+    pub fn refined(&self, max_piece: u64) -> SwapPlan {
+        let (fine, of) = pieces::refine(&self.pieces, max_piece);
+        let parts = |piece: PieceId| of[piece as usize].clone().map(|p| p as PieceId);
+        let mut evictions: Vec<Eviction> = self
+            .evictions
+            .iter()
+            .flat_map(|e| parts(e.piece).map(move |piece| Eviction { piece, ..*e }))
+            .collect();
+        evictions.sort_by_key(|e| (e.out_after, e.piece));
+        let mut tail_outs: Vec<TailOut> = self
+            .tail_outs
+            .iter()
+            .flat_map(|t| parts(t.piece).map(move |piece| TailOut { piece, ..*t }))
+            .collect();
+        tail_outs.sort_by_key(|t| (t.out_after, t.piece));
+        SwapPlan {
+            period: self.period,
+            budget_bytes: self.budget_bytes,
+            evictions,
+            host_resident: self.host_resident.iter().flat_map(|&p| parts(p)).collect(),
+            tail_outs,
+            pieces: fine,
+        }
+    }
+
     /// Bytes written out per iteration (round trips and tails).
     pub fn bytes_out(&self) -> u64 {
         self.evictions
