@@ -140,18 +140,18 @@ pub fn improve(
         report: &mut report,
         rng: &mut rng,
     };
-    let (mut best_plan, mut best, stale) = stage.run(plan, true);
-    // A search that stopped gaining goes on with the plan's pieces cut finer, where that keeps
+    // A search that stops gaining goes on with the plan's pieces cut finer, where that keeps
     // the cycle small (see `MAX_FINE_PIECES`): smaller copies hold less memory in flight and
     // queue less behind one another, moves a search on coarse pieces cannot make.
-    if stale {
+    let fine_pieces = pieces::refine(&plan.pieces, FINE_PIECE_BYTES).0.len();
+    let refinable = fine_pieces > plan.pieces.len() && fine_pieces <= MAX_FINE_PIECES;
+    let (mut best_plan, mut best, stale) = stage.run(plan, refinable);
+    if stale && refinable {
         let fine = best_plan.refined(FINE_PIECE_BYTES);
-        if fine.pieces.len() > best_plan.pieces.len() && fine.pieces.len() <= MAX_FINE_PIECES {
-            let (fine_plan, fine_best, _) = stage.run(&fine, false);
-            if fine_best.is_some_and(|f| best.is_none_or(|b| f < b)) {
-                best_plan = fine_plan;
-                best = fine_best;
-            }
+        let (fine_plan, fine_best, _) = stage.run(&fine, false);
+        if fine_best.is_some_and(|f| best.is_none_or(|b| f < b)) {
+            best_plan = fine_plan;
+            best = fine_best;
         }
     }
     report.step_ns = best;
@@ -188,7 +188,8 @@ impl Stage<'_> {
     /// Searches from `plan` on its pieces until a limit of the options; returns the best plan
     /// (on `plan`'s pieces), its step, and whether the stage stopped because it stopped
     /// gaining (its patience, or, when `coarse`, [`STALE_EVALUATIONS`]) rather than at a limit
-    /// or the floor. The report counts across stages; its start step is the coarse stage's.
+    /// or the floor. `coarse`: a finer stage may follow, so the stage ends once stale. The
+    /// report counts across stages; its start step is the first stage's.
     fn run(&mut self, plan: &SwapPlan, coarse: bool) -> (SwapPlan, Option<u64>, bool) {
         let (cycle, budget, cost, options) = (self.cycle, self.budget, self.cost, self.options);
         let started = self.started;
@@ -235,7 +236,7 @@ impl Stage<'_> {
             Some((step, waits)) => (Some(step), waits),
             None => (None, Vec::new()),
         };
-        if coarse {
+        if report.evaluations == 0 {
             report.start_step_ns = best;
         }
         report.evaluations += 1;

@@ -669,10 +669,14 @@ impl Sim<'_> {
         }
         match policy {
             Policy::Plan(plan) => {
-                let on_host: std::collections::HashSet<TensorId> =
-                    plan.on_host_at_start().into_iter().collect();
+                let mut on_host = vec![false; self.place.len()];
+                for t in plan.on_host_at_start() {
+                    if let Some(h) = on_host.get_mut(t as usize) {
+                        *h = true;
+                    }
+                }
                 for (t, _) in holding {
-                    if on_host.contains(&t) || plan.host_resident.contains(&t) {
+                    if on_host[t as usize] || plan.host_resident.contains(&t) {
                         self.place[t as usize] = Place::Host;
                         self.host_valid[t as usize] = true;
                     } else {
