@@ -15,6 +15,11 @@
 //! write-outs ([`crate::plan::TailOut`]), and makes room for an op that waited for memory by
 //! writing out a tail across it.
 //!
+//! Where the cycle stays small with pieces of [`FINE_PIECE_BYTES`] (at most [`MAX_FINE_PIECES`]),
+//! a search that stops gaining goes on with its best plan cut into such pieces
+//! ([`SwapPlan::refined`]) instead of stopping; the plan it returns may then move finer pieces
+//! than the one it was given.
+//!
 //! It is not a planner of its own (it starts from a plan) and has no model of its own: whatever
 //! the simulator says is what it optimises. Deterministic for a seed and a number of evaluations;
 //! a wall-clock budget stops it earlier, so with a time limit the result depends on the machine.
