@@ -2,8 +2,9 @@
 //! steady-state step before and after, the lower bound, and the evaluations spent.
 //!
 //! `cargo run --release -p tensile-analyzer --example search_gain -- TRACE PERCENT LIMIT...`,
-//! each LIMIT a number of milliseconds (a search of exactly that long) or `default` (what
-//! `tensile replay` does: at most `DEFAULT_SEARCH_MS`, stopping early when it stops gaining).
+//! each LIMIT a number of milliseconds (a search of exactly that long), `default` (what
+//! `tensile replay` does: at most `DEFAULT_SEARCH_MS`, stopping early when it stops gaining) or
+//! `eN` (exactly N plans simulated, whatever the time: the same result on any machine).
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use tensile_analyzer::{analyze, plan::plan, BoundOptions, Budget, CostModel};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let seed: u64 = std::env::var("SEARCH_SEED").map_or(1, |s| s.parse().expect("SEARCH_SEED"));
     if args.len() < 3 {
         eprintln!("usage: search_gain TRACE PERCENT SEARCH_MS...");
         std::process::exit(2);
@@ -29,7 +31,15 @@ fn main() {
     let plan_ms = t.elapsed().as_millis();
     println!("| search limit | ms spent | planning ms | plan ms before | after | bound ms | after/bound | evaluations | kept |");
     for limit in &args[2..] {
-        let options = if limit == "default" {
+        let options = if let Some(n) = limit.strip_prefix('e') {
+            // A number of plans, whatever the time: deterministic for the seed.
+            SearchOptions {
+                time_limit: Duration::from_secs(3600),
+                patience: None,
+                max_evaluations: n.parse().expect("eN: N plans"),
+                ..SearchOptions::default()
+            }
+        } else if limit == "default" {
             // What `tensile replay` does by default: stops early when stale or at the bound.
             SearchOptions {
                 floor_ns: bound.bound_ns,
@@ -43,6 +53,7 @@ fn main() {
                 ..SearchOptions::default()
             }
         };
+        let options = SearchOptions { seed, ..options };
         let (_, r) = improve(&a.cycle, &p, budget, &cost, &options);
         let ms_of = |ns: Option<u64>| ns.map_or(f64::NAN, |n| n as f64 / 1e6);
         println!(

@@ -261,10 +261,49 @@ struct Transfer {
     started: f64,
 }
 
-#[derive(Default)]
 struct Engine {
     queue: VecDeque<TensorId>,
     active: Option<Transfer>,
+    /// How many times each tensor is in `queue`, so that membership costs no scan.
+    queued: Vec<u32>,
+}
+
+impl Engine {
+    fn new(tensors: usize) -> Engine {
+        Engine {
+            queue: VecDeque::new(),
+            active: None,
+            queued: vec![0; tensors],
+        }
+    }
+
+    fn push_back(&mut self, t: TensorId) {
+        self.queued[t as usize] += 1;
+        self.queue.push_back(t);
+    }
+
+    fn push_front(&mut self, t: TensorId) {
+        self.queued[t as usize] += 1;
+        self.queue.push_front(t);
+    }
+
+    fn pop_front(&mut self) -> Option<TensorId> {
+        let t = self.queue.pop_front()?;
+        self.queued[t as usize] -= 1;
+        Some(t)
+    }
+
+    fn contains(&self, t: TensorId) -> bool {
+        self.queued[t as usize] > 0
+    }
+
+    /// Takes every entry of `t` out of the queue.
+    fn remove(&mut self, t: TensorId) {
+        if self.contains(t) {
+            self.queue.retain(|&q| q != t);
+            self.queued[t as usize] = 0;
+        }
+    }
 }
 
 /// Per-op actions, precomputed from the policy.
@@ -307,6 +346,8 @@ struct Sim<'a> {
     /// Record [`OpWait`]s (cleared at each iteration start, so the last iteration's remain).
     record_waits: bool,
     waits: Vec<OpWait>,
+    /// The current op's tensors not yet on the device, in the op's order (see `run_op`).
+    pending: Vec<TensorId>,
 }
 
 /// Simulates `cycle` under `policy` within `budget`.
@@ -417,8 +458,8 @@ pub fn simulate_with(
         used: 0,
         peak: 0,
         time: 0.0,
-        d2h: Engine::default(),
-        h2d: Engine::default(),
+        d2h: Engine::new(n_t),
+        h2d: Engine::new(n_t),
         actions,
         release_at_free,
         stats_cycle: 0,
@@ -430,6 +471,7 @@ pub fn simulate_with(
         copies: Vec::new(),
         record_waits: options.record_waits,
         waits: Vec::new(),
+        pending: Vec::new(),
     };
     let computed;
     let live = match live {
@@ -627,10 +669,14 @@ impl Sim<'_> {
         }
         match policy {
             Policy::Plan(plan) => {
-                let on_host: std::collections::HashSet<TensorId> =
-                    plan.on_host_at_start().into_iter().collect();
+                let mut on_host = vec![false; self.place.len()];
+                for t in plan.on_host_at_start() {
+                    if let Some(h) = on_host.get_mut(t as usize) {
+                        *h = true;
+                    }
+                }
                 for (t, _) in holding {
-                    if on_host.contains(&t) || plan.host_resident.contains(&t) {
+                    if on_host[t as usize] || plan.host_resident.contains(&t) {
                         self.place[t as usize] = Place::Host;
                         self.host_valid[t as usize] = true;
                     } else {
@@ -671,16 +717,21 @@ impl Sim<'_> {
         for i in 0..self.actions[pos].fetch_at.len() {
             let t = self.actions[pos].fetch_at[i];
             if matches!(self.place[t as usize], Place::Host | Place::ToHost) {
-                self.h2d.queue.push_back(t);
+                self.h2d.push_back(t);
             }
         }
         let ready_at = self.time;
-        let missing: Vec<TensorId> = if self.record_waits {
-            op.tensors
-                .iter()
-                .copied()
-                .filter(|&t| self.place[t as usize] != Place::Device)
-                .collect()
+        // Only the op's tensors not on the device can hold it back, and while it waits none of
+        // those on the device leaves (evictions and releases happen between ops, LRU evicts no
+        // tensor of the op), so each check looks at the ones still missing.
+        self.pending.clear();
+        for &t in &op.tensors {
+            if self.place[t as usize] != Place::Device {
+                self.pending.push(t);
+            }
+        }
+        let missing = if self.record_waits {
+            self.pending.clone()
         } else {
             Vec::new()
         };
@@ -737,8 +788,8 @@ impl Sim<'_> {
         match self.place[t as usize] {
             Place::Device | Place::ToDevice | Place::ToHost => {
                 self.used -= b;
-                self.d2h.queue.retain(|&q| q != t);
-                self.h2d.queue.retain(|&q| q != t);
+                self.d2h.remove(t);
+                self.h2d.remove(t);
                 if self.d2h.active.is_some_and(|a| a.tensor == t) {
                     self.d2h.active = None;
                 }
@@ -747,7 +798,7 @@ impl Sim<'_> {
                 }
             }
             Place::Host | Place::Absent => {
-                self.h2d.queue.retain(|&q| q != t);
+                self.h2d.remove(t);
             }
         }
         self.place[t as usize] = Place::Absent;
@@ -761,18 +812,19 @@ impl Sim<'_> {
             self.used -= self.bytes(t);
         } else {
             self.place[t as usize] = Place::ToHost;
-            self.d2h.queue.push_back(t);
+            self.d2h.push_back(t);
             self.bytes_d2h[self.stats_cycle] += self.bytes(t);
         }
     }
 
-    /// Whether op `pos` can start now; for LRU, requests what it needs.
+    /// Whether op `pos` can start now; for LRU, requests what it needs. Looks at `pending`
+    /// (the op's tensors that were not on the device) and drops those that now are.
     fn try_make_ready(&mut self, pos: usize) -> Result<bool, SimError> {
-        let cycle = self.cycle;
-        let op = &cycle.ops[pos];
         let mut ready = true;
         let mut absent_bytes = 0;
-        for &t in &op.tensors {
+        let mut pending = std::mem::take(&mut self.pending);
+        pending.retain(|&t| self.place[t as usize] != Place::Device);
+        for &t in &pending {
             match self.place[t as usize] {
                 Place::Device => {}
                 Place::Absent => {
@@ -782,13 +834,12 @@ impl Sim<'_> {
                 Place::ToDevice => ready = false,
                 Place::Host | Place::ToHost => {
                     ready = false;
-                    if !self.h2d.queue.contains(&t) && self.h2d.active.is_none_or(|a| a.tensor != t)
-                    {
+                    if !self.h2d.contains(t) && self.h2d.active.is_none_or(|a| a.tensor != t) {
                         // On demand: LRU's normal path, a plan's miss.
                         if !self.lru {
                             self.demand_fetches += 1;
                         }
-                        self.h2d.queue.push_front(t);
+                        self.h2d.push_front(t);
                     }
                 }
             }
@@ -798,12 +849,16 @@ impl Sim<'_> {
                 self.make_room(absent_bytes, pos);
             }
             if !self.enforce_budget || absent_bytes <= self.free_bytes() {
-                for &t in &op.tensors {
+                for &t in &pending {
                     if self.place[t as usize] == Place::Absent {
                         self.place[t as usize] = Place::Device;
-                        self.grow(self.bytes(t), pos)?;
+                        if let Err(e) = self.grow(self.bytes(t), pos) {
+                            self.pending = pending;
+                            return Err(e);
+                        }
                     }
                 }
+                self.pending = pending;
                 return self.try_make_ready(pos);
             }
         }
@@ -818,6 +873,7 @@ impl Sim<'_> {
                 }
             }
         }
+        self.pending = pending;
         Ok(ready)
     }
 
@@ -860,7 +916,7 @@ impl Sim<'_> {
     /// Starts the head of each idle engine's queue when it can start.
     fn start_copies(&mut self, pos: usize) -> Result<(), SimError> {
         if self.d2h.active.is_none() {
-            if let Some(t) = self.d2h.queue.pop_front() {
+            if let Some(t) = self.d2h.pop_front() {
                 self.d2h.active = Some(Transfer {
                     tensor: t,
                     remaining: self.bytes(t) as f64,
@@ -878,7 +934,7 @@ impl Sim<'_> {
                     if b > self.free_bytes() && self.enforce_budget {
                         break;
                     }
-                    self.h2d.queue.pop_front();
+                    self.h2d.pop_front();
                     self.place[t as usize] = Place::ToDevice;
                     self.grow(b, pos)?;
                     self.bytes_h2d[self.stats_cycle] += b;
@@ -891,7 +947,7 @@ impl Sim<'_> {
                 // Still being written out: the read-back waits for it.
                 Place::ToHost => break,
                 _ => {
-                    self.h2d.queue.pop_front();
+                    self.h2d.pop_front();
                 }
             }
         }
