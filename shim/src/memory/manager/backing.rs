@@ -1,0 +1,282 @@
+//! Backing and mapping: giving pages frames and mapping them at their addresses, dropping
+//! dead pages' frames without a copy, mapping `Host` pages back after a failed driver call,
+//! and releasing everything at shutdown. Mechanism only: which frames to take is decided
+//! by the callers (allocation, eviction, swapping).
+
+use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
+
+use crate::memory::failures::{human_bytes, FailureCause};
+use crate::memory::frames::{DevFrame, HostFrame, HostPoolError};
+use crate::memory::page::{Frame, PageEntry, ResidencyState};
+
+use super::{runs, Inner};
+
+impl Inner {
+    pub(super) fn give_frame(&mut self, f: Frame) {
+        match f {
+            Frame::Device(d) => self.dev.give(d),
+            Frame::Host(h) => self.host.give(h),
+        }
+    }
+
+    /// Maps each `(page, frame)` at the page's address: a device unit once, whole, at the page
+    /// of its first frame (every frame of it must be in `plan`, at consecutive pages, in
+    /// order), a host frame on its own (a host frame is an allocation of its own); then sets
+    /// access in contiguous runs (one call may span several mappings). Undoes its own maps
+    /// on failure.
+    pub(super) fn map_batch(&mut self, plan: &[(usize, Frame)]) -> Result<(), CUresult> {
+        let page = self.page;
+        let mut pages: Vec<usize> = plan.iter().map(|&(p, _)| p).collect();
+        pages.sort_unstable();
+        let mut mapped: Vec<(CUdeviceptr, usize)> = Vec::new();
+        let mut err = None;
+        for &(p, f) in plan {
+            let (h, bytes) = match f {
+                Frame::Device(d) if d.offset != 0 => continue,
+                Frame::Device(d) => {
+                    let (h, n) = self.dev.unit(d);
+                    debug_assert!(
+                        (1..n).all(|i| plan.iter().any(|&(q, g)| q == p + i
+                            && g == Frame::Device(DevFrame {
+                                unit: d.unit,
+                                offset: i as u32
+                            }))),
+                        "unit {d:?} not whole in a map batch"
+                    );
+                    (h, n * page)
+                }
+                Frame::Host(hf) => {
+                    let (first, n) = self.host.unit_of(hf);
+                    if hf != first {
+                        continue;
+                    }
+                    debug_assert!(
+                        (1..n)
+                            .all(|i| plan.iter().any(|&(q, g)| q == p + i
+                                && g == Frame::Host(HostFrame(first.0 + i as u32)))),
+                        "host unit {first:?} not whole in a map batch"
+                    );
+                    (self.host.location(hf).0, n * page)
+                }
+            };
+            if let Err(e) = self.driver.mem_map(self.va(p), bytes, 0, h) {
+                err = Some(e);
+                break;
+            }
+            mapped.push((self.va(p), bytes));
+        }
+        if err.is_none() {
+            for (a, b) in runs(&pages) {
+                if let Err(e) =
+                    self.driver
+                        .mem_set_access(self.va(a), (b - a + 1) * page, self.cfg.device)
+                {
+                    err = Some(e);
+                    break;
+                }
+            }
+        }
+        match err {
+            None => Ok(()),
+            Some(e) => {
+                for (va, bytes) in mapped {
+                    let _ = self.driver.mem_unmap(va, bytes);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the host mappings of `pages` (all `Host`). Every page whose mapping this
+    /// removed is in `unmapped_host` afterwards, also when it fails part way.
+    /// A host unit's mapping goes whole: its other pages are unmapped (and noted) with it.
+    pub(super) fn unmap_host_pages(&mut self, pages: &[usize]) -> Result<(), CUresult> {
+        for &p in pages {
+            if self.unmapped_host.contains(&p) {
+                continue;
+            }
+            let (a, n) = self.host_unit_span(p).unwrap_or((p, 1));
+            self.driver.mem_unmap(self.va(a), n * self.page)?;
+            self.unmapped_host.extend(a..a + n);
+        }
+        Ok(())
+    }
+
+    pub(super) fn note_resident(&mut self) {
+        let resident = (self.dev.created_frames() - self.dev.free_frames()) * self.page;
+        self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(resident as u64);
+    }
+
+    pub(super) fn take_host(&mut self) -> Result<HostFrame, CUresult> {
+        match self.host.take() {
+            Ok(h) => Ok(h),
+            Err(first) => {
+                // Dead host pages hold nothing anyone can ask for: take theirs.
+                if self.reclaim_dead_host()? {
+                    if let Ok(h) = self.host.take() {
+                        return Ok(h);
+                    }
+                }
+                Err(match first {
+                    HostPoolError::CapReached { cap_bytes } => self.failures.record(
+                        FailureCause::HostPool,
+                        format_args!(
+                            "the pinned host pool is full ({}, TENSILE_HOST_MEMORY)",
+                            human_bytes(cap_bytes)
+                        ),
+                    ),
+                    HostPoolError::Driver(code) => self.failures.record(
+                        FailureCause::HostPool,
+                        format_args!("the driver refused pinned host memory (error {code})"),
+                    ),
+                })
+            }
+        }
+    }
+
+    pub(super) fn reclaim_dead_host(&mut self) -> Result<bool, CUresult> {
+        let completed = self.fences.completed().to_vec();
+        let dead_idle = |e: &PageEntry| {
+            e.live == 0 && matches!(e.state, ResidencyState::Host(_)) && e.is_idle(&completed)
+        };
+        let dead: Vec<usize> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| dead_idle(e))
+            .map(|(p, _)| p)
+            .collect();
+        // Whole host units only: a unit is unmapped whole.
+        let dead = self.whole_host_units(dead, dead_idle);
+        let r = self.unback_host_pages(&dead, &completed);
+        self.remap_host();
+        r.map(|()| !dead.is_empty())
+    }
+
+    /// Drops `pages` (`Host`, dead and idle, whole host units), unmapping them first in one
+    /// go. Pages a failure leaves unmapped come back through `remap_host`.
+    pub(super) fn unback_host_pages(
+        &mut self,
+        pages: &[usize],
+        completed: &[u64],
+    ) -> Result<(), CUresult> {
+        self.unmap_host_pages(pages)?;
+        for &p in pages {
+            if matches!(
+                self.pages.get(p).map(|e| e.state),
+                Some(ResidencyState::Host(_))
+            ) {
+                self.unback(p, completed)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops page `p` (no live allocation, idle) without a copy: a host page alone, a device
+    /// page with the rest of its unit, which must be dead and idle too.
+    pub(super) fn unback(&mut self, p: usize, completed: &[u64]) -> Result<(), CUresult> {
+        let dead_idle = |e: &PageEntry| {
+            e.live == 0
+                && e.is_idle(completed)
+                && matches!(e.state, ResidencyState::Device(_) | ResidencyState::Host(_))
+        };
+        if !self.pages.get(p).is_some_and(dead_idle) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let on_host = matches!(
+            self.pages.get(p).map(|e| e.state),
+            Some(ResidencyState::Host(_))
+        );
+        let (a, n) = if on_host {
+            self.host_unit_span(p).unwrap_or((p, 1))
+        } else {
+            self.unit_span(p).ok_or(CUDA_ERROR_INVALID_VALUE)?
+        };
+        if !self.span_all((a, n), dead_idle) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // Unmap first: if that fails the pages keep their frames and stay consistent.
+        if on_host {
+            self.unmap_host_pages(&[a])?;
+            for q in a..a + n {
+                self.unmapped_host.remove(&q);
+            }
+        } else {
+            self.driver.mem_unmap(self.va(a), n * self.page)?;
+        }
+        for q in a..a + n {
+            match self.pages.unback(q, completed) {
+                Ok(f) => {
+                    self.give_frame(f);
+                    self.dead_device.remove(&q);
+                }
+                Err(e) => debug_assert!(false, "unback after unmap refused: {e:?}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Maps `Host` pages left unmapped by a failed driver call back to their host frames
+    /// (without host mappings, [`ManagerConfig::host_mapped`], they stay unmapped).
+    pub(super) fn remap_host(&mut self) {
+        if self.unmapped_host.is_empty() || !self.cfg.host_mapped {
+            return;
+        }
+        let plan: Vec<(usize, Frame)> = self
+            .unmapped_host
+            .iter()
+            .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
+                _ => None,
+            })
+            .collect();
+        match self.map_batch(&plan) {
+            Ok(()) => self.unmapped_host.clear(),
+            Err(e) => tracing::error!(
+                code = e,
+                pages = plan.len(),
+                "could not map swapped-out pages to host memory; retrying later"
+            ),
+        }
+    }
+
+    // ---- shutdown ----
+
+    pub(super) fn shutdown(&mut self) {
+        self.failures.log_summary();
+        let d = self.driver.clone();
+        let _ = d.stream_synchronize(self.swap_in_stream);
+        let _ = d.stream_synchronize(self.swap_out_stream);
+        let pages: Vec<usize> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.state != ResidencyState::Unbacked)
+            .map(|(p, _)| p)
+            .collect();
+        for p in pages {
+            let bytes = match self.pages.get(p).and_then(|e| e.state.device_frame()) {
+                Some(f) if f.offset != 0 => continue,
+                Some(f) => self.dev.unit(f).1 * self.page,
+                None if self.unmapped_host.contains(&p) => continue,
+                None => match self.host_unit_span(p) {
+                    Some((a, _)) if a != p => continue,
+                    Some((_, n)) => n * self.page,
+                    None => self.page,
+                },
+            };
+            let _ = d.mem_unmap(self.va(p), bytes);
+        }
+        self.dev.release_all(&*d);
+        self.host.release_all();
+        let _ = d.mem_address_free(self.base, self.cfg.arena_bytes / self.page * self.page);
+        self.fences.destroy(&*d);
+        for ev in self
+            .spare_events
+            .drain(..)
+            .chain(self.copy_event_refs.drain().map(|(e, _)| e))
+        {
+            let _ = d.event_destroy(ev);
+        }
+        let _ = d.stream_destroy(self.swap_in_stream);
+        let _ = d.stream_destroy(self.swap_out_stream);
+    }
+}

@@ -1,0 +1,287 @@
+//! Eviction: finding device frames for pages that need them. Cheap frames first (free,
+//! new within the budget, dead pages' units), then swap-outs of the least recently used
+//! unpinned pages (or those the eviction advice names), and the free reserve kept ahead of
+//! demand. The copies themselves are started in `swap.rs`.
+
+use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
+
+use crate::memory::advice::NextUse;
+use crate::memory::frames::{DevFrame, DevicePool};
+use crate::memory::page::{PageEntry, ResidencyState, Use};
+
+use super::{Inner, PinStall, SwapOrder};
+
+impl Inner {
+    /// A unit of `pages` device frames without copying anything: free, new within budget, or
+    /// made from the units of dead idle pages. Its first frame and size.
+    pub(super) fn take_unit_cheap(
+        &mut self,
+        pages: usize,
+    ) -> Result<Option<(DevFrame, usize)>, CUresult> {
+        if let Some(u) = self.dev.take_unit(&*self.driver, pages)? {
+            return Ok(Some(u));
+        }
+        self.fences.poll_all(&*self.driver)?;
+        let completed = self.fences.completed().to_vec();
+        let dead: Vec<usize> = self.dead_device.iter().copied().collect();
+        let mut dropped_to = 0;
+        for p in dead {
+            if p < dropped_to || self.dev.available() >= pages {
+                continue;
+            }
+            let Some((a, n)) = self.unit_span(p) else {
+                continue;
+            };
+            dropped_to = a + n;
+            let droppable = self.span_all((a, n), |e| {
+                e.live == 0 && e.is_idle(&completed) && matches!(e.state, ResidencyState::Device(_))
+            });
+            if droppable {
+                self.unback(a, &completed)?;
+            }
+        }
+        self.dev.take_unit(&*self.driver, pages)
+    }
+
+    /// A one-page device frame without copying anything ([`Self::take_unit_cheap`]).
+    pub(super) fn take_device_cheap(&mut self) -> Result<Option<DevFrame>, CUresult> {
+        Ok(self.take_unit_cheap(1)?.map(|(f, _)| f))
+    }
+
+    /// Completes finished swaps (swap-outs too only if `complete_outgoing`: see
+    /// [`Self::poll_with`]) and, once the budget is used up, starts swap-outs of idle least
+    /// recently used pages until `free_reserve_pages` frames are free or on their way. Never
+    /// waits for anything.
+    pub(super) fn keep_reserve(&mut self, complete_outgoing: bool) -> Result<(), CUresult> {
+        self.poll_with(complete_outgoing)?;
+        let ready = self.dev.available() + self.outgoing.len();
+        let reserve = self
+            .cfg
+            .free_reserve_pages
+            .min(self.dev.budget_frames() / 2);
+        if ready < reserve {
+            self.evict(reserve - ready, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Device frames for `pages` (sorted), one unit per run of consecutive pages (at most
+    /// [`MAX_UNIT_PAGES`] each), in page order, evicting least recently used pages if it must
+    /// (and waiting for their copies: this is the on-demand stall). All or nothing.
+    pub(super) fn acquire_device_frames(
+        &mut self,
+        pages: &[usize],
+    ) -> Result<Vec<DevFrame>, CUresult> {
+        let sizes = self.unit_sizes(pages);
+        self.acquire_units(&sizes)
+    }
+
+    /// Units of the given sizes, their frames in order ([`Self::acquire_device_frames`]).
+    pub(super) fn acquire_units(&mut self, sizes: &[usize]) -> Result<Vec<DevFrame>, CUresult> {
+        let mut got = Vec::with_capacity(sizes.len());
+        let r = self.acquire_into(sizes, &mut got);
+        let frames = got
+            .into_iter()
+            .flat_map(|(first, n)| DevicePool::frames(first, n));
+        if r.is_err() {
+            // Whatever went wrong, the units taken so far go back.
+            for d in frames {
+                self.dev.give(d);
+            }
+            return r.map(|()| Vec::new());
+        }
+        Ok(frames.collect())
+    }
+
+    pub(super) fn acquire_into(
+        &mut self,
+        sizes: &[usize],
+        got: &mut Vec<(DevFrame, usize)>,
+    ) -> Result<(), CUresult> {
+        let mut rounds = 0;
+        while got.len() < sizes.len() {
+            let k = sizes[got.len()];
+            if let Some(u) = self.take_unit_cheap(k)? {
+                got.push(u);
+                continue;
+            }
+            // Evict enough for the rest (in flight already counts), then wait for it.
+            let short: usize = sizes[got.len()..].iter().sum();
+            let in_flight = self.outgoing.len();
+            if short > in_flight {
+                let want = (short - in_flight).max(self.cfg.evict_batch);
+                self.evict(want, short - in_flight)?;
+            }
+            if self.dev.available() >= k {
+                continue; // dead pages were dropped without a copy
+            }
+            if !self.outgoing.is_empty() {
+                // Copies out that have finished give their frames now.
+                self.poll()?;
+                if self.dev.available() >= k {
+                    continue;
+                }
+                if self.outgoing.is_empty() {
+                    // All of them landed and a unit of `k` is still short: evict again.
+                    rounds += 1;
+                    if rounds <= 4 {
+                        continue;
+                    }
+                } else if self.unlocked_copy_waits_left > 0 {
+                    // The rest is in flight: let the caller wait for it without the lock.
+                    self.unlocked_copy_waits_left -= 1;
+                    self.copy_waits = self.outgoing_events();
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+            }
+            rounds += 1;
+            if self.outgoing.is_empty() || rounds > 4 {
+                // Nothing free, nothing on its way out, and nothing evictable: the resident
+                // pages are pinned by calls in flight on other threads. Not an out-of-memory:
+                // the caller gives back what it holds, waits for pins to drop and retries.
+                self.pin_stall = Some(PinStall {
+                    bytes_needed: short * self.page,
+                });
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            self.wait_outgoing()?;
+        }
+        Ok(())
+    }
+
+    /// Starts swap-outs of up to `want` least recently used unpinned pages (at least `need`,
+    /// ordered after their last uses on the device if there are not enough idle ones).
+    pub(super) fn evict(&mut self, want: usize, need: usize) -> Result<(), CUresult> {
+        self.fences.poll_all(&*self.driver)?;
+        let mut candidates = self.eviction_candidates();
+        if candidates.len() < need && !self.incoming.is_empty() {
+            // Pages still arriving hold frames too: let them land, then they can leave.
+            self.wait_incoming()?;
+            candidates = self.eviction_candidates();
+        }
+        // In rank order (oldest first, or needed last first when an adviser knows the future:
+        // `eviction_candidates`), idle and busy alike: a hot page that happens to be idle right
+        // now stays, a colder page still used by queued work leaves once that work is done. A
+        // busy page is taken only while fewer than `need` victims are found; beyond that (the
+        // optional part of a batch, or eviction ahead of need) it is skipped. Its copy is
+        // ordered after its uses on the device (the swap-out stream waits for their fences),
+        // so nothing here waits for the application's work with the lock held.
+        // A unit leaves whole: a page is taken with the rest of its unit, and only if none of
+        // them is pinned; the unit ranks where its first-ranked page does.
+        let mut idle_victims: Vec<usize> = Vec::with_capacity(want.max(need));
+        let mut busy_victims: Vec<usize> = Vec::new();
+        let mut seen: std::collections::HashSet<usize> = std::collections::HashSet::new();
+        for (_, p, _) in candidates {
+            let taken = idle_victims.len() + busy_victims.len();
+            if taken >= want.max(need) {
+                break;
+            }
+            let Some((a, n)) = self.unit_span(p) else {
+                continue;
+            };
+            if !seen.insert(a) {
+                continue;
+            }
+            let unit = a..a + n;
+            let entries: Vec<&PageEntry> = unit.clone().filter_map(|q| self.pages.get(q)).collect();
+            if entries.len() != n
+                || !entries
+                    .iter()
+                    .all(|e| e.pins == 0 && matches!(e.state, ResidencyState::Device(_)))
+            {
+                continue;
+            }
+            let completed = self.fences.completed();
+            if entries.iter().all(|e| e.is_idle(completed)) {
+                idle_victims.extend(unit);
+                continue;
+            }
+            if taken >= need {
+                continue;
+            }
+            if !entries.iter().all(|e| e.live == 0) {
+                busy_victims.extend(unit);
+                continue;
+            }
+            // A dead unit is dropped, not copied, and a drop needs it idle: wait for it.
+            let uses: Vec<Use> = entries.iter().flat_map(|e| e.uses.clone()).collect();
+            for u in uses {
+                self.fences
+                    .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
+            }
+            let completed = self.fences.completed();
+            if self.span_all((a, n), |e| e.is_idle(completed)) {
+                idle_victims.extend(unit);
+            }
+        }
+        let idle_need = need.min(idle_victims.len());
+        let busy_need = need - idle_need;
+        self.swap_out_pages(idle_victims, idle_need, SwapOrder::Idle)?;
+        if busy_victims.is_empty() {
+            return Ok(());
+        }
+        self.order_swap_out_after_uses(&busy_victims)?;
+        self.swap_out_pages(busy_victims, busy_need, SwapOrder::AfterUses)
+    }
+
+    /// Unpinned `Device` pages as (rank, page, idle), the first to evict first: least
+    /// recently used first, or, when an adviser knows the future ([`EvictionAdvice`]), the
+    /// pages it knows no further use of (oldest first), then the page needed last, then the
+    /// pages it cannot place (oldest first), then those left out of its sample (oldest first).
+    pub(super) fn eviction_candidates(&self) -> Vec<(u64, usize, bool)> {
+        let completed = self.fences.completed();
+        // A unit leaves whole: one with a page pinned (or not yet arrived) cannot.
+        let blocked: std::collections::HashSet<u32> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| e.pins > 0 || !matches!(e.state, ResidencyState::Device(_)))
+            .filter_map(|(_, e)| e.state.device_frame().map(|d| d.unit))
+            .collect();
+        let mut ranked: Vec<(u64, usize, bool)> = self
+            .pages
+            .iter()
+            .filter(|(_, e)| match e.state {
+                ResidencyState::Device(d) => e.pins == 0 && !blocked.contains(&d.unit),
+                _ => false,
+            })
+            .map(|(p, e)| (e.last_access, p, e.is_idle(completed)))
+            .collect();
+        if let Some(advice) = &self.advice {
+            // The adviser is asked about an evenly spread sample of at most `advice_sample`
+            // pages (every page while there are fewer): the answer costs about 0.25 µs a page
+            // with the lock held (`cargo bench -p tensile-shim --bench eviction_advice`), 6 ms
+            // for the 20,000 pages of a 40 GiB budget. The furthest next use in the sample
+            // stands for the furthest overall; the pages left out rank after every sampled
+            // one, oldest first.
+            let stride = ranked.len().div_ceil(self.cfg.advice_sample.max(1)).max(1);
+            let pages: Vec<CUdeviceptr> = ranked
+                .iter()
+                .step_by(stride)
+                .map(|&(_, p, _)| self.va(p))
+                .collect();
+            let mut next = Vec::with_capacity(pages.len());
+            if advice.next_uses(&pages, self.page as u64, &mut next) && next.len() == pages.len() {
+                // Ages are clock values far below 2^62. Pages no longer needed keep their
+                // age and go first; then the pages needed again, the furthest first; the pages
+                // the adviser cannot place last, oldest first (it knows nothing of their uses,
+                // and evicting a hot one the plan does not see would cost a fetch per use).
+                let mut next = next.into_iter();
+                for (i, c) in ranked.iter_mut().enumerate() {
+                    if i % stride != 0 {
+                        c.0 += 3 << 62;
+                        continue;
+                    }
+                    match next.next() {
+                        Some(NextUse::Never) | None => {}
+                        Some(NextUse::In(launches)) => {
+                            c.0 = (1 << 62) + u64::from(u32::MAX - launches)
+                        }
+                        Some(NextUse::Unknown) => c.0 += 1 << 63,
+                    }
+                }
+            }
+        }
+        ranked.sort_unstable();
+        ranked
+    }
+}

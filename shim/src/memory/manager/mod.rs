@@ -1,0 +1,763 @@
+//! The memory manager: application allocations on the arena, the device budget, and
+//! on-demand LRU swapping to the pinned host pool.
+//!
+//! # Invariants (each test in `tests.rs` checks them)
+//! 1. **Pointers never move.** An allocation's virtual range is fixed from `alloc` to `free`;
+//!    swapping changes what physical memory backs its pages, never the address.
+//! 2. **Every page of a live allocation is mapped and accessible** (to a device or a host
+//!    frame), so even an access the manager did not predict reads and writes the right bytes.
+//! 3. **The budget holds.** Device memory is created only through [`DevicePool`], which never
+//!    exceeds the budget.
+//! 4. **No remap under queued work.** A page is unmapped only when idle: not pinned by a
+//!    `prepare_access` whose work is not yet reported, and every fence after its recorded uses
+//!    completed. Copy states end only after their copy's event completed.
+//! 5. **No byte is lost.** A page leaves the device only through a completed copy to its host
+//!    frame; it returns through a copy ordered before any work that asked for it
+//!    (`stream_wait_event` on the app's stream). A page with no live allocation holds no data
+//!    anyone can ask for, so it may be dropped without a copy.
+//! 6. **Units move whole.** The driver maps and unmaps only whole physical allocations, and a
+//!    page's device frame is part of a *unit*, one allocation of one or more pages mapped at
+//!    consecutive pages ([`DevicePool`]). All pages of a unit are in the same state (with
+//!    the same copy event while one runs) and change state together: they are evicted,
+//!    dropped, cancelled and brought in as one.
+//! 7. **Stream-ordered reuse.** Memory freed on stream S is reused by another stream only
+//!    after the fence promised at the free has completed (see [`Suballocator`]).
+//!
+//! # Locking
+//! One mutex around all state. The hot path (everything already resident) takes it once,
+//! makes no driver call and allocates one small vector for the ticket. Swapping happens with
+//! the lock held; the host pool has its own lock, taken after this one, and its grower thread
+//! never takes this one. The one wait made *without* the lock is for pages pinned by other
+//! threads' calls in flight: an operation that finds every evictable page pinned gives back
+//! what it took, waits on `pins_released` (bounded) and starts over
+//! (`MemoryManager::waiting_for_pins`).
+//!
+//! # Files
+//! This file holds the public front ([`MemoryManager`]: the lock, and the waits made without
+//! it, for pinned pages, for the budget to grow and for swap-out copies) and the state
+//! (`Inner`'s fields); `impl Inner` is split by concern into the child modules:
+//!
+//! | file | concern |
+//! | --- | --- |
+//! | `allocation.rs` | `alloc` and `free`: arena ranges and their first backing |
+//! | `backing.rs` | frames mapped at pages, dropped without a copy, released at shutdown |
+//! | `units.rs` | which unit a page is in; cutting and re-cutting units |
+//! | `access.rs` | `prepare_access` / `note_access_done`, pins, capture pins |
+//! | `eviction.rs` | finding device frames: cheap ones, LRU or advised victims, the reserve |
+//! | `swap.rs` | the copies to and from the host, their events, `poll` and waits |
+//! | `verbs.rs` | swap out, prefetch and budget changes for a planned policy |
+//! | `audit.rs` | the bookkeeping check tests run |
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
+
+use super::advice::EvictionAdvice;
+use super::driver::{Driver, Event, Stream};
+use super::failures::{human_bytes, FailureCause, FailureLog};
+use super::fences::Fences;
+use super::frames::{DevicePool, HostFrame, HostPool, HostPoolConfig};
+use super::page::{PageTable, ResidencyState};
+use super::stats::MemoryStats;
+use super::suballoc::Suballocator;
+
+mod access;
+mod allocation;
+mod audit;
+mod backing;
+mod eviction;
+mod swap;
+mod units;
+mod verbs;
+
+#[cfg(test)]
+mod capture_pin_tests;
+
+/// How the manager is set up. [`ManagerConfig::new`] gives the production defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct ManagerConfig {
+    /// Device ordinal the arena lives on.
+    pub device: i32,
+    /// Page size: the VMM granularity (2 MiB on the H100). Smaller values are for tests.
+    pub page_size: usize,
+    /// Virtual bytes reserved for the arena (may exceed the device; swapping covers it).
+    pub arena_bytes: usize,
+    /// Device bytes the process may hold (`TENSILE_DEVICE_MEMORY`).
+    pub device_budget: usize,
+    /// The arena's used part grows (and is backed) by at least this much at once.
+    pub grow_bytes: usize,
+    /// Cap of the pinned host pool (`TENSILE_HOST_MEMORY`).
+    pub host_cap: usize,
+    /// The host pool grows by this much at a time (one allocation per page in it).
+    pub host_chunk_bytes: usize,
+    /// NUMA node of the host pool.
+    pub numa_node: i32,
+    /// Grow the host pool on a background thread.
+    pub host_background: bool,
+    /// Pages evicted at least per eviction round (amortizes the LRU scan and the events).
+    pub evict_batch: usize,
+    /// Device pages kept free (or on their way out) ahead of need once the budget is full,
+    /// so that an on-demand swap-in finds a frame without waiting for an eviction's copy.
+    pub free_reserve_pages: usize,
+    /// `note_access_done` records a fence (one `cuEventRecord`) on every `fence_every`-th
+    /// launch of a stream; the launches between are covered by the next one.
+    pub fence_every: u32,
+    /// The most pages the eviction adviser is asked about per choice ([`EvictionAdvice`]):
+    /// an evenly spread sample when more are resident.
+    pub advice_sample: usize,
+    /// Whether a swapped-out page's address is mapped to its host frame (`TENSILE_SWAPPED`):
+    /// an access nobody foresaw then runs at PCIe speed instead of faulting, at the price of
+    /// a map and an access call per page out and an unmap per page in, about 60% of the
+    /// driver's VMM time per page moved (docs/memory.md).
+    pub host_mapped: bool,
+    /// Whether a device unit leaving the device while pages are mapped to host memory goes
+    /// into one host unit of its size (`TENSILE_HOST_UNITS`; docs/memory.md, "Host units").
+    pub host_units: bool,
+}
+
+impl ManagerConfig {
+    /// Production defaults for a budget and host cap.
+    pub fn new(device_budget: usize, host_cap: usize) -> Self {
+        const MIB: usize = 1 << 20;
+        Self {
+            device: 0,
+            page_size: 2 * MIB,
+            // Room for a footprint of several times the card; VA is cheap.
+            arena_bytes: (device_budget.saturating_mul(8)).clamp(64 << 30, 1 << 44),
+            device_budget,
+            grow_bytes: 32 * MIB,
+            host_cap,
+            host_chunk_bytes: 256 * MIB,
+            numa_node: 0,
+            host_background: true,
+            evict_batch: 8,
+            // About 3% of the budget, at least one eviction batch.
+            free_reserve_pages: (device_budget / (2 * MIB) / 32).max(8),
+            fence_every: 4,
+            advice_sample: ADVICE_SAMPLE,
+            host_mapped: true,
+            host_units: false,
+        }
+    }
+}
+
+/// Pages pinned by a `prepare_access`, to be handed back to
+/// [`MemoryManager::note_access_done`] once the work is queued.
+#[derive(Debug)]
+#[must_use = "pass the ticket to note_access_done, or the pages stay pinned"]
+pub struct AccessTicket {
+    stream: Stream,
+    /// Inclusive page runs, sorted and disjoint.
+    runs: Vec<(usize, usize)>,
+}
+
+impl AccessTicket {
+    /// Number of arena pages the access touches.
+    pub fn pages(&self) -> usize {
+        self.runs.iter().map(|&(a, b)| b - a + 1).sum()
+    }
+}
+
+struct Inner {
+    driver: Arc<dyn Driver>,
+    cfg: ManagerConfig,
+    base: CUdeviceptr,
+    page: usize,
+    pages: PageTable,
+    sub: Suballocator,
+    dev: DevicePool,
+    host: HostPool,
+    fences: Fences,
+    clock: u64,
+    swap_in_stream: Stream,
+    swap_out_stream: Stream,
+    /// Copy events and how many pages (or deferred frames) still refer to each.
+    copy_event_refs: HashMap<Event, u32>,
+    spare_events: Vec<Event>,
+    /// Pages in `ToHost` / `ToDevice`.
+    outgoing: BTreeSet<usize>,
+    incoming: BTreeSet<usize>,
+    /// Host frames of cancelled swap-outs, free once the copy into them completed.
+    deferred_host: Vec<(HostFrame, Event)>,
+    /// Pages with a device frame and no live allocation.
+    dead_device: BTreeSet<usize>,
+    /// `Host` pages whose address is not mapped to their host frame: a driver call failed.
+    /// Their data is safe in the frame; `remap_host` (also from `poll`) maps them again.
+    /// Every page is mapped on its own (a frame is an allocation of its own, frames.rs).
+    unmapped_host: BTreeSet<usize>,
+    /// Allocations touched by work captured into a CUDA graph, with their page runs: each
+    /// holds one pin on every page of its run until it is freed, so a graph launched at any
+    /// later time finds them resident and at the same physical memory.
+    capture_pinned: HashMap<CUdeviceptr, (usize, usize)>,
+    stats: MemoryStats,
+    /// Out-of-memory failures by cause (logged once each, counted, summarized at exit).
+    failures: FailureLog,
+    /// Tickets handed out and not yet returned: calls between `prepare_access` and
+    /// `note_access_done`, whose pages are pinned.
+    open_tickets: usize,
+    /// Set (instead of logging a failure) when frames could not be found only because every
+    /// evictable page is pinned: the caller releases the lock, waits for pins to drop and
+    /// retries (see `MemoryManager::waiting_for_pins`).
+    pin_stall: Option<PinStall>,
+    /// Set (instead of logging a failure) when one access needs more pages than the budget
+    /// while the budget may grow ([`MemoryManager::set_budget_wait`]): the caller releases
+    /// the lock and waits for `set_budget`, then retries. The bytes the access needs.
+    budget_stall: Option<usize>,
+    /// How long an access larger than the budget waits for it to grow (zero: it fails at
+    /// once, as a fixed budget never grows).
+    budget_wait: Duration,
+    /// Accesses that waited for the budget to grow (the first is logged).
+    budget_waits: u64,
+    /// Threads waiting in `MemoryManager::waiting_for_pins`; pin drops notify only then.
+    pin_waiters: usize,
+    /// Set (instead of waiting with the lock held) when frames will come only from swap-outs
+    /// in flight: the caller gives back what it took, releases the lock, waits for these
+    /// copies' events and retries.
+    copy_waits: Vec<Event>,
+    /// Which pages to evict first, when a policy that knows the future says so.
+    advice: Option<Arc<dyn EvictionAdvice>>,
+    /// How many more times the current operation may wait for copies without the lock;
+    /// after that it waits with the lock held (bounds the retries).
+    unlocked_copy_waits_left: u32,
+}
+
+/// What blocked an eviction: frames wanted while every resident page was pinned.
+#[derive(Clone, Copy, Debug)]
+struct PinStall {
+    bytes_needed: usize,
+}
+
+/// The most pages one device unit (one physical allocation, mapped whole) holds: pages
+/// brought in together get units of up to this size. Larger units cost fewer VMM calls per
+/// page (per mapping, not per byte: docs/gpu-results.md) but move more at once: a unit
+/// leaves the device only whole.
+pub const MAX_UNIT_PAGES: usize = 32;
+
+/// How many times one operation may release the lock to wait for swap-out copies before it
+/// waits with the lock held (each wait is followed by a retry from the start).
+const UNLOCKED_COPY_WAITS: u32 = 16;
+
+/// The default of [`ManagerConfig::advice_sample`].
+pub const ADVICE_SAMPLE: usize = 1024;
+
+/// How long a request waits for pinned pages to be released before failing, by default.
+pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(10);
+
+/// What a swap-out's copy is ordered after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SwapOrder {
+    /// Nothing: the pages are idle (every recorded use completed).
+    Idle,
+    /// The pages' recorded uses, which the swap-out stream has been made to wait for.
+    AfterUses,
+}
+
+/// The memory manager. See the module docs for what it guarantees.
+pub struct MemoryManager {
+    inner: Mutex<Inner>,
+    /// Signalled when pins drop or memory is freed while someone waits for pinned pages.
+    pins_released: Condvar,
+    /// Bound on a wait for pinned pages, in milliseconds.
+    pin_wait_ms: AtomicU64,
+    base: CUdeviceptr,
+    arena_bytes: usize,
+}
+
+impl MemoryManager {
+    /// Reserves the arena and the host window, creates the two copy streams and starts the
+    /// host pool's grower.
+    pub fn new(driver: Arc<dyn Driver>, cfg: ManagerConfig) -> Result<Self, CUresult> {
+        let page = cfg.page_size;
+        if page == 0 || !page.is_power_of_two() || cfg.arena_bytes < page {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let arena_bytes = cfg.arena_bytes / page * page;
+        let base = driver.mem_address_reserve(arena_bytes, page)?;
+        let host = HostPool::new(
+            driver.clone(),
+            HostPoolConfig {
+                page,
+                device: cfg.device,
+                numa_node: cfg.numa_node,
+                cap_bytes: cfg.host_cap,
+                chunk_bytes: cfg.host_chunk_bytes.max(page),
+                low_water_frames: (cfg.host_chunk_bytes / page / 4).max(1),
+                background: cfg.host_background,
+            },
+        );
+        let host = match host {
+            Ok(h) => h,
+            Err(e) => {
+                let _ = driver.mem_address_free(base, arena_bytes);
+                return Err(e);
+            }
+        };
+        let streams = driver
+            .stream_create()
+            .and_then(|a| Ok((a, driver.stream_create()?)));
+        let (swap_in_stream, swap_out_stream) = match streams {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = driver.mem_address_free(base, arena_bytes);
+                return Err(e);
+            }
+        };
+        let inner = Inner {
+            driver,
+            cfg,
+            base,
+            page,
+            pages: PageTable::new(),
+            sub: Suballocator::new(base, arena_bytes as u64, page as u64, cfg.grow_bytes as u64),
+            dev: DevicePool::new(page, cfg.device, cfg.device_budget),
+            host,
+            fences: Fences::new(),
+            clock: 0,
+            swap_in_stream,
+            swap_out_stream,
+            copy_event_refs: HashMap::new(),
+            spare_events: Vec::new(),
+            outgoing: BTreeSet::new(),
+            incoming: BTreeSet::new(),
+            deferred_host: Vec::new(),
+            dead_device: BTreeSet::new(),
+            unmapped_host: BTreeSet::new(),
+            capture_pinned: HashMap::new(),
+            stats: MemoryStats::default(),
+            failures: FailureLog::default(),
+            open_tickets: 0,
+            pin_stall: None,
+            budget_stall: None,
+            budget_wait: Duration::ZERO,
+            budget_waits: 0,
+            pin_waiters: 0,
+            copy_waits: Vec::new(),
+            advice: None,
+            unlocked_copy_waits_left: 0,
+        };
+        Ok(Self {
+            inner: Mutex::new(inner),
+            pins_released: Condvar::new(),
+            pin_wait_ms: AtomicU64::new(DEFAULT_PIN_WAIT.as_millis() as u64),
+            base,
+            arena_bytes,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic inside the manager is a bug, but the state is still the best we have.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `ptr` lies in the arena (then the manager, not the driver, answers for it).
+    pub fn owns(&self, ptr: CUdeviceptr) -> bool {
+        ptr >= self.base && ptr - self.base < self.arena_bytes as u64
+    }
+
+    /// The live allocation containing `addr`: `(start, size)`.
+    pub fn allocation_containing(&self, addr: CUdeviceptr) -> Option<(CUdeviceptr, usize)> {
+        if !self.owns(addr) {
+            return None;
+        }
+        self.lock().sub.find(addr).map(|a| (a.ptr, a.size as usize))
+    }
+
+    /// Allocates `size` bytes. `stream` is `Some` for stream-ordered allocations
+    /// (`cuMemAllocAsync`), `None` for `cuMemAlloc_v2`.
+    pub fn alloc(&self, size: usize, stream: Option<Stream>) -> Result<CUdeviceptr, CUresult> {
+        self.waiting_for_pins(|s| s.alloc(size, stream.unwrap_or(Stream(0))))
+    }
+
+    /// `cuMemAllocPitch_v2`: `height` rows of `width` bytes, each row starting at a multiple of
+    /// the returned pitch (512 bytes, the pitch alignment of current NVIDIA GPUs). Like the
+    /// driver, element sizes other than 4, 8 and 16 bytes and empty sizes are
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    pub fn alloc_pitch(
+        &self,
+        width: usize,
+        height: usize,
+        element_size: u32,
+    ) -> Result<(CUdeviceptr, usize), CUresult> {
+        const PITCH_ALIGN: usize = 512;
+        if !matches!(element_size, 4 | 8 | 16) || width == 0 || height == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let pitch = width
+            .checked_next_multiple_of(PITCH_ALIGN)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let bytes = pitch.checked_mul(height).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        Ok((self.alloc(bytes, None)?, pitch))
+    }
+
+    /// Frees an allocation. With `Some(stream)` (`cuMemFreeAsync`) the memory is reused by
+    /// other streams only after the work queued on `stream` so far has completed. With `None`
+    /// (`cuMemFree_v2`, which synchronizes in the driver) it is reusable at once: the caller
+    /// must have synchronized as the driver would.
+    ///
+    /// Unknown pointers, interior pointers and double frees give `CUDA_ERROR_INVALID_VALUE`.
+    pub fn free(&self, ptr: CUdeviceptr, stream: Option<Stream>) -> Result<(), CUresult> {
+        let mut s = self.lock();
+        let r = s.free(ptr, stream);
+        self.wake_pin_waiters(s);
+        r
+    }
+
+    /// Makes every page of `ranges` device-resident for work about to be queued on `stream`
+    /// (a launch, copy or memset), swapping in (and evicting) as needed; `stream` is made to
+    /// wait for any copy still in flight. Addresses outside the arena are ignored. Returns a
+    /// ticket to give to [`Self::note_access_done`] right after queuing the work, also if
+    /// queuing it failed.
+    pub fn prepare_access(
+        &self,
+        stream: Stream,
+        ranges: &[(CUdeviceptr, usize)],
+    ) -> Result<AccessTicket, CUresult> {
+        self.waiting_for_pins(|s| s.prepare_access(stream, ranges))
+    }
+
+    /// Makes every arena allocation `ranges` touch device-resident *now* (the calling thread
+    /// waits for the swap-in copies, made on the manager's own streams) and pins it until it
+    /// is freed: for work captured into a CUDA graph, which runs whenever the graph is
+    /// launched and on which no stream wait or fence can be placed. Nothing is queued on the
+    /// capturing stream. Addresses outside the arena are ignored.
+    pub fn pin_for_capture(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<(), CUresult> {
+        self.waiting_for_pins(|s| s.pin_for_capture(ranges))
+    }
+
+    /// Whether the allocation starting at `ptr` is pinned for a captured graph.
+    pub fn is_capture_pinned(&self, ptr: CUdeviceptr) -> bool {
+        self.lock().capture_pinned.contains_key(&ptr)
+    }
+
+    /// Reports that the work a ticket was for has been queued on its stream: its pages stay
+    /// unevictable until that work completes.
+    pub fn note_access_done(&self, ticket: AccessTicket) -> Result<(), CUresult> {
+        let mut s = self.lock();
+        let r = s.note_access_done(ticket);
+        self.wake_pin_waiters(s);
+        r
+    }
+
+    /// `(free, total)` as the budget sees it: total is the budget, free is the budget less
+    /// the device memory holding live data.
+    pub fn mem_get_info(&self) -> (usize, usize) {
+        let s = self.lock();
+        let budget = s.dev.budget_frames() * s.page;
+        let used = s
+            .pages
+            .iter()
+            .filter(|(_, e)| e.live > 0 && e.state.device_frame().is_some())
+            .count()
+            * s.page;
+        (budget.saturating_sub(used), budget)
+    }
+
+    pub fn stats(&self) -> MemoryStats {
+        let s = self.lock();
+        let mut st = s.stats;
+        st.host_pool_bytes = s.host.size_bytes() as u64;
+        st
+    }
+
+    /// Runs `op` on the state; when it fails only because every evictable page is pinned by
+    /// other threads' in-flight calls, releases the lock, waits for pins to drop (bounded by
+    /// [`Self::set_pin_wait`]) and runs it again. `op` must leave no pin or frame behind when
+    /// it fails (every `Inner` entry point does). After the bound the failure names the pins.
+    fn waiting_for_pins<T>(
+        &self,
+        mut op: impl FnMut(&mut Inner) -> Result<T, CUresult>,
+    ) -> Result<T, CUresult> {
+        let mut s = self.lock();
+        let mut deadline: Option<Instant> = None;
+        s.unlocked_copy_waits_left = UNLOCKED_COPY_WAITS;
+        let mut budget_deadline: Option<Instant> = None;
+        loop {
+            s.pin_stall = None;
+            s.budget_stall = None;
+            s.copy_waits.clear();
+            let result = op(&mut s);
+            let waits = std::mem::take(&mut s.copy_waits);
+            let err = match result {
+                Ok(v) => {
+                    s.unlocked_copy_waits_left = 0;
+                    return Ok(v);
+                }
+                Err(e) => e,
+            };
+            if !waits.is_empty() {
+                // Frames are on their way out: wait for those copies without the lock, so
+                // threads whose data is resident go on meanwhile; then start over. A failed
+                // wait is seen again (and reported) by the retry's completion of the swaps.
+                let driver = s.driver.clone();
+                drop(s);
+                for ev in waits {
+                    if let Err(e) = driver.event_synchronize(ev) {
+                        tracing::debug!(code = e, "waiting for a swap-out copy failed");
+                    }
+                }
+                s = self.lock();
+                continue;
+            }
+            if let Some(needed) = s.budget_stall.take() {
+                // The budget is a grant that may grow: wait for `set_budget` (which
+                // notifies), up to the configured bound, then fail as a fixed budget would.
+                let now = Instant::now();
+                let end = *budget_deadline.get_or_insert_with(|| {
+                    s.budget_waits += 1;
+                    if s.budget_waits > 1 {
+                        return now + s.budget_wait;
+                    }
+                    tracing::warn!(
+                        "tensile: one access needs {} of device memory at once, more than this \
+                         job's grant of {}; waiting up to {:.0} s for the coordinator to grant \
+                         more (said once)",
+                        human_bytes(needed),
+                        human_bytes(s.dev.budget_frames() * s.page),
+                        s.budget_wait.as_secs_f64()
+                    );
+                    now + s.budget_wait
+                });
+                if now >= end {
+                    return Err(s.fail_budget(needed));
+                }
+                s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(10)));
+                continue;
+            }
+            let Some(stall) = s.pin_stall.take() else {
+                s.unlocked_copy_waits_left = 0;
+                return Err(err);
+            };
+            let now = Instant::now();
+            let wait = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
+            let end = *deadline.get_or_insert(now + wait);
+            if now >= end {
+                return Err(s.fail_pinned(stall, wait));
+            }
+            s.stats.pin_waits += 1;
+            // Re-check at least every few milliseconds: frames also come back through swaps
+            // completing and the maintenance thread, which do not signal.
+            s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(2)));
+        }
+    }
+
+    /// Releases the lock until pins drop, memory is freed or the budget changes (all of which
+    /// notify waiters), or `slice` passes; returns it taken again.
+    fn wait_for_wake<'a>(
+        &self,
+        mut s: MutexGuard<'a, Inner>,
+        slice: Duration,
+    ) -> MutexGuard<'a, Inner> {
+        s.pin_waiters += 1;
+        let mut s = match self.pins_released.wait_timeout(s, slice) {
+            Ok((g, _)) => g,
+            Err(poisoned) => poisoned.into_inner().0,
+        };
+        s.pin_waiters -= 1;
+        s
+    }
+
+    /// Releases the lock and wakes the threads waiting for pinned pages, if any (a wake-up is
+    /// a system call: the hot path makes it only when someone waits).
+    fn wake_pin_waiters(&self, s: MutexGuard<'_, Inner>) {
+        let waiters = s.pin_waiters > 0;
+        drop(s);
+        if waiters {
+            self.pins_released.notify_all();
+        }
+    }
+
+    /// Makes an access larger than the whole budget wait up to `wait` for the budget to grow
+    /// (a job whose budget is a coordinator's grant, which grows as other jobs give memory
+    /// back) instead of failing at once. Zero (the default): fail at once.
+    pub fn set_budget_wait(&self, wait: Duration) {
+        self.lock().budget_wait = wait;
+    }
+
+    /// Bounds how long a request waits for pages pinned by in-flight calls before failing
+    /// with an error that names them (default [`DEFAULT_PIN_WAIT`]).
+    pub fn set_pin_wait(&self, wait: Duration) {
+        self.pin_wait_ms
+            .store(wait.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Starts swapping out the pages of `ranges` that are on the device and idle (pages still
+    /// used by queued work or pinned are skipped: this never waits). Returns how many pages
+    /// started leaving; they complete in the background, and an access in the meantime
+    /// cancels them at no cost. For a policy that knows what is not needed soon.
+    pub fn start_swap_out(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.lock().start_swap_out(ranges)
+    }
+
+    /// Starts swapping out the device-resident pages of `ranges` that no call in flight has
+    /// pinned, ordered on the device after every use recorded so far: the copy stream waits for
+    /// those uses' fences, so a page can leave right after the launch that last needs it was
+    /// queued. Never waits on the host. Returns how many pages started leaving; like
+    /// [`Self::start_swap_out`], an access in the meantime cancels them at no cost. For a
+    /// policy that knows a page's last use before its next one (the plan executor).
+    pub fn swap_out_after_use(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.lock().swap_out_after_use(ranges)
+    }
+
+    /// Starts bringing the swapped-out pages of `ranges` back to the device (evicting the
+    /// least recently used pages if it must), without waiting for the copies: the first
+    /// access waits for them on its own stream. Returns how many pages are coming in.
+    pub fn prefetch(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
+        self.waiting_for_pins(|s| s.prefetch(ranges))
+    }
+
+    /// The device budget in bytes.
+    pub fn budget(&self) -> usize {
+        let s = self.lock();
+        s.dev.budget_frames() * s.page
+    }
+
+    /// Changes the device budget at run time. Growing takes effect at once; shrinking evicts
+    /// (and waits for the copies out) until the pages on the device fit, waiting for pages
+    /// pinned by in-flight calls like an eviction does. Allocations never fail because of a
+    /// shrink: they are swapped like any other. A budget below one page is
+    /// `CUDA_ERROR_INVALID_VALUE`. Device memory a shrink frees goes back to the driver
+    /// frame by frame, as frames become free.
+    pub fn set_budget(&self, bytes: usize) -> Result<(), CUresult> {
+        let page = self.lock().page;
+        let frames = bytes / page;
+        if frames == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = self.waiting_for_pins(|s| s.set_budget(frames));
+        self.pins_released.notify_all();
+        r
+    }
+
+    /// How many device frames eviction ahead of need keeps free or on their way out (the
+    /// least recently used pages leave to make them). A policy that makes room itself (a plan
+    /// executor) sets 0 while it does, so that LRU does not evict what the plan keeps, and puts
+    /// the configured value ([`ManagerConfig::free_reserve_pages`]) back when it stops.
+    pub fn set_free_reserve_pages(&self, pages: usize) {
+        self.lock().cfg.free_reserve_pages = pages;
+    }
+
+    /// Asks `advice` which pages to evict first from now on (`None`: least recently used
+    /// first). See [`EvictionAdvice`] for what it may do.
+    pub fn set_eviction_advice(&self, advice: Option<Arc<dyn EvictionAdvice>>) {
+        self.lock().advice = advice;
+    }
+
+    /// The current value of [`Self::set_free_reserve_pages`].
+    pub fn free_reserve_pages(&self) -> usize {
+        self.lock().cfg.free_reserve_pages
+    }
+
+    /// Out-of-memory failures so far, by cause.
+    pub fn failure_summary(&self) -> Vec<(FailureCause, u64)> {
+        self.lock().failures.summary()
+    }
+
+    /// Completes whatever swaps have finished (cheap; callers may call it when idle).
+    pub fn poll(&self) -> Result<(), CUresult> {
+        self.lock().poll()
+    }
+
+    /// [`Self::poll`], then evicts idle pages ahead of need so that `free_reserve_pages`
+    /// device frames are free or on their way (only once the budget is used up). Never waits;
+    /// a background thread of the interposer may call it periodically. `prepare_access` does
+    /// the same after each on-demand swap.
+    pub fn maintain(&self) -> Result<(), CUresult> {
+        self.lock().keep_reserve(true)
+    }
+
+    /// Residency of the page holding `addr` (for tests and diagnostics).
+    pub fn residency(&self, addr: CUdeviceptr) -> Option<ResidencyState> {
+        let s = self.lock();
+        let p = s.page_of(addr)?;
+        s.pages.get(p).map(|e| e.state)
+    }
+
+    /// Bytes of the pages that hold live data, wherever they are (device or host): what the
+    /// process would keep resident if it could.
+    pub fn footprint_bytes(&self) -> usize {
+        let s = self.lock();
+        s.pages
+            .iter()
+            .filter(|(_, e)| e.live > 0 && e.state != ResidencyState::Unbacked)
+            .count()
+            * s.page
+    }
+
+    /// Device bytes created and not given back (free frames included): what the process
+    /// holds.
+    pub fn device_bytes_held(&self) -> usize {
+        let s = self.lock();
+        s.dev.created_frames() * s.page
+    }
+
+    /// Host pool bytes created and free frames (waits for background growth to settle).
+    pub fn host_pool_state(&self) -> (usize, usize) {
+        let s = self.lock();
+        s.host.quiesce();
+        (s.host.size_bytes(), s.host.free_frames())
+    }
+}
+
+impl Drop for MemoryManager {
+    fn drop(&mut self) {
+        let mut s = self.lock();
+        s.shutdown();
+    }
+}
+
+impl Inner {
+    fn page_of(&self, addr: CUdeviceptr) -> Option<usize> {
+        let off = addr.checked_sub(self.base)?;
+        (off < self.sub.frontier()).then_some((off / self.page as u64) as usize)
+    }
+
+    fn va(&self, page: usize) -> CUdeviceptr {
+        self.base + (page * self.page) as u64
+    }
+
+    /// Inclusive page runs of the arena part of `[a, a+len)`.
+    fn pages_of(&self, a: CUdeviceptr, len: u64) -> Option<(usize, usize)> {
+        let lo = a.max(self.base);
+        let hi = a.saturating_add(len).min(self.base + self.sub.frontier());
+        (lo < hi).then(|| {
+            let p = self.page as u64;
+            (
+                ((lo - self.base) / p) as usize,
+                ((hi - 1 - self.base) / p) as usize,
+            )
+        })
+    }
+}
+
+/// Page copies `(dst, src)` merged into as few copies as possible: consecutive pages whose
+/// destinations and sources are both contiguous become one (the host pool hands out frames
+/// in address order, so a run of evicted pages usually lands in one run of frames).
+fn coalesce(
+    copies: &[(CUdeviceptr, CUdeviceptr)],
+    page: usize,
+) -> Vec<(CUdeviceptr, CUdeviceptr, usize)> {
+    let mut out: Vec<(CUdeviceptr, CUdeviceptr, usize)> = Vec::new();
+    for &(dst, src) in copies {
+        match out.last_mut() {
+            Some((d, s, len)) if *d + *len as u64 == dst && *s + *len as u64 == src => *len += page,
+            _ => out.push((dst, src, page)),
+        }
+    }
+    out
+}
+
+/// Inclusive runs of consecutive numbers in a sorted slice.
+fn runs(sorted: &[usize]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(usize, usize)> = Vec::new();
+    for &p in sorted {
+        match out.last_mut() {
+            Some(last) if p == last.1 + 1 => last.1 = p,
+            Some(last) if p == last.1 => {}
+            _ => out.push((p, p)),
+        }
+    }
+    out
+}
