@@ -17,10 +17,12 @@ pub const SHIM_PAGE_BYTES: u64 = 2 << 20;
 /// and unmapping cost per mapping, whatever its size. Device memory moves in units of up to
 /// 32 pages mapped whole (docs/memory.md): a unit in costs a map (1.9 µs) and an access call
 /// (22 µs) plus about 0.6 µs per page, a unit out an unmap (14.7 µs) plus 0.3 µs per page;
-/// spread over units of about 8 pages, 4 µs per page in and 2 µs out. Host frames are one
-/// page each by default (host units, `TENSILE_HOST_UNITS`, are off: docs/memory.md): a page
-/// in also removes its host mapping (30 µs); a page out maps its host frame (4 µs) and sets
-/// its access (57 µs).
+/// spread over units of about 8 pages, 4 µs per page in and 2 µs out. With host units
+/// (`TENSILE_HOST_UNITS`, the default: docs/memory.md) the pages of a unit leave into one
+/// pinned allocation mapped once, whose access call still costs about 18 µs per page: about
+/// 24 µs per page out and 8 in on the host side. With single host frames a page in removes
+/// its host mapping (30 µs); a page out maps its host frame (4 µs) and sets its access
+/// (57 µs).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PageRemapCost {
     /// Bytes per page.
@@ -35,11 +37,22 @@ impl PageRemapCost {
     /// The device side's share per page, in and out (see the type).
     const DEVICE_IN_NS: u64 = 4_000;
     const DEVICE_OUT_NS: u64 = 2_000;
-    /// The host side's share per page when swapped-out pages are mapped to host memory.
+    /// The host side's share per page when swapped-out pages are mapped to single host frames.
     const HOST_IN_NS: u64 = 30_000;
     const HOST_OUT_NS: u64 = 4_000 + 57_000;
+    /// The host side's share per page when they are mapped to host units.
+    const HOST_UNIT_IN_NS: u64 = 8_000;
+    const HOST_UNIT_OUT_NS: u64 = 24_000;
 
-    /// The H200's, with swapped-out pages mapped to their host frames (see the type).
+    /// The H200's, with swapped-out pages mapped to host units (see the type): the library's
+    /// default.
+    pub const H200_HOST_UNITS: PageRemapCost = PageRemapCost {
+        page_bytes: SHIM_PAGE_BYTES,
+        in_ns: Self::HOST_UNIT_IN_NS + Self::DEVICE_IN_NS,
+        out_ns: Self::DEVICE_OUT_NS + Self::HOST_UNIT_OUT_NS,
+    };
+
+    /// The H200's, with swapped-out pages mapped to single host frames (see the type).
     pub const H200: PageRemapCost = PageRemapCost {
         page_bytes: SHIM_PAGE_BYTES,
         in_ns: Self::HOST_IN_NS + Self::DEVICE_IN_NS,

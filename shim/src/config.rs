@@ -109,11 +109,22 @@ pub struct Config {
     /// shim did not foresee faults the GPU) rather than mapped to its host copy (false, the
     /// default: such an access runs at PCIe speed). docs/memory.md.
     pub swapped_unmapped: bool,
-    /// `TENSILE_HOST_UNITS=on|off` (default off): whether pages that leave the device
-    /// together go into one pinned allocation, mapped once at their address, and come back
-    /// together. Halves the MLP's step and cuts GPT-2's by a fifth on the H200, but makes
-    /// ResNet-50 and BERT thrash (docs/gpu-results.md, "Host units"). docs/memory.md.
-    pub host_units: bool,
+    /// `TENSILE_HOST_UNITS=on|off` (default on): whether pages that leave the device
+    /// together (one tensor's) go into one pinned allocation, mapped once at their address,
+    /// and come back together, instead of one pinned page and one mapping each. Halves the
+    /// MLP's step on the H200 and cuts GPT-2's by a fifth (docs/gpu-results.md, "Host units");
+    /// docs/memory.md.
+    pub host_frames: HostFrames,
+}
+
+/// How swapped-out pages are held in pinned host memory (`TENSILE_HOST_UNITS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostFrames {
+    /// The pages that leave together share one allocation, mapped once (`on`).
+    #[default]
+    Units,
+    /// One allocation and one mapping per page (`off`).
+    Singles,
 }
 
 /// Copy bandwidths for the planner's cost model, GB/s.
@@ -309,8 +320,8 @@ impl Config {
 
         if let Some(v) = get("TENSILE_HOST_UNITS").filter(|v| !v.trim().is_empty()) {
             match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" => c.host_units = true,
-                "off" | "0" | "false" => c.host_units = false,
+                "on" | "1" | "true" => c.host_frames = HostFrames::Units,
+                "off" | "0" | "false" => c.host_frames = HostFrames::Singles,
                 _ => problems.push(Problem {
                     variable: "TENSILE_HOST_UNITS",
                     value: v,
@@ -493,10 +504,20 @@ mod tests {
                 .swapped_unmapped
         );
         assert!(!parse(&[("TENSILE_SWAPPED", "host")]).0.swapped_unmapped);
-        assert!(!parse(&[]).0.host_units, "host units off by default");
-        assert!(parse(&[("TENSILE_HOST_UNITS", " On ")]).0.host_units);
+        let frames = |v: &str| parse(&[("TENSILE_HOST_UNITS", v)]).0.host_frames;
+        assert_eq!(
+            parse(&[]).0.host_frames,
+            HostFrames::Units,
+            "host units by default"
+        );
+        assert_eq!(frames(" Off "), HostFrames::Singles);
+        assert_eq!(frames("on"), HostFrames::Units);
         let (c, problems) = parse(&[("TENSILE_HOST_UNITS", "maybe")]);
-        assert!(!c.host_units);
+        assert_eq!(
+            c.host_frames,
+            HostFrames::Units,
+            "a bad value keeps the default"
+        );
         assert_eq!(problems.len(), 1);
         assert_eq!(problems[0].variable, "TENSILE_HOST_UNITS");
         let (c, problems) = parse(&[("TENSILE_SWAPPED", "nowhere")]);

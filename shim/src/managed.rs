@@ -325,7 +325,7 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     let mut mc = ManagerConfig::new(s.device_budget, s.host_cap);
     mc.device = driver.device();
     mc.host_mapped = !config.swapped_unmapped;
-    mc.host_units = config.host_units;
+    mc.host_units = config.host_frames == crate::config::HostFrames::Units;
     if config.swapped_unmapped {
         tracing::info!(
             "tensile: TENSILE_SWAPPED=unmapped: a swapped-out page's address is left unmapped;              an access the shim does not foresee faults the GPU"

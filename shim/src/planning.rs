@@ -19,7 +19,7 @@ use tensile_analyzer::{CostModel, PageRemapCost};
 use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
-use crate::config::{Coordinator, PlanBandwidths, Policy};
+use crate::config::{Coordinator, HostFrames, PlanBandwidths, Policy};
 use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
@@ -110,7 +110,10 @@ pub fn start_for(rt: &'static Runtime) {
     if config.policy != Policy::Plan || config.plan_file.is_some() {
         return;
     }
-    let cost = cost_model(config.plan_gbps, config.swapped_unmapped);
+    let cost = cost_model(
+        config.plan_gbps,
+        page_remaps(config.swapped_unmapped, config.host_frames),
+    );
     // A coordinator this job starts plans with the same rates (one it joins keeps its own).
     let gbps = PlanBandwidths {
         to_device: cost.h2d_gbps,
@@ -173,23 +176,30 @@ pub(crate) fn learned(plan: &ExecPlan) -> String {
     )
 }
 
+/// What the driver charges the manager to remap each page it moves, on the H200, for the
+/// way swapped-out pages are held (`TENSILE_SWAPPED`, `TENSILE_HOST_UNITS`).
+pub fn page_remaps(swapped_unmapped: bool, frames: HostFrames) -> PageRemapCost {
+    match (swapped_unmapped, frames) {
+        (true, _) => PageRemapCost::H200_UNMAPPED,
+        (false, HostFrames::Units) => PageRemapCost::H200_HOST_UNITS,
+        (false, HostFrames::Singles) => PageRemapCost::H200,
+    }
+}
+
 /// The planner's cost model: the bandwidths `TENSILE_PLAN_GBPS` gives (the rates pages move at,
-/// remapping included), else the H100's copy rates with the H200's remap cost per page, which
-/// is lower when swapped-out pages are left unmapped (`TENSILE_SWAPPED`).
-pub fn cost_model(gbps: Option<PlanBandwidths>, swapped_unmapped: bool) -> CostModel {
-    let mut cost = CostModel::default();
+/// remapping included), else the H100's copy rates slowed by `remaps` per page moved (the
+/// rates pages really move at; docs/gpu-results.md).
+pub fn cost_model(gbps: Option<PlanBandwidths>, remaps: PageRemapCost) -> CostModel {
     match gbps {
         Some(b) => {
+            let mut cost = CostModel::default();
             cost.h2d_gbps = b.to_device;
             cost.d2h_gbps = b.to_host;
             cost.bidir_gbps = b.both;
+            cost
         }
-        // The card's copy rates, slowed by what the driver charges to remap each page moved
-        // (the rates pages really move at; docs/gpu-results.md).
-        None if swapped_unmapped => cost = cost.with_page_remaps(PageRemapCost::H200_UNMAPPED),
-        None => cost = cost.with_page_remaps(PageRemapCost::H200),
+        None => CostModel::default().with_page_remaps(remaps),
     }
-    cost
 }
 
 /// Starts the planning thread over the runtime's record tap; `source` is made once the thread
@@ -402,20 +412,34 @@ mod tests {
 
     #[test]
     fn the_planner_prices_the_remaps_the_manager_makes_unless_told_the_rates() {
-        let mapped = cost_model(None, false);
-        let unmapped = cost_model(None, true);
+        let singles = cost_model(None, page_remaps(false, HostFrames::Singles));
+        let units = cost_model(None, page_remaps(false, HostFrames::Units));
+        let unmapped = cost_model(None, page_remaps(true, HostFrames::Units));
+        assert_eq!(
+            page_remaps(true, HostFrames::Singles),
+            page_remaps(true, HostFrames::Units)
+        );
         let copies = CostModel::default();
-        // Remapping slows every direction; leaving pages unmapped remaps less.
-        assert!(mapped.h2d_gbps < unmapped.h2d_gbps && unmapped.h2d_gbps < copies.h2d_gbps);
-        assert!(mapped.d2h_gbps < unmapped.d2h_gbps && unmapped.d2h_gbps < copies.d2h_gbps);
-        assert!(mapped.bidir_gbps < unmapped.bidir_gbps);
+        // Remapping slows every direction; host units remap less than single host frames,
+        // leaving pages unmapped less still.
+        for (a, b) in [
+            (&singles, &units),
+            (&units, &unmapped),
+            (&unmapped, &copies),
+        ] {
+            assert!(a.h2d_gbps < b.h2d_gbps && a.d2h_gbps < b.d2h_gbps);
+        }
+        assert!(singles.bidir_gbps < units.bidir_gbps && units.bidir_gbps < unmapped.bidir_gbps);
         let told = PlanBandwidths {
             to_device: 10.0,
             to_host: 12.0,
             both: 20.0,
         };
-        for unmapped in [false, true] {
-            let c = cost_model(Some(told), unmapped);
+        for remaps in [
+            page_remaps(false, HostFrames::Singles),
+            page_remaps(true, HostFrames::Singles),
+        ] {
+            let c = cost_model(Some(told), remaps);
             assert_eq!((c.h2d_gbps, c.d2h_gbps, c.bidir_gbps), (10.0, 12.0, 20.0));
         }
     }

@@ -51,7 +51,7 @@ pub struct CoordinatorArgs {
     pub slots: u32,
     /// The rates pages move at that the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
     /// TENSILE_PLAN_GBPS); default the H100's copy rates (55,55,92) slowed by the H200's
-    /// remap cost per 2 MiB page moved (about 29.1,20.7,29.4).
+    /// remap cost per 2 MiB page moved into host units (about 41.8,32.7,50.2).
     #[arg(long, value_name = "H2D,D2H,BOTH")]
     pub plan_gbps: Option<String>,
     /// Percent of the card's memory never granted to jobs: room for what libraries allocate
@@ -76,7 +76,11 @@ fn cost_model(text: Option<&str>) -> Result<CostModel, String> {
     let Some(text) = text else {
         // What the library's own planner assumes: the card's copy rates slowed by the
         // driver's remap cost per page moved (docs/gpu-results.md).
-        return Ok(tensile_shim::planning::cost_model(None, false));
+        // (as the library's defaults hold swapped-out pages: host units mapped at their
+        // addresses).
+        let remaps =
+            tensile_shim::planning::page_remaps(false, tensile_shim::config::HostFrames::Units);
+        return Ok(tensile_shim::planning::cost_model(None, remaps));
     };
     let mut cost = CostModel::default();
     let values: Vec<f64> = text

@@ -757,9 +757,11 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let trace = load(&args.trace, LoadOptions::default()).map_err(|e| e.to_string())?;
     // Pages move at the copy rates slowed by the driver's remap cost per page, on the card
     // (docs/gpu-results.md) and on the simulated GPU alike (it charges the same per call):
-    // the library planner's own default, for the TENSILE_SWAPPED the runs inherit.
-    let swapped_unmapped = tensile_shim::config::Config::from_env().0.swapped_unmapped;
-    let cost = tensile_shim::planning::cost_model(None, swapped_unmapped);
+    // the library planner's own default, for the TENSILE_SWAPPED and TENSILE_HOST_UNITS the
+    // runs inherit.
+    let config = tensile_shim::config::Config::from_env().0;
+    let remaps = tensile_shim::planning::page_remaps(config.swapped_unmapped, config.host_frames);
+    let cost = tensile_shim::planning::cost_model(None, remaps);
     let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
