@@ -282,7 +282,6 @@ impl Inner {
         result
     }
 
-    /// The failure after a bounded wait for pinned pages: names the pins and who holds them.
     /// Records (and logs, the first time) that one access needs `needed` bytes, more than
     /// the whole budget.
     pub(super) fn fail_budget(&mut self, needed: usize) -> CUresult {
@@ -297,6 +296,7 @@ impl Inner {
         )
     }
 
+    /// The failure after a bounded wait for pinned pages: names the pins and who holds them.
     pub(super) fn fail_pinned(&mut self, stall: PinStall, waited: Duration) -> CUresult {
         let pinned = self
             .pages

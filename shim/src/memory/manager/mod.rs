@@ -27,10 +27,11 @@
 //! One mutex around all state. The hot path (everything already resident) takes it once,
 //! makes no driver call and allocates one small vector for the ticket. Swapping happens with
 //! the lock held; the host pool has its own lock, taken after this one, and its grower thread
-//! never takes this one. The one wait made *without* the lock is for pages pinned by other
-//! threads' calls in flight: an operation that finds every evictable page pinned gives back
-//! what it took, waits on `pins_released` (bounded) and starts over
-//! (`MemoryManager::waiting_for_pins`).
+//! never takes this one. Waits are made *without* the lock, each bounded, and the operation
+//! starts over after them (`MemoryManager::waiting_for_pins`): for pages pinned by other
+//! threads' calls in flight (an operation that finds every evictable page pinned gives back
+//! what it took and waits on `pins_released`), for swap-out copies to land (`copy_waits`),
+//! and for the budget to grow (`budget_stall`).
 //!
 //! # Files
 //! This file holds the public front ([`MemoryManager`]: the lock, and the waits made without
