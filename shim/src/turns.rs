@@ -54,6 +54,13 @@ fn wait_slow() {
     while held() {
         std::thread::sleep(Duration::from_millis(1));
     }
+    // A lease that ran out without a release (the planning thread or the coordinator went
+    // away): clear it, so that later launches take the one-load path again. A renewal made
+    // meanwhile stores another deadline and wins.
+    let until = HELD_UNTIL.load(Ordering::Acquire);
+    if until != 0 && monotonic_ns() >= until {
+        let _ = HELD_UNTIL.compare_exchange(until, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
     WAITED_NS.fetch_add(monotonic_ns().saturating_sub(started), Ordering::Relaxed);
 }
 
@@ -96,6 +103,11 @@ mod tests {
         );
         assert!(t.elapsed() < Duration::from_secs(2));
         assert!(waited_ns() >= 60_000_000);
+        assert_eq!(
+            HELD_UNTIL.load(Ordering::Relaxed),
+            0,
+            "a lease that ran out is cleared for the fast path"
+        );
         release();
         let t = Instant::now();
         wait_for_turn();
