@@ -230,6 +230,20 @@ fn access_4_pages(mm: &MemoryManager, s: super::Stream, ptr: u64) {
     mm.note_access_done(t).expect("note_access_done");
 }
 
+/// One launch's access to `ranges`.
+fn touch(mm: &MemoryManager, s: super::Stream, ranges: &[(u64, usize)]) {
+    let t = mm.prepare_access(s, ranges).expect("prepare_access");
+    mm.note_access_done(t).expect("note_access_done");
+}
+
+/// `want` is what the `want.len()` bytes at `ptr` read, and the fake driver saw no fault.
+fn assert_reads(fake: &FakeDriver, s: super::Stream, ptr: u64, want: &[u8], what: &str) {
+    let read = fake.app_read(s, ptr, want.len()).expect("read");
+    assert!(read.get().as_deref() == Some(want), "{what} changed");
+    assert!(fake.faults().is_empty(), "{:?}", fake.faults());
+    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+}
+
 #[test]
 fn a_tensor_leaves_and_returns_with_one_mapping_and_one_access_call_each_way() {
     const P: usize = SMALL_PAGE;
@@ -323,10 +337,7 @@ fn a_small_tensor_packed_into_a_large_ones_last_page_comes_in_alone() {
         (last_page..last_page + P as u64).contains(&small),
         "the small tensor is not in the large one's last page"
     );
-    let touch = |ranges: &[(u64, usize)]| {
-        let t = mm.prepare_access(s, ranges).expect("prepare_access");
-        mm.note_access_done(t).expect("note_access_done");
-    };
+    let touch = |ranges: &[(u64, usize)]| touch(&mm, s, ranges);
     touch(&[(big, big_len), (small, P / 8)]);
     let big_bytes: Vec<u8> = (0..big_len).map(|i| (i * 13 + i / P) as u8).collect();
     let small_bytes: Vec<u8> = (0..P / 8).map(|i| (i * 5) as u8 ^ 0x5a).collect();
@@ -360,15 +371,8 @@ fn a_small_tensor_packed_into_a_large_ones_last_page_comes_in_alone() {
     }
     mm.audit().expect("audit");
     touch(&[(big, big_len)]);
-    let read = fake.app_read(s, big, big_len).expect("read big");
-    assert!(read.get().as_deref() == Some(&big_bytes[..]), "big changed");
-    let read = fake.app_read(s, small, P / 8).expect("read small");
-    assert!(
-        read.get().as_deref() == Some(&small_bytes[..]),
-        "small changed"
-    );
-    assert!(fake.faults().is_empty(), "{:?}", fake.faults());
-    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+    assert_reads(&fake, s, big, &big_bytes, "big");
+    assert_reads(&fake, s, small, &small_bytes, "small");
 }
 
 #[test]
@@ -376,10 +380,7 @@ fn tensors_on_the_pages_of_a_freed_ones_unit_leave_and_return_apart() {
     const P: usize = SMALL_PAGE;
     let (fake, mm) = small_manager(8, true);
     let s = fake.stream_create().expect("stream");
-    let touch = |ranges: &[(u64, usize)]| {
-        let t = mm.prepare_access(s, ranges).expect("prepare_access");
-        mm.note_access_done(t).expect("note_access_done");
-    };
+    let touch = |ranges: &[(u64, usize)]| touch(&mm, s, ranges);
     // A tensor of 4 pages gets a device unit of 4, is freed, and two tensors of 2 pages take
     // its place (and its unit).
     let old = mm.alloc(4 * P, Some(s)).expect("old");
@@ -410,12 +411,8 @@ fn tensors_on_the_pages_of_a_freed_ones_unit_leave_and_return_apart() {
     ));
     mm.audit().expect("audit");
     touch(&[(y, 2 * P)]);
-    let read = fake.app_read(s, x, 2 * P).expect("read x");
-    assert!(read.get().as_deref() == Some(&xs[..]), "x changed");
-    let read = fake.app_read(s, y, 2 * P).expect("read y");
-    assert!(read.get().as_deref() == Some(&ys[..]), "y changed");
-    assert!(fake.faults().is_empty(), "{:?}", fake.faults());
-    assert!(fake.violations().is_empty(), "{:?}", fake.violations());
+    assert_reads(&fake, s, x, &xs, "x");
+    assert_reads(&fake, s, y, &ys, "y");
 }
 
 #[test]
