@@ -191,13 +191,12 @@ pub fn page_remaps(swapped_unmapped: bool, frames: HostFrames) -> PageRemapCost 
 /// rates pages really move at; docs/gpu-results.md).
 pub fn cost_model(gbps: Option<PlanBandwidths>, remaps: PageRemapCost) -> CostModel {
     match gbps {
-        Some(b) => {
-            let mut cost = CostModel::default();
-            cost.h2d_gbps = b.to_device;
-            cost.d2h_gbps = b.to_host;
-            cost.bidir_gbps = b.both;
-            cost
-        }
+        Some(b) => CostModel {
+            h2d_gbps: b.to_device,
+            d2h_gbps: b.to_host,
+            bidir_gbps: b.both,
+            ..CostModel::default()
+        },
         None => CostModel::default().with_page_remaps(remaps),
     }
 }
