@@ -6,25 +6,19 @@
 //! `tensile replay` does: at most `DEFAULT_SEARCH_MS`, stopping early when it stops gaining) or
 //! `eN` (exactly N plans simulated, whatever the time: the same result on any machine).
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use tensile_analyzer::bound::lower_bound_with;
-use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::search::{improve, SearchOptions};
-use tensile_analyzer::{analyze, plan::plan, BoundOptions, Budget, CostModel};
+use tensile_analyzer::{plan::plan, BoundOptions};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let seed: u64 = std::env::var("SEARCH_SEED").map_or(1, |s| s.parse().expect("SEARCH_SEED"));
-    if args.len() < 3 {
-        eprintln!("usage: search_gain TRACE PERCENT SEARCH_MS...");
-        std::process::exit(2);
-    }
-    let trace = load(std::path::Path::new(&args[0]), LoadOptions::default()).unwrap();
-    let cost = CostModel::default();
-    let a = analyze(&trace, &cost).unwrap();
-    let percent: u64 = args[1].parse().expect("PERCENT");
-    let budget = Budget::new(a.footprint.peak_allocated * percent / 100);
+    let (a, budget, cost) =
+        common::trace_at_percent(&args, 3, "search_gain TRACE PERCENT SEARCH_MS...");
     let bound = lower_bound_with(&a.cycle, &budget, &cost, &BoundOptions::default()).unwrap();
     let t = Instant::now();
     let p = plan(&a.cycle, &budget, &cost).unwrap();

@@ -3,32 +3,23 @@
 //!
 //! `cargo run --release -p tensile-analyzer --example stall_map -- TRACE PERCENT [SEARCH_MS]`
 
-use std::time::Duration;
+mod common;
 
-use tensile_analyzer::import::{load, LoadOptions};
-use tensile_analyzer::search::{improve, SearchOptions};
+use tensile_analyzer::pieces;
+use tensile_analyzer::search::SearchOptions;
 use tensile_analyzer::sim::{simulate, Policy, SimOptions};
-use tensile_analyzer::{analyze, pieces, plan::plan, Budget, CostModel};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 2 {
-        eprintln!("usage: stall_map TRACE PERCENT [SEARCH_MS]");
-        std::process::exit(2);
-    }
-    let trace = load(std::path::Path::new(&args[0]), LoadOptions::default()).unwrap();
-    let cost = CostModel::default();
-    let a = analyze(&trace, &cost).unwrap();
-    let percent: u64 = args[1].parse().expect("PERCENT");
-    let budget = Budget::new(a.footprint.peak_allocated * percent / 100);
-    let mut p = plan(&a.cycle, &budget, &cost).unwrap();
-    if let Some(ms) = args.get(2) {
-        let options = SearchOptions {
-            time_limit: Duration::from_millis(ms.parse().expect("SEARCH_MS")),
-            ..SearchOptions::default()
-        };
-        p = improve(&a.cycle, &p, budget, &cost, &options).0;
-    }
+    let (a, budget, cost) =
+        common::trace_at_percent(&args, 2, "stall_map TRACE PERCENT [SEARCH_MS]");
+    let p = common::plan_searched(
+        &a,
+        budget,
+        &cost,
+        args.get(2),
+        SearchOptions::default().patience,
+    );
     let split = pieces::split(&a.cycle, &p.pieces).unwrap();
     let mut whole = p.clone();
     whole.pieces = pieces::whole(&split);

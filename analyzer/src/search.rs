@@ -246,19 +246,16 @@ impl Stage<'_> {
         }
         report.evaluations += 1;
         let period = current.period;
-        let gaps: Vec<Gap> = live
-            .gaps
-            .iter()
-            .copied()
-            .filter(|g| g.to > g.from + 1 && work_cycle.is_movable(g.tensor))
-            .collect();
-        // Tails (shim pages only) that a write-out can shorten: some op lies inside.
-        let tails: Vec<Gap> = live
-            .tails
-            .iter()
-            .copied()
-            .filter(|g| g.to > g.from + 1 && work_cycle.is_movable(g.tensor))
-            .collect();
+        // Gaps of movable tensors with some op inside, which a move can use.
+        let usable = |gaps: &[Gap]| -> Vec<Gap> {
+            gaps.iter()
+                .copied()
+                .filter(|g| g.to > g.from + 1 && work_cycle.is_movable(g.tensor))
+                .collect()
+        };
+        let gaps = usable(&live.gaps);
+        // Tails (shim pages only) that a write-out can shorten.
+        let tails = usable(&live.tails);
         // Since the stage started: the time and the plans until its last gain.
         let mut last_gain_at = Duration::ZERO;
         let first_evaluation = report.evaluations;
