@@ -328,7 +328,8 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     mc.host_units = config.host_frames == crate::config::HostFrames::Units;
     if config.swapped_unmapped {
         tracing::info!(
-            "tensile: TENSILE_SWAPPED=unmapped: a swapped-out page's address is left unmapped;              an access the shim does not foresee faults the GPU"
+            "tensile: TENSILE_SWAPPED=unmapped: a swapped-out page's address is left unmapped; \
+             an access the shim does not foresee faults the GPU"
         );
     }
     // The defaults suit budgets of gigabytes; a budget of a few pages (tests, the demo) must

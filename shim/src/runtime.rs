@@ -301,7 +301,13 @@ impl Runtime {
             ));
             let exec = self.executor.stats();
             if exec.plans_loaded > 0 {
-                crate::log::emergency(&exec.to_string());
+                // The manager's share of the plan's swap-outs, as more `name value` pairs on
+                // the same line (`tensile rerun` reads them).
+                let st = self.memory().map(|m| m.mm.stats()).unwrap_or_default();
+                crate::log::emergency(&format!(
+                    "{exec} out_named {} out_unit_live {} out_unit_dead {}",
+                    st.planned_out_named, st.planned_out_unnamed_live, st.planned_out_unnamed_dead
+                ));
             }
         }
         if let Some(rec) = self.recorder() {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tensile_analyzer::bound::LowerBound;
-use tensile_analyzer::cost::{format_bytes, parse_size, CostModel, PageRemapCost};
+use tensile_analyzer::cost::{format_bytes, parse_size, CostModel};
 use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::exec_plan;
 use tensile_analyzer::import::{load_with_progress, LoadOptions};
@@ -51,8 +51,9 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 92.0)]
     pub bidir_gbps: f64,
     /// Also charge each 2 MiB page moved what the driver's VMM calls cost the shim to remap
-    /// it on the H200 (34 µs in, 63 µs out, with device units: docs/gpu-results.md), as the
-    /// library's planner and `tensile rerun` do. Without it, moves cost their copies alone.
+    /// it on the H200 (docs/gpu-results.md), as the library's planner and `tensile rerun` do:
+    /// for the TENSILE_SWAPPED and TENSILE_HOST_UNITS of the environment (by default 12 µs in,
+    /// 26 µs out, with host units). Without it, moves cost their copies alone.
     #[arg(long)]
     pub page_remaps: bool,
     /// Print JSON: one object for one policy, an array of objects for several.
@@ -136,7 +137,12 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     };
     copies.validate()?;
     let cost = if args.page_remaps {
-        copies.with_page_remaps(PageRemapCost::H200)
+        // What the library's planner charges, for the settings a run here would have.
+        let config = tensile_shim::config::Config::from_env().0;
+        copies.with_page_remaps(tensile_shim::planning::page_remaps(
+            config.swapped_unmapped,
+            config.host_frames,
+        ))
     } else {
         copies
     };

@@ -23,6 +23,12 @@ pub struct MemoryStats {
     /// Times a request found every evictable page pinned by other threads' in-flight calls
     /// and waited (without the lock) for pins to drop.
     pub pin_waits: u64,
+    /// Pages on the device that planned swap-outs named.
+    pub planned_out_named: u64,
+    /// Pages planned swap-outs took besides those (the rest of their units: a unit leaves
+    /// whole), by whether an allocation still held them.
+    pub planned_out_unnamed_live: u64,
+    pub planned_out_unnamed_dead: u64,
 }
 
 impl From<MemoryStats> for tensile_trace::Stats {

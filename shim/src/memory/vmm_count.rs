@@ -416,6 +416,46 @@ fn tensors_on_the_pages_of_a_freed_ones_unit_leave_and_return_apart() {
 }
 
 #[test]
+fn the_dead_pages_of_a_unit_going_out_are_not_copied() {
+    const P: usize = SMALL_PAGE;
+    let (fake, mm) = small_manager(8, true);
+    let s = fake.stream_create().expect("stream");
+    let touch = |ranges: &[(u64, usize)]| touch(&mm, s, ranges);
+    // A unit of 4 pages whose tensor was freed; a tensor of 2 pages takes its first half,
+    // the second half stays dead.
+    let old = mm.alloc(4 * P, Some(s)).expect("old");
+    touch(&[(old, 4 * P)]);
+    mm.free(old, Some(s)).expect("free");
+    let x = mm.alloc(2 * P, Some(s)).expect("x");
+    assert_eq!(x, old, "the freed pages were not reused");
+    touch(&[(x, 2 * P)]);
+    let xs: Vec<u8> = (0..2 * P).map(|i| (i * 11) as u8 ^ 0x3c).collect();
+    fake.app_write(s, x, xs.clone()).expect("write x");
+    // The unit leaves whole, but only x's pages are copied.
+    let before = mm.stats().bytes_to_host;
+    assert_eq!(mm.start_swap_out(&[(x, 2 * P)]).expect("swap out"), 4);
+    mm.poll().expect("poll");
+    assert_eq!(
+        mm.stats().bytes_to_host - before,
+        2 * P as u64,
+        "dead pages were copied"
+    );
+    mm.audit().expect("audit");
+    touch(&[(x, 2 * P)]);
+    assert_reads(&fake, s, x, &xs, "x");
+    // The dead pages hold an allocation again, which reads what it writes.
+    let y = mm.alloc(2 * P, Some(s)).expect("y");
+    assert_eq!(y, old + 2 * P as u64);
+    touch(&[(y, 2 * P)]);
+    let ys: Vec<u8> = (0..2 * P).map(|i| (i * 5) as u8).collect();
+    fake.app_write(s, y, ys.clone()).expect("write y");
+    touch(&[(x, 2 * P), (y, 2 * P)]);
+    assert_reads(&fake, s, y, &ys, "y");
+    assert_reads(&fake, s, x, &xs, "x");
+    mm.audit().expect("audit at the end");
+}
+
+#[test]
 fn without_host_mappings_a_unit_moved_costs_one_device_unmap_out_and_one_map_in() {
     const P: usize = SMALL_PAGE;
     let (fake, mm) = small_manager(4, false);

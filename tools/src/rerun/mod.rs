@@ -1017,7 +1017,8 @@ fn human(
                 let _ = writeln!(
                     out,
                     "executor   {} steps done, {} skipped, {} dropped, {} failed; {} mismatches, \
-                     {} plans dropped; {} pages out, {} in",
+                     {} plans dropped; {} pages out ({} named by the plan, {} more with their \
+                     units, {} of them dead), {} in",
                     get("steps_done"),
                     get("steps_skipped"),
                     get("steps_dropped"),
@@ -1025,6 +1026,9 @@ fn human(
                     get("mismatches"),
                     get("plans_dropped"),
                     get("pages_out"),
+                    get("out_named"),
+                    get("out_unit_live") + get("out_unit_dead"),
+                    get("out_unit_dead"),
                     get("pages_in")
                 );
             }

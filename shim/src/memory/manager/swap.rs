@@ -225,7 +225,7 @@ impl Inner {
                 }
                 continue;
             }
-            // A unit with live data is copied whole (its dead pages too: it is unmapped whole).
+            // A unit with live data goes whole (its dead pages too: it is unmapped whole).
             // When its pages are to be mapped to host memory, each run of them that one live
             // allocation covers goes into a host unit of its own (one mapping instead of one
             // per page), the rest into single frames. Cut by today's allocations, not the
@@ -301,10 +301,14 @@ impl Inner {
                 return Err(e);
             }
         };
+        // Dead pages (no allocation holds them: nobody may read them again) go with their
+        // unit, which is unmapped whole, but their bytes are not copied.
         let copies: Vec<(CUdeviceptr, CUdeviceptr)> = copy
             .iter()
+            .filter(|&&(p, _)| self.pages.get(p).is_some_and(|e| e.live > 0))
             .map(|&(p, h)| (self.host.window_address(h), self.va(p)))
             .collect();
+        let copied = copies.len();
         for (dst, src, len) in coalesce(&copies, self.page) {
             if let Err(e) = self
                 .driver
@@ -327,7 +331,7 @@ impl Inner {
             self.outgoing.insert(p);
         }
         self.ref_event(ev, copy.len() as u32);
-        self.stats.bytes_to_host += (copy.len() * self.page) as u64;
+        self.stats.bytes_to_host += (copied * self.page) as u64;
         self.stats.pages_evicted += copy.len() as u64;
         Ok(())
     }

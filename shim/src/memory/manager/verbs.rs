@@ -50,7 +50,7 @@ impl Inner {
         let victims = self.whole_units(pages.clone(), |e| {
             e.pins == 0 && matches!(e.state, ResidencyState::Device(_))
         });
-        let mut arriving = self.whole_units(pages, |e| {
+        let mut arriving = self.whole_units(pages.clone(), |e| {
             e.pins == 0 && matches!(e.state, ResidencyState::ToDevice { .. })
         });
         let dead: Vec<(usize, usize)> = self
@@ -59,6 +59,24 @@ impl Inner {
             .filter(|&span| self.span_all(span, |e| e.live == 0))
             .collect();
         arriving.retain(|&p| !dead.iter().any(|&(a, n)| (a..a + n).contains(&p)));
+        let named: Vec<usize> = pages
+            .iter()
+            .copied()
+            .filter(|&p| {
+                self.pages
+                    .get(p)
+                    .is_some_and(|e| matches!(e.state, ResidencyState::Device(_)))
+            })
+            .collect();
+        self.stats.planned_out_named += named.len() as u64;
+        for &p in &victims {
+            if named.binary_search(&p).is_err() {
+                match self.pages.get(p).map(|e| e.live) {
+                    Some(0) => self.stats.planned_out_unnamed_dead += 1,
+                    _ => self.stats.planned_out_unnamed_live += 1,
+                }
+            }
+        }
         let before = self.outgoing.len();
         if !victims.is_empty() {
             // The copy stream waits (on the device, not here) for the last use of each page.
