@@ -120,7 +120,7 @@ pub enum MoveUnits {
     /// Any byte range (the planner's own model, `tensile replay`'s default).
     #[default]
     Bytes,
-    /// Only whole shim pages ([`PAGE_BYTES`]): what the shim can carry out. Allocations larger
+    /// Only whole shim pages ([`Cycle::page_bytes`]): what the shim can carry out. Allocations larger
     /// than half a page start on a page boundary, smaller ones share pages; a swap-out moves
     /// only the pages entirely inside its range, so it never evicts a neighbour. A tensor (or
     /// piece) is then movable only if its size is a whole number of pages: tensors of at most
@@ -142,6 +142,9 @@ pub struct Cycle {
     pub estimated_launches: usize,
     /// What a plan may move of the tensors.
     pub units: MoveUnits,
+    /// The shim's page under [`MoveUnits::ShimPages`]: [`PAGE_BYTES`] on the H100, smaller
+    /// on a simulated GPU set up for a scaled trace ([`Self::with_page_bytes`]).
+    pub page_bytes: u64,
 }
 
 impl Cycle {
@@ -162,13 +165,20 @@ impl Cycle {
             MoveUnits::ShimPages => self
                 .tensors
                 .get(t as usize)
-                .is_some_and(|t| t.bytes.is_multiple_of(PAGE_BYTES)),
+                .is_some_and(|t| t.bytes.is_multiple_of(self.page_bytes)),
         }
     }
 
     /// The same cycle, with plans limited to `units`.
     pub fn with_units(mut self, units: MoveUnits) -> Cycle {
         self.units = units;
+        self
+    }
+
+    /// The same cycle, with the shim's page `bytes` (a power of two) for
+    /// [`MoveUnits::ShimPages`].
+    pub fn with_page_bytes(mut self, bytes: u64) -> Cycle {
+        self.page_bytes = bytes.max(1);
         self
     }
 
@@ -183,9 +193,10 @@ impl Cycle {
         if self.units != MoveUnits::ShimPages {
             return 0;
         }
+        let page = self.page_bytes;
         let padded_bytes = |b: u64| {
-            if b > PAGE_BYTES / 2 {
-                b.next_multiple_of(PAGE_BYTES)
+            if b > page / 2 {
+                b.next_multiple_of(page)
             } else {
                 b
             }
@@ -292,6 +303,7 @@ impl Cycle {
             span: 0..p,
             estimated_launches: 0,
             units: MoveUnits::Bytes,
+            page_bytes: PAGE_BYTES,
         })
     }
 
@@ -493,6 +505,7 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
         span,
         estimated_launches,
         units: MoveUnits::Bytes,
+        page_bytes: PAGE_BYTES,
     }
 }
 

@@ -68,6 +68,9 @@ pub struct LearnerOptions {
     pub drift: f64,
     /// What plans may move (the shim's pages for plans it executes).
     pub units: MoveUnits,
+    /// The shim's page under [`MoveUnits::ShimPages`] ([`crate::cycle::PAGE_BYTES`] on the
+    /// H100: the job's manager says).
+    pub page_bytes: u64,
 }
 
 impl LearnerOptions {
@@ -85,6 +88,7 @@ impl LearnerOptions {
             keep_iterations: 4,
             drift: 0.15,
             units: MoveUnits::ShimPages,
+            page_bytes: crate::cycle::PAGE_BYTES,
         }
     }
 }
@@ -463,8 +467,9 @@ impl Learner {
             })
             .ok_or(Some(iters.period))?;
         iters.representative = k;
-        let cycle =
-            Cycle::from_trace(trace, &iters, &self.options.cost).with_units(self.options.units);
+        let cycle = Cycle::from_trace(trace, &iters, &self.options.cost)
+            .with_units(self.options.units)
+            .with_page_bytes(self.options.page_bytes);
         Ok((iters, cycle))
     }
 

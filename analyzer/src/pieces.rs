@@ -30,18 +30,27 @@ pub struct Piece {
     pub bytes: u64,
 }
 
-/// Smallest piece: the shim's page.
+/// Smallest piece: the shim's page (on the H100).
 pub const MIN_PIECE_BYTES: u64 = PAGE_BYTES;
-/// Largest piece. Smaller pieces gain little more on the shared traces (16 MiB: 79.2 ms on the
-/// MLP at 50%, 4 MiB: 78.6 ms) and cost planning time (about twice as much at 4 MiB, and the
-/// planner's time grows with the number of pieces).
-pub const MAX_PIECE_BYTES: u64 = 16 << 20;
+/// Largest piece, in pages. Smaller pieces gain little more on the shared traces (16 MiB:
+/// 79.2 ms on the MLP at 50%, 4 MiB: 78.6 ms) and cost planning time (about twice as much at
+/// 4 MiB, and the planner's time grows with the number of pieces).
+pub const MAX_PIECE_PAGES: u64 = 8;
+/// Largest piece on the H100.
+pub const MAX_PIECE_BYTES: u64 = MAX_PIECE_PAGES * PAGE_BYTES;
 
-/// Piece size for a budget: a 128th of it, a multiple of the page, within
-/// [`MIN_PIECE_BYTES`, `MAX_PIECE_BYTES`], so a small budget still holds many pieces.
+/// Piece size for a budget with the H100's page ([`piece_bytes_in_pages`]).
 pub fn piece_bytes(budget_bytes: u64) -> u64 {
-    let raw = (budget_bytes / 128).clamp(MIN_PIECE_BYTES, MAX_PIECE_BYTES);
-    raw / MIN_PIECE_BYTES * MIN_PIECE_BYTES
+    piece_bytes_in_pages(budget_bytes, PAGE_BYTES)
+}
+
+/// Piece size for a budget: a 128th of it, a multiple of `page`, from one page to
+/// [`MAX_PIECE_PAGES`], so a small budget still holds many pieces. (With a page scaled down
+/// with the sizes, as on a simulated GPU for a scaled trace, the pieces scale with them.)
+pub fn piece_bytes_in_pages(budget_bytes: u64, page: u64) -> u64 {
+    let page = page.max(1);
+    let raw = (budget_bytes / 128).clamp(page, MAX_PIECE_PAGES * page);
+    raw / page * page
 }
 
 /// One piece per tensor, each the whole tensor.
@@ -68,7 +77,7 @@ pub fn cut(cycle: &Cycle, max_piece: u64) -> Vec<Piece> {
     let max_piece = max_piece.max(1);
     let mut pieces = Vec::with_capacity(cycle.tensors.len());
     for (t, tensor) in cycle.tensors.iter().enumerate() {
-        let whole_pages = tensor.bytes / PAGE_BYTES * PAGE_BYTES;
+        let whole_pages = tensor.bytes / cycle.page_bytes * cycle.page_bytes;
         let body_end = match cycle.units {
             MoveUnits::ShimPages if whole_pages > 0 => whole_pages,
             _ => tensor.bytes,

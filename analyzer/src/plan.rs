@@ -293,17 +293,17 @@ pub const PLAN_VARIANTS: [PlanOptions; 8] = [
 ];
 
 /// Makes a periodic swap plan for `cycle` within `budget`: cuts its large tensors into pieces
-/// ([`pieces::piece_bytes`] for the budget), plans each of [`PLAN_VARIANTS`] on the pieces,
+/// ([`pieces::piece_bytes_in_pages`] for the budget and the cycle's page), plans each of [`PLAN_VARIANTS`] on the pieces,
 /// simulates them, and returns the one with the shortest predicted step (the first on ties).
-/// A cycle that cut into [`search::FINE_PIECE_BYTES`] pieces has at most
+/// A cycle that cut into [`search::fine_piece_bytes`] pieces has at most
 /// [`search::MAX_FINE_PIECES`] is planned on those too, and the faster plan kept.
 pub fn plan(cycle: &Cycle, budget: &Budget, cost: &CostModel) -> Result<SwapPlan, PlanError> {
-    let size = pieces::piece_bytes(budget.bytes);
+    let size = pieces::piece_bytes_in_pages(budget.bytes, cycle.page_bytes);
     let (step, mut best) = plan_in_pieces(cycle, budget, cost, size)?;
     // A small cycle is planned on finer pieces too (what the local search would cut them to),
     // and the faster plan kept: the MLP trace at 50% of its peak plans 78.6 ms on 4 MiB pieces
     // against 79.2 on 16 MiB, and its search gains more from there.
-    let fine = search::FINE_PIECE_BYTES;
+    let fine = search::fine_piece_bytes(cycle);
     if size > fine && pieces::cut(cycle, fine).len() <= search::MAX_FINE_PIECES {
         let (fine_step, fine_plan) = plan_in_pieces(cycle, budget, cost, fine)?;
         if fine_step < step {

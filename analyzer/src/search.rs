@@ -15,7 +15,7 @@
 //! write-outs ([`crate::plan::TailOut`]), and makes room for an op that waited for memory by
 //! writing out a tail across it.
 //!
-//! Where the cycle stays small with pieces of [`FINE_PIECE_BYTES`] (at most [`MAX_FINE_PIECES`]),
+//! Where the cycle stays small with pieces of [`FINE_PIECE_PAGES`] (at most [`MAX_FINE_PIECES`]),
 //! a search that stops gaining goes on with its best plan cut into such pieces
 //! ([`SwapPlan::refined`]) instead of stopping; the plan it returns may then move finer pieces
 //! than the one it was given.
@@ -148,11 +148,12 @@ pub fn improve(
     // A search that stops gaining goes on with the plan's pieces cut finer, where that keeps
     // the cycle small (see `MAX_FINE_PIECES`): smaller copies hold less memory in flight and
     // queue less behind one another, moves a search on coarse pieces cannot make.
-    let fine_pieces = pieces::refine(&plan.pieces, FINE_PIECE_BYTES).0.len();
+    let fine_bytes = fine_piece_bytes(cycle);
+    let fine_pieces = pieces::refine(&plan.pieces, fine_bytes).0.len();
     let refinable = fine_pieces > plan.pieces.len() && fine_pieces <= MAX_FINE_PIECES;
     let (mut best_plan, mut best, stale) = stage.run(plan, refinable);
     if stale && refinable {
-        let fine = best_plan.refined(FINE_PIECE_BYTES);
+        let fine = best_plan.refined(fine_bytes);
         let (fine_plan, fine_best, _) = stage.run(&fine, false);
         if fine_best.is_some_and(|f| best.is_none_or(|b| f < b)) {
             best_plan = fine_plan;
@@ -164,8 +165,14 @@ pub fn improve(
     (best_plan, report)
 }
 
-/// Size the search cuts a plan's pieces to once its search on them stops gaining.
-pub const FINE_PIECE_BYTES: u64 = 4 << 20;
+/// Size, in the cycle's pages, that the search cuts a plan's pieces to once its search on them
+/// stops gaining (4 MiB on the H100).
+pub const FINE_PIECE_PAGES: u64 = 2;
+
+/// [`FINE_PIECE_PAGES`] in bytes for `cycle`'s page.
+pub fn fine_piece_bytes(cycle: &Cycle) -> u64 {
+    FINE_PIECE_PAGES * cycle.page_bytes
+}
 
 /// The search cuts pieces finer only if the cycle then has at most this many pieces: a
 /// simulation costs more the more pieces an op touches, and a search that tries few plans

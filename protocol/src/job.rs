@@ -31,6 +31,9 @@ pub struct JobOptions {
     /// A batch is written as a frame once it holds this many bytes (capped at the largest
     /// frame the ring takes).
     pub batch_bytes: usize,
+    /// Its memory manager's page, which its plans must move in (0: not said; the coordinator
+    /// then plans in the H100's 2 MiB pages).
+    pub page_bytes: u64,
 }
 
 impl Default for JobOptions {
@@ -40,6 +43,7 @@ impl Default for JobOptions {
             priority: Priority::Normal,
             command_line: String::new(),
             batch_bytes: 16 << 10,
+            page_bytes: 0,
         }
     }
 }
@@ -97,6 +101,7 @@ impl JobClient {
             options.budget_bytes,
             options.priority,
             &options.command_line,
+            options.page_bytes,
         );
         let command_seen = segment.slot(slot).command_acked.load(Ordering::Relaxed);
         let max_payload = (segment.geometry().ring_bytes / 2 - 8) as usize;

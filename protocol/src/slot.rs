@@ -228,7 +228,10 @@ pub(crate) struct JobSlot {
     /// 0 to run. Offset 672.
     pub paused: AtomicU32,
     _pad4: AtomicU32,
-    _reserved: [AtomicU64; (SLOT_BYTES - 680) / 8],
+    /// Job, while claiming: its memory manager's page, the unit its plans must move (0: not
+    /// said, as by jobs before this field: the H100's 2 MiB). Offset 680.
+    pub page_bytes: AtomicU64,
+    _reserved: [AtomicU64; (SLOT_BYTES - 688) / 8],
 }
 
 const _: () = assert!(std::mem::size_of::<JobSlot>() == SLOT_BYTES);
@@ -238,6 +241,7 @@ const _: () = assert!(std::mem::offset_of!(JobSlot, command_generation) == 320);
 const _: () = assert!(std::mem::offset_of!(JobSlot, command_line) == 384);
 const _: () = assert!(std::mem::offset_of!(JobSlot, priority) == 640);
 const _: () = assert!(std::mem::offset_of!(JobSlot, paused) == 672);
+const _: () = assert!(std::mem::offset_of!(JobSlot, page_bytes) == 680);
 
 /// A slot as read at one moment (fields may come from neighbouring updates).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,6 +283,8 @@ pub struct JobSnapshot {
     pub grantable_bytes: u64,
     /// The coordinator holds the job's launches (time-sharing the card).
     pub paused: bool,
+    /// The job's page (0: not said).
+    pub page_bytes: u64,
 }
 
 /// What a job reports about its last step, written into its slot.
@@ -336,6 +342,7 @@ impl JobSlot {
             floor_bytes: r(&self.floor_bytes),
             grantable_bytes: r(&self.grantable_bytes),
             paused: self.paused.load(Ordering::Relaxed) != 0,
+            page_bytes: r(&self.page_bytes),
         })
     }
 
@@ -406,12 +413,14 @@ impl JobSlot {
         budget_bytes: u64,
         priority: Priority,
         command_line: &str,
+        page_bytes: u64,
     ) -> (u64, u64) {
         let z = |a: &AtomicU64| a.store(0, Ordering::Relaxed);
         let incarnation = self.incarnation.fetch_add(1, Ordering::Relaxed) + 1;
         self.start_time.store(me.start_time, Ordering::Relaxed);
         self.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
         self.budget_bytes.store(budget_bytes, Ordering::Relaxed);
+        self.page_bytes.store(page_bytes, Ordering::Relaxed);
         for a in [
             &self.resident_bytes,
             &self.demand_bytes,

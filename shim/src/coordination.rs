@@ -59,6 +59,8 @@ pub struct CoordinatorSource {
     next_rejoin: Instant,
     said_gone: bool,
     said_bad_command: bool,
+    /// The memory manager's page, told the coordinator when joining.
+    page_bytes: u64,
     /// Launches per iteration and predicted step of the last plan received.
     plan_shape: Option<(u32, u64)>,
     /// Counters at the last report: launches, stalls, bytes to host and to the device, when.
@@ -71,12 +73,14 @@ impl CoordinatorSource {
     ///
     /// The first join needs no `state`: the stream starts with the process. A coordinator
     /// joined later (after the first went away) gets `state()` before the stream goes on, so
-    /// it knows the parameters and the kernels made before it came.
+    /// it knows the parameters and the kernels made before it came. `page_bytes`: the
+    /// memory manager's page, which the coordinator's plans must move in.
     pub fn connect(
         name: &str,
         start_if_missing: bool,
         plan_gbps: PlanBandwidths,
         priority: Priority,
+        page_bytes: u64,
         state: StateRecords,
     ) -> Result<CoordinatorSource, String> {
         let mut source = CoordinatorSource {
@@ -92,6 +96,7 @@ impl CoordinatorSource {
             next_rejoin: Instant::now(),
             said_gone: false,
             said_bad_command: false,
+            page_bytes,
             plan_shape: None,
             last_report: None,
         };
@@ -110,6 +115,7 @@ impl CoordinatorSource {
             budget_bytes: self.limit,
             priority: self.priority,
             command_line: crate::recorder::command_line(),
+            page_bytes: self.page_bytes,
             ..JobOptions::default()
         }
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, Policy};
 use crate::memory::budget::{self, format_size};
-use crate::memory::{Driver, ManagerConfig, MemoryManager, SizeSpec};
+use crate::memory::{Driver, ManagerConfig, MemoryManager, PhysLocation, SizeSpec};
 use crate::real::RealDriver;
 use crate::real_memory::{RealMemoryDriver, SetupError};
 
@@ -299,6 +299,27 @@ impl MemorySlot {
     }
 }
 
+/// The manager's page: the driver's VMM granularity for device memory (2 MiB on the H100;
+/// smaller on a simulated GPU set up for a scaled trace). 2 MiB if the driver does not say or
+/// says something unusable (not a power of two, or outside 64 KiB to 1 GiB).
+fn page_of(driver: &RealMemoryDriver) -> usize {
+    const H100_PAGE: usize = 2 << 20;
+    match driver.mem_granularity(PhysLocation::Device(driver.device())) {
+        Ok(g) if g.is_power_of_two() && (64 << 10..=1 << 30).contains(&g) => g,
+        Ok(g) => {
+            tracing::warn!(
+                "tensile: the driver's VMM granularity of {g} bytes is unusable as a page; \
+                 using 2 MiB"
+            );
+            H100_PAGE
+        }
+        Err(code) => {
+            tracing::debug!(code, "cuMemGetAllocationGranularity failed; 2 MiB pages");
+            H100_PAGE
+        }
+    }
+}
+
 /// The line for a manager that cannot start: why, and what that means for the program.
 fn cannot_start(why: &dyn std::fmt::Display) -> String {
     format!(
@@ -322,7 +343,7 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     for note in notes {
         tracing::warn!("tensile: {note}");
     }
-    let mut mc = ManagerConfig::new(s.device_budget, s.host_cap);
+    let mut mc = ManagerConfig::with_page(s.device_budget, s.host_cap, page_of(&*driver));
     mc.device = driver.device();
     mc.host_mapped = !config.swapped_unmapped;
     mc.host_units = config.host_frames == crate::config::HostFrames::Units;
@@ -362,12 +383,13 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
         _ => "lru on demand",
     };
     tracing::info!(
-        "tensile: memory manager on device {}: budget {} (card: {} free of {}), host pool cap {} \
-         (room for a footprint up to {}), swapping: {policy}",
+        "tensile: memory manager on device {}: budget {} (card: {} free of {}), page {}, host \
+         pool cap {} (room for a footprint up to {}), swapping: {policy}",
         mc.device,
         format_size(s.device_budget as u64),
         format_size(free as u64),
         format_size(total as u64),
+        format_size(mc.page_size as u64),
         format_size(mc.host_cap as u64),
         format_size(footprint_reach(&mc) as u64),
     );

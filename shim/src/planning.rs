@@ -64,10 +64,12 @@ pub struct LocalLearner {
 }
 
 impl LocalLearner {
-    /// A learner for `budget_bytes` with copies priced by `cost`.
-    pub fn new(budget_bytes: u64, cost: CostModel) -> LocalLearner {
+    /// A learner for `budget_bytes` with copies priced by `cost`, planning in the manager's
+    /// pages of `page_bytes`.
+    pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64) -> LocalLearner {
         let mut options = LearnerOptions::for_budget(budget_bytes);
         options.cost = cost;
+        options.page_bytes = page_bytes;
         LocalLearner {
             learner: Learner::new(options),
         }
@@ -110,10 +112,8 @@ pub fn start_for(rt: &'static Runtime) {
     if config.policy != Policy::Plan || config.plan_file.is_some() {
         return;
     }
-    let cost = cost_model(
-        config.plan_gbps,
-        page_remaps(config.swapped_unmapped, config.host_frames),
-    );
+    let remaps = page_remaps(config.swapped_unmapped, config.host_frames);
+    let cost = cost_model(config.plan_gbps, remaps);
     // A coordinator this job starts plans with the same rates (one it joins keeps its own).
     let gbps = PlanBandwidths {
         to_device: cost.h2d_gbps,
@@ -128,7 +128,12 @@ pub fn start_for(rt: &'static Runtime) {
         Coordinator::Off | Coordinator::Auto => None,
         Coordinator::Named(n) => Some(n.clone()),
     };
-    start(rt, per_card, move |budget| {
+    // The source waits for the memory manager, whose budget and page it plans for (records
+    // meanwhile are kept).
+    start(rt, true, move |budget| {
+        let page = rt
+            .memory()
+            .map_or(remaps.page_bytes, |m| m.mm.page_bytes() as u64);
         let name = if per_card {
             Some(card_coordinator_name(rt))
         } else {
@@ -136,14 +141,26 @@ pub fn start_for(rt: &'static Runtime) {
         };
         if let Some(name) = name {
             let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
-            match CoordinatorSource::connect(&name, true, gbps, priority, state) {
+            match CoordinatorSource::connect(&name, true, gbps, priority, page, state) {
                 Ok(source) => return Box::new(source) as Box<dyn PlanSource>,
                 Err(why) => tracing::warn!(
                     "no coordinator ({why}); learning and planning in the process instead"
                 ),
             }
         }
-        Box::new(LocalLearner::new(budget, cost))
+        // Told rates are used as told; the H100's are slowed by the remaps of pages of this
+        // size (the driver's calls cost per mapping, whatever the page).
+        let cost = match config.plan_gbps {
+            Some(_) => cost,
+            None => cost_model(
+                None,
+                PageRemapCost {
+                    page_bytes: page,
+                    ..remaps
+                },
+            ),
+        };
+        Box::new(LocalLearner::new(budget, cost, page))
     });
 }
 

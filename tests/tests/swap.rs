@@ -139,6 +139,53 @@ fn with_swapped_pages_left_unmapped_no_byte_is_lost() {
     out.assert_quiet("unmapped");
 }
 
+/// A driver whose VMM granularity is smaller than the H100's (`TENSILE_SIM_PAGE`, as `tensile
+/// rerun --scale` sets it): the manager takes it as its page, says so, and loses nothing.
+#[test]
+fn with_the_drivers_smaller_page_no_byte_is_lost() {
+    let native = train("proc:13000:0").output();
+    native.assert_ok("the native run");
+    let trace = temp_trace("swap-small-page");
+    let out = train("proc:13000:0")
+        .trace(&trace)
+        .env("TENSILE_POLICY", "lru")
+        .env("TENSILE_LOG", "info")
+        .env("TENSILE_SIM_PAGE", "256KiB")
+        .env("TENSILE_SIM_DEVICE_MEMORY", (FOOTPRINT / 8).to_string())
+        .env("TENSILE_SIM_JITTER_US", "40")
+        .output();
+    out.assert_ok("256 KiB pages");
+    assert_eq!(
+        named_digests(&out.stdout),
+        named_digests(&native.stdout),
+        "results differ from the unlimited run\n{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(", page 256 KiB,"),
+        "the manager does not use the driver's page\n{}",
+        out.stderr
+    );
+    let stats = trace_stats(&trace);
+    assert!(
+        stats.bytes_to_host > 0 && stats.bytes_to_device > 0,
+        "no swapping: {stats:?}"
+    );
+    let budget = FOOTPRINT / 8 / (256 << 10) * (256 << 10);
+    assert!(
+        stats.peak_resident_bytes as usize <= budget,
+        "peak {} over the budget {budget}",
+        stats.peak_resident_bytes
+    );
+    // Whole pages of 256 KiB move, not of 2 MiB: 1.5 MiB tensors are 6 pages each.
+    assert!(
+        stats.bytes_to_host % (2 * MIB as u64) != 0
+            || stats.bytes_to_device % (2 * MIB as u64) != 0,
+        "{stats:?}"
+    );
+    out.assert_quiet("256 KiB pages");
+}
+
 #[test]
 fn a_budget_above_the_footprint_swaps_nothing_and_policy_off_forwards() {
     let native = train("proc:13000:0").output();

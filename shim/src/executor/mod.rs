@@ -46,7 +46,8 @@ use counters::{Counters, ExecutorStats};
 use roles::{iteration_of, whole_pages, RoleTables, Slot, Unresolved};
 use worker::{Job, Mover, Verb, Worker};
 
-/// The manager's page: a swap-out moves whole pages of this size (aligned to it).
+/// The H100's page, what a [`Mover`] moves unless it says otherwise: a swap-out moves whole
+/// pages (aligned to the page).
 pub const PAGE_BYTES: u64 = 2 << 20;
 
 /// Where the executor stands.
@@ -426,6 +427,7 @@ impl Executor {
             steps: 0,
         };
         let mut skipped = 0u64;
+        let page = self.mover.page_bytes();
         {
             let roles = lock(&self.roles);
             let Some(roles) = roles.as_ref() else {
@@ -439,7 +441,7 @@ impl Executor {
                 let range = roles.piece_range(piece, iteration, is_live);
                 let placed = match (action, range) {
                     (Action::SwapOut, Ok((start, len))) => {
-                        whole_pages(start, len, PAGE_BYTES).map(|r| (&mut out, r))
+                        whole_pages(start, len, page).map(|r| (&mut out, r))
                     }
                     (Action::Prefetch, Ok(r)) => Some((&mut ahead, r)),
                     (_, Err(why)) => {
@@ -550,6 +552,12 @@ impl Mover for ManagerMover {
             Some(m) => m.mm.prefetch(ranges),
             None => Ok(0),
         }
+    }
+
+    fn page_bytes(&self) -> u64 {
+        crate::runtime::existing()
+            .and_then(|rt| rt.memory())
+            .map_or(PAGE_BYTES, |m| m.mm.page_bytes() as u64)
     }
 }
 

@@ -34,6 +34,10 @@ pub trait Mover: Send + Sync {
     fn swap_out(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult>;
     /// Starts bringing every page `ranges` overlap to the device; returns the pages coming.
     fn prefetch(&self, ranges: &[(u64, usize)]) -> Result<usize, CUresult>;
+    /// The page the mover moves (a swap-out moves only the whole pages of a piece).
+    fn page_bytes(&self) -> u64 {
+        super::PAGE_BYTES
+    }
 }
 
 /// The moves of one trigger (one launch, one verb).

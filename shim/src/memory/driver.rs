@@ -112,4 +112,7 @@ pub trait Driver: Send + Sync {
     fn event_synchronize(&self, event: Event) -> Result<(), CUresult>;
     /// `cuMemGetInfo_v2`: `(free, total)` bytes of the device, as the driver sees them.
     fn mem_get_info(&self) -> Result<(usize, usize), CUresult>;
+    /// `cuMemGetAllocationGranularity` (the minimum) for pinned memory at `loc`: the page
+    /// of physical allocations and mappings there.
+    fn mem_granularity(&self, loc: PhysLocation) -> Result<usize, CUresult>;
 }

@@ -831,4 +831,9 @@ impl Driver for FakeDriver {
         let cap = s.config.device_capacity;
         Ok((cap.saturating_sub(s.device_used), cap))
     }
+
+    fn mem_granularity(&self, _loc: PhysLocation) -> Result<usize, CUresult> {
+        // Any multiple of the OS page is accepted; the address reservations align to 2 MiB.
+        Ok(2 << 20)
+    }
 }

@@ -52,6 +52,7 @@ type PfnEventCreate = unsafe extern "C" fn(*mut CUevent, u32) -> R;
 type PfnEvent = unsafe extern "C" fn(CUevent) -> R;
 type PfnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> R;
 type PfnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> R;
+type PfnGetGranularity = unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, u32) -> R;
 
 /// The function named `$name` (a string literal) found by `$lookup` (a
 /// `FnMut(&CStr) -> *mut c_void`), as the function pointer type the context expects, or
@@ -94,6 +95,7 @@ pub struct MemFns {
     event_query: PfnEvent,
     event_synchronize: PfnEvent,
     mem_get_info: PfnMemGetInfo,
+    granularity: PfnGetGranularity,
 }
 
 impl MemFns {
@@ -126,6 +128,7 @@ impl MemFns {
             event_query: resolve!(lookup, "cuEventQuery")?,
             event_synchronize: resolve!(lookup, "cuEventSynchronize")?,
             mem_get_info: resolve!(lookup, "cuMemGetInfo_v2")?,
+            granularity: resolve!(lookup, "cuMemGetAllocationGranularity")?,
         })
     }
 }
@@ -329,5 +332,14 @@ impl<C: InContext> Driver for TableDriver<C> {
         // SAFETY: valid out-pointers to locals.
         self.run(|| check(unsafe { (self.f.mem_get_info)(&mut free, &mut total) }))?;
         Ok((free, total))
+    }
+
+    fn mem_granularity(&self, loc: PhysLocation) -> Result<usize, R> {
+        let prop = CUmemAllocationProp::pinned(location(loc));
+        let mut g = 0usize;
+        // SAFETY: valid out-pointer and a fully initialized property struct on the stack;
+        // option 0 is CU_MEM_ALLOC_GRANULARITY_MINIMUM.
+        self.run(|| check(unsafe { (self.f.granularity)(&mut g, &prop, 0) }))?;
+        Ok(g)
     }
 }

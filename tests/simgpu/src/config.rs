@@ -29,6 +29,10 @@
 //!   ([`VmmCosts::H200`], per mapping: docs/gpu-results.md) times this factor. Default 1 with
 //!   `TENSILE_SIM_TIMING=h100`, else 0 (free, the test suite's default).
 //!
+//! - `TENSILE_SIM_PAGE`: the VMM allocation and mapping granularity, a power of two from
+//!   64 KiB to 2 MiB (default 2 MiB, the H100's). `tensile rerun --scale F` sets it to
+//!   2 MiB / F, so that a scaled tensor covers as many pages as the real one.
+//!
 //! - `TENSILE_SIM_CALL_COUNTS`: count the calls of every export and write them at exit
 //!   ([`crate::calls`]).
 //!
@@ -141,6 +145,20 @@ impl VmmCosts {
     };
 }
 
+/// The H100's VMM granularity, and the default of `TENSILE_SIM_PAGE`.
+pub const H100_GRANULARITY: u64 = 2 << 20;
+
+/// The smallest `TENSILE_SIM_PAGE`.
+pub const MIN_GRANULARITY: u64 = 64 << 10;
+
+static GRANULARITY: AtomicU64 = AtomicU64::new(H100_GRANULARITY);
+
+/// Allocation and mapping granularity (device and host-NUMA): `TENSILE_SIM_PAGE`.
+#[inline]
+pub fn granularity() -> u64 {
+    GRANULARITY.load(Ordering::Relaxed)
+}
+
 /// `TENSILE_SIM_VMM_TIME` in thousandths.
 static VMM_MILLI: AtomicU64 = AtomicU64::new(0);
 
@@ -201,6 +219,11 @@ pub fn load() -> u64 {
             .filter(|f| f.is_finite() && *f >= 0.0)
     });
     set_vmm_time(vmm);
+    let page = env_or("TENSILE_SIM_PAGE", H100_GRANULARITY, |v| {
+        parse_bytes(v)
+            .filter(|&b| b.is_power_of_two() && (MIN_GRANULARITY..=H100_GRANULARITY).contains(&b))
+    });
+    GRANULARITY.store(page, Ordering::Relaxed);
     let devices = env_or("TENSILE_SIM_DEVICE_COUNT", 1u64, |v| {
         v.trim()
             .parse()

@@ -36,8 +36,6 @@ use tensile_kernels::{AccessKind, DeviceMemory, Fault};
 use crate::os::{self, MemFd, PAGE};
 use crate::shared_card::SharedCard;
 
-pub use vmm::GRANULARITY;
-
 /// What a kernel may do with a range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Access {

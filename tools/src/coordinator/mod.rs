@@ -187,7 +187,8 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         segment,
         log,
         Box::new(move |job: &JobSnapshot| {
-            Box::new(LearnerPlanner::new(job.budget_bytes, cost)) as Box<dyn JobPlanner>
+            Box::new(LearnerPlanner::new(job.budget_bytes, cost, job.page_bytes))
+                as Box<dyn JobPlanner>
         }),
     );
     coordinator.reserve_fraction = args.reserve / 100.0;

@@ -177,21 +177,41 @@ const H100_RATES: [(&str, f64); 6] = [
 /// their stand-in's duration argument (the recorded time times K) on the card's one compute
 /// engine. (The one place that knows the simulator's setting names.)
 ///
-/// VMM calls cost what they cost on the card times `scale` (the page does not scale, so a
-/// scaled run maps `scale` times fewer pages for the same bytes) times K.
+/// The page shrinks with the sizes ([`played_page`]), so that a scaled tensor covers as many
+/// pages as the real one and the library maps, moves and remaps as many; VMM calls then cost
+/// what they cost on the card times K (times `scale` times the page's share of 2 MiB where
+/// the page could not shrink by all of `scale`: one page then stands for more trace bytes).
 fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, String)> {
+    let page = played_page(scale);
+    let vmm = time_scale * (scale * page) as f64 / CARD_PAGE_BYTES as f64;
     let mut env = vec![
         ("TENSILE_SIM_DEVICE_MEMORY".into(), capacity.to_string()),
         ("TENSILE_SIM_TIMING".into(), "h100".into()),
-        (
-            "TENSILE_SIM_VMM_TIME".into(),
-            format!("{}", scale as f64 * time_scale),
-        ),
+        ("TENSILE_SIM_VMM_TIME".into(), format!("{vmm}")),
+        ("TENSILE_SIM_PAGE".into(), page.to_string()),
     ];
     for (name, gbps) in H100_RATES {
         env.push((name.into(), format!("{}", gbps / scale as f64 / time_scale)));
     }
     env
+}
+
+/// The card's VMM page (the H100's granularity).
+const CARD_PAGE_BYTES: u64 = 2 << 20;
+
+/// The smallest page the simulated GPU takes (`TENSILE_SIM_PAGE`).
+const MIN_PLAYED_PAGE: u64 = 64 << 10;
+
+/// The simulated page for a run at `--scale F`: 2 MiB / F, rounded down to a power of two, at
+/// least 64 KiB (the simulator's range).
+fn played_page(scale: u64) -> u64 {
+    let exact = CARD_PAGE_BYTES / scale.max(1);
+    let pow2 = if exact.is_power_of_two() {
+        exact
+    } else {
+        exact.checked_next_power_of_two().map_or(exact, |p| p / 2)
+    };
+    pow2.max(MIN_PLAYED_PAGE)
 }
 
 /// The settings that make the library's planner price moves as the simulated card runs them
@@ -667,11 +687,11 @@ impl Session {
 }
 
 /// `tensile replay`'s prediction for each policy (`None` where it has none). The plan is
-/// predicted as the library makes it: in the units it moves (whole 2 MiB pages, small tensors
-/// left in place: `tensile replay --shim-pages`), on the cycle at the played sizes (the trace's
-/// divided by `scale`: the page does not scale, so which tensors are small and how much of
-/// a last page is empty depends on it), with copies at the played rates, for the budget less
-/// the partial last pages ([`Cycle::plan_budget`]); its bytes are reported at trace size.
+/// predicted as the library makes it: in the units it moves (whole pages, small tensors left
+/// in place: `tensile replay --shim-pages`), on the cycle at the played sizes (the trace's
+/// divided by `scale`, in the played page, [`played_page`]), with copies at the played rates,
+/// for the budget less the partial last pages ([`Cycle::plan_budget`]); its bytes are
+/// reported at trace size.
 fn predict(
     analysis: &Analysis,
     policies: &[PolicyKind],
@@ -679,7 +699,11 @@ fn predict(
     scale: u64,
     cost: &CostModel,
 ) -> Vec<(PolicyKind, Option<Predicted>)> {
-    let mut played = analysis.cycle.clone().with_units(MoveUnits::ShimPages);
+    let mut played = analysis
+        .cycle
+        .clone()
+        .with_units(MoveUnits::ShimPages)
+        .with_page_bytes(played_page(scale));
     for t in &mut played.tensors {
         t.bytes = t.bytes.div_ceil(scale);
     }
@@ -807,10 +831,11 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         eprintln!(
             "tensile rerun: --scale {scale}: sizes, the budget ({} -> {}) and the modelled \
              copy bandwidth ({PCIE_GBPS} -> {:.3} GB/s) divided by {scale}; the simulated page \
-             and the stamp piece stay {} (the simulator has no setting for its page)",
+             {} (2 MiB on the card); the stamp piece stays {}",
             format_bytes(budget),
             format_bytes(scaled_budget),
             PCIE_GBPS / scale as f64,
+            format_bytes(played_page(scale)),
             format_bytes(script.piece_bytes),
         );
     }
@@ -1057,6 +1082,27 @@ mod tests {
             "{err}"
         );
         assert!(check_fits(10 * gib, 4, 3 * gib, true).is_ok());
+    }
+
+    #[test]
+    fn the_played_page_shrinks_with_the_scale_to_a_power_of_two_the_simulator_takes() {
+        const KIB: u64 = 1 << 10;
+        assert_eq!(played_page(1), 2048 * KIB);
+        assert_eq!(played_page(4), 512 * KIB);
+        assert_eq!(played_page(3), 512 * KIB);
+        assert_eq!(played_page(32), 64 * KIB);
+        assert_eq!(played_page(1000), 64 * KIB);
+        // VMM time: K where the page shrank by all of the scale, more where it could not.
+        let vmm = |scale| {
+            simulator_env(1 << 30, scale, 16.0)
+                .into_iter()
+                .find(|(k, _)| k == "TENSILE_SIM_VMM_TIME")
+                .map(|(_, v)| v.parse::<f64>().unwrap())
+                .unwrap()
+        };
+        assert_eq!(vmm(4), 16.0);
+        assert_eq!(vmm(3), 12.0);
+        assert_eq!(vmm(64), 32.0);
     }
 
     #[test]

@@ -120,23 +120,30 @@ pub struct ManagerConfig {
 }
 
 impl ManagerConfig {
-    /// Production defaults for a budget and host cap.
+    /// Production defaults for a budget and host cap, with the H100's 2 MiB pages.
     pub fn new(device_budget: usize, host_cap: usize) -> Self {
+        Self::with_page(device_budget, host_cap, 2 << 20)
+    }
+
+    /// Production defaults for a budget and host cap on a driver whose VMM granularity is
+    /// `page` (a power of two; 2 MiB on the H100, smaller on a scaled simulated GPU): the
+    /// batch and reserve sizes are in pages, as at 2 MiB.
+    pub fn with_page(device_budget: usize, host_cap: usize, page: usize) -> Self {
         const MIB: usize = 1 << 20;
         Self {
             device: 0,
-            page_size: 2 * MIB,
+            page_size: page,
             // Room for a footprint of several times the card; VA is cheap.
             arena_bytes: (device_budget.saturating_mul(8)).clamp(64 << 30, 1 << 44),
             device_budget,
-            grow_bytes: 32 * MIB,
+            grow_bytes: 16 * page,
             host_cap,
             host_chunk_bytes: 256 * MIB,
             numa_node: 0,
             host_background: true,
             evict_batch: 8,
             // About 3% of the budget, at least one eviction batch.
-            free_reserve_pages: (device_budget / (2 * MIB) / 32).max(8),
+            free_reserve_pages: (device_budget / page.max(1) / 32).max(8),
             fence_every: 4,
             advice_sample: ADVICE_SAMPLE,
             host_mapped: true,
@@ -265,6 +272,8 @@ pub struct MemoryManager {
     pin_wait_ms: AtomicU64,
     base: CUdeviceptr,
     arena_bytes: usize,
+    /// The page (fixed for the manager's life).
+    page: usize,
 }
 
 impl MemoryManager {
@@ -345,6 +354,7 @@ impl MemoryManager {
             pin_wait_ms: AtomicU64::new(DEFAULT_PIN_WAIT.as_millis() as u64),
             base,
             arena_bytes,
+            page,
         })
     }
 
@@ -454,6 +464,11 @@ impl MemoryManager {
             .count()
             * s.page;
         (budget.saturating_sub(used), budget)
+    }
+
+    /// The page: the unit of residency, the driver's VMM granularity.
+    pub fn page_bytes(&self) -> usize {
+        self.page
     }
 
     pub fn stats(&self) -> MemoryStats {

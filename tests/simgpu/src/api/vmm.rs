@@ -6,7 +6,7 @@ use tensile_driver_abi::*;
 
 use super::{export, st, Out};
 use crate::memory::vmm::check_location;
-use crate::memory::{Access, GRANULARITY};
+use crate::memory::Access;
 
 unsafe fn address_reserve(
     ptr: *mut CUdeviceptr,
@@ -160,7 +160,7 @@ unsafe fn mem_get_allocation_granularity(
     if option > CU_MEM_ALLOC_GRANULARITY_RECOMMENDED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    out.set(GRANULARITY as usize);
+    out.set(crate::config::granularity() as usize);
     Ok(())
 }
 export!(cuMemGetAllocationGranularity, mem_get_allocation_granularity, (granularity: *mut usize, prop: *const CUmemAllocationProp, option: u32));

@@ -10,14 +10,13 @@
 
 use tensile_driver_abi::*;
 
+use crate::config::granularity;
+
 use super::{find, os_err, Access, AddressSpace, Inner, Physical, Region, RegionKind};
 use crate::os::{self, MemFd};
 
-/// Allocation and mapping granularity (device and host-NUMA), as on the H100.
-pub const GRANULARITY: u64 = 2 << 20;
-
 fn aligned(v: u64) -> bool {
-    v.is_multiple_of(GRANULARITY)
+    v.is_multiple_of(granularity())
 }
 
 /// Index into [`VmmCosts`]' pairs: 0 for device memory, 1 for host memory.
@@ -155,7 +154,7 @@ impl AddressSpace {
         if size == 0 || !aligned(size) || (align != 0 && !align.is_power_of_two()) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let align = align.max(GRANULARITY);
+        let align = align.max(granularity());
         let hint = if hint.is_multiple_of(align) { hint } else { 0 };
         let mut inner = self.write_lock();
         let start = os::reserve(size, align, hint).map_err(os_err)?;
@@ -200,7 +199,7 @@ impl AddressSpace {
         let cost = if on_device {
             costs.create_ns[0]
         } else {
-            costs.create_ns[1] * (size / GRANULARITY)
+            costs.create_ns[1] * (size / granularity())
         };
         inner.physical.insert(
             handle,
