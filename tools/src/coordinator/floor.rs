@@ -6,22 +6,45 @@ use std::collections::HashMap;
 
 use tensile_trace::Record;
 
-/// The shim's unit of residency (`shim::memory`'s page).
+/// The shim's unit of residency on the H100 (`shim::memory`'s page), for jobs that do not
+/// say theirs.
 const PAGE_BYTES: u64 = 2 << 20;
 /// Pages the shim needs beyond a launch's own: a swap in flight while the launch's pages come
 /// in, so that one launch at the floor can always make progress.
 const SLACK_PAGES: u64 = 2;
 
 /// Follows a job's allocations and launches.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FloorTracker {
     /// Live allocations by id: bytes.
     sizes: HashMap<u64, u64>,
     /// The largest floor seen so far.
     largest: u64,
+    /// The job's page.
+    page: u64,
+}
+
+impl Default for FloorTracker {
+    fn default() -> FloorTracker {
+        FloorTracker::new(0)
+    }
 }
 
 impl FloorTracker {
+    /// A tracker for a job whose memory manager's page is `page_bytes` (0 or not a power of
+    /// two: the H100's 2 MiB).
+    pub fn new(page_bytes: u64) -> FloorTracker {
+        FloorTracker {
+            sizes: HashMap::new(),
+            largest: 0,
+            page: if page_bytes.is_power_of_two() {
+                page_bytes
+            } else {
+                PAGE_BYTES
+            },
+        }
+    }
+
     pub fn push(&mut self, record: &Record) {
         match record {
             Record::Alloc(a) => {
@@ -42,7 +65,7 @@ impl FloorTracker {
                     .filter_map(|id| self.sizes.get(id))
                     .copied()
                     .collect();
-                self.largest = self.largest.max(launch_floor(&sizes));
+                self.largest = self.largest.max(launch_floor(&sizes, self.page));
             }
             _ => {}
         }
@@ -54,17 +77,17 @@ impl FloorTracker {
     }
 }
 
-/// Device bytes the shim needs for one launch touching allocations of `sizes`: each
-/// allocation of a page or more whole pages (its tail holds a page of its own), the small
-/// ones packed together, and the slack of [`SLACK_PAGES`].
-pub fn launch_floor(sizes: &[u64]) -> u64 {
+/// Device bytes the shim needs for one launch touching allocations of `sizes`, in pages of
+/// `page` bytes: each allocation of a page or more whole pages (its tail holds a page of its
+/// own), the small ones packed together, and the slack of [`SLACK_PAGES`].
+pub fn launch_floor(sizes: &[u64], page: u64) -> u64 {
     if sizes.is_empty() {
         return 0;
     }
-    let (large, small): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&b| b >= PAGE_BYTES);
-    let large_pages: u64 = large.iter().map(|b| b.div_ceil(PAGE_BYTES)).sum();
-    let small_pages = small.iter().sum::<u64>().div_ceil(PAGE_BYTES);
-    (large_pages + small_pages + SLACK_PAGES) * PAGE_BYTES
+    let (large, small): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&b| b >= page);
+    let large_pages: u64 = large.iter().map(|b| b.div_ceil(page)).sum();
+    let small_pages = small.iter().sum::<u64>().div_ceil(page);
+    (large_pages + small_pages + SLACK_PAGES) * page
 }
 
 #[cfg(test)]

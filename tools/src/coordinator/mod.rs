@@ -448,7 +448,7 @@ impl Coordinator {
                         planner_failures: 0,
                         joined: self.joins,
                         granted: 0,
-                        floor: FloorTracker::default(),
+                        floor: FloorTracker::new(snap.page_bytes),
                         admission: Admission::Admitted,
                         needs: std::collections::VecDeque::new(),
                         curve: Vec::new(),

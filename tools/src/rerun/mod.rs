@@ -317,8 +317,9 @@ fn run_player(
     let plans_learned = log
         .iter()
         .filter_map(|l| {
+            // Plans learned, and plans dropped (the executor's warning says where and why).
             l.find("plan ")
-                .filter(|_| l.contains(" learned: "))
+                .filter(|_| l.contains(" learned: ") || l.contains(" dropped at launch "))
                 .map(|at| l[at..].to_owned())
         })
         .collect();
@@ -1031,7 +1032,10 @@ fn human(
         let _ = writeln!(
             out,
             "plan       {} plan(s) learned in the process",
-            r.plans_learned.len()
+            r.plans_learned
+                .iter()
+                .filter(|l| l.contains(" learned: "))
+                .count()
         );
         for line in &r.plans_learned {
             let _ = writeln!(out, "           {line}");
