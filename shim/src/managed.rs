@@ -343,7 +343,7 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     for note in notes {
         tracing::warn!("tensile: {note}");
     }
-    let mut mc = ManagerConfig::with_page(s.device_budget, s.host_cap, page_of(&*driver));
+    let mut mc = ManagerConfig::with_page(s.device_budget, s.host_cap, page_of(&driver));
     mc.device = driver.device();
     mc.host_mapped = !config.swapped_unmapped;
     mc.host_units = config.host_frames == crate::config::HostFrames::Units;

@@ -179,8 +179,8 @@ fn with_the_drivers_smaller_page_no_byte_is_lost() {
     );
     // Whole pages of 256 KiB move, not of 2 MiB: 1.5 MiB tensors are 6 pages each.
     assert!(
-        stats.bytes_to_host % (2 * MIB as u64) != 0
-            || stats.bytes_to_device % (2 * MIB as u64) != 0,
+        !stats.bytes_to_host.is_multiple_of(2 * MIB as u64)
+            || !stats.bytes_to_device.is_multiple_of(2 * MIB as u64),
         "{stats:?}"
     );
     out.assert_quiet("256 KiB pages");

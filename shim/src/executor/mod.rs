@@ -199,6 +199,8 @@ impl Executor {
             }
         }
         let version = plan.version;
+        self.mover
+            .set_unit_pages(unit_pages(&plan, self.mover.page_bytes()));
         *lock(&self.roles) = Some(roles);
         self.plan.store(Some(Arc::new(Loaded::new(plan, start))));
         self.last_version.store(version, Ordering::Relaxed);
@@ -509,6 +511,7 @@ impl Executor {
         }
         self.active.store(false, Ordering::Release);
         self.plan.store(None);
+        self.mover.set_unit_pages(None);
         *lock(&self.roles) = None;
         self.fallback.store(true, Ordering::Relaxed);
         self.counters.mismatches.fetch_add(1, Ordering::Relaxed);
@@ -533,6 +536,36 @@ impl Executor {
     }
 }
 
+/// The largest unit (in pages of `page` bytes) whose multiples tile every piece `plan` moves:
+/// the greatest common divisor of the whole-page offsets and lengths of its pieces (a
+/// swap-out moves only a piece's whole pages). With the manager's units no larger, and
+/// starting at a tensor's first page as its pieces do, a piece moves without its neighbours.
+/// `None` when the plan moves no whole page.
+fn unit_pages(plan: &ExecPlan, page: u64) -> Option<usize> {
+    let page = page.max(1);
+    let mut g = 0u64;
+    let pieces = plan
+        .steps
+        .iter()
+        .map(|s| &s.piece)
+        .chain(plan.host_resident.iter());
+    for piece in pieces {
+        let start = piece.offset.div_ceil(page);
+        let end = (piece.offset + piece.bytes) / page;
+        if end > start {
+            g = gcd(gcd(g, start), end - start);
+        }
+    }
+    (g > 0).then_some(g.min(usize::MAX as u64) as usize)
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// The memory manager's verbs, on the process's manager (nothing to do before it starts).
 /// (Turning the manager's eviction ahead of need off while a plan runs is the planning
 /// thread's job: `crate::planning`.)
@@ -551,6 +584,12 @@ impl Mover for ManagerMover {
         match crate::runtime::existing().and_then(|rt| rt.memory()) {
             Some(m) => m.mm.prefetch(ranges),
             None => Ok(0),
+        }
+    }
+
+    fn set_unit_pages(&self, pages: Option<usize>) {
+        if let Some(m) = crate::runtime::existing().and_then(|rt| rt.memory()) {
+            m.mm.set_max_unit_pages(pages);
         }
     }
 

@@ -18,6 +18,7 @@ type Call = (Verb, Vec<(u64, usize)>);
 #[derive(Default)]
 struct Recording {
     calls: Mutex<Vec<Call>>,
+    unit_pages: Mutex<Vec<Option<usize>>>,
 }
 
 impl Mover for Recording {
@@ -34,6 +35,9 @@ impl Mover for Recording {
             .unwrap()
             .push((Verb::Prefetch, ranges.to_vec()));
         Ok(ranges.len())
+    }
+    fn set_unit_pages(&self, pages: Option<usize>) {
+        self.unit_pages.lock().unwrap().push(pages);
     }
 }
 
@@ -150,6 +154,47 @@ fn steps_run_at_their_positions_on_the_roles_of_each_iteration() {
     let s = e.stats();
     assert_eq!((s.steps_done, s.steps_skipped, s.mismatches), (6, 0, 0));
     assert_eq!((s.pages_out, s.pages_in), (15, 3));
+}
+
+#[test]
+fn units_are_asked_no_larger_than_the_whole_pages_of_every_piece_and_freed_with_the_plan() {
+    let act = |bytes| Role::Transient {
+        ordinal: 1,
+        bytes,
+        iteration: Iteration::Current,
+    };
+    let out =
+        |role, offset, bytes| step(0, When::AfterLaunch, Action::SwapOut, role, offset, bytes);
+    // Pieces of 8 pages from offset 0, and a last one of 4 pages and a half: its whole pages
+    // are 4.
+    let pieces = plan(
+        vec![1, 2],
+        vec![
+            out(act(20 * PAGE + PAGE / 2), 0, 8 * PAGE),
+            out(act(20 * PAGE + PAGE / 2), 8 * PAGE, 8 * PAGE),
+            out(act(20 * PAGE + PAGE / 2), 16 * PAGE, 4 * PAGE + PAGE / 2),
+        ],
+    );
+    assert_eq!(unit_pages(&pieces, PAGE), Some(4));
+    // A piece starting inside a page: its whole pages start at the next one.
+    let odd = plan(
+        vec![1],
+        vec![out(act(9 * PAGE), PAGE / 2, 6 * PAGE + PAGE / 2)],
+    );
+    assert_eq!(unit_pages(&odd, PAGE), Some(1));
+    // No whole page moves: no limit asked.
+    let small = plan(vec![1], vec![out(act(PAGE), 0, PAGE / 2)]);
+    assert_eq!(unit_pages(&small, PAGE), None);
+
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let (a, c) = (kernel(1, "a"), kernel(3, "c"));
+    assert!(e.install(pieces, &t));
+    // Position 1 wants kernel 2: c drops the plan.
+    launch(&e, &t, a);
+    launch(&e, &t, c);
+    assert_eq!(*mover.unit_pages.lock().unwrap(), vec![Some(4), None]);
 }
 
 #[test]

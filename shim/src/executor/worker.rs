@@ -38,6 +38,9 @@ pub trait Mover: Send + Sync {
     fn page_bytes(&self) -> u64 {
         super::PAGE_BYTES
     }
+    /// Asks for physical units of at most `pages` pages from now on (`None`: the mover's
+    /// own limit), so that a plan's pieces move alone.
+    fn set_unit_pages(&self, _pages: Option<usize>) {}
 }
 
 /// The moves of one trigger (one launch, one verb).

@@ -382,12 +382,14 @@ fn tensors_on_the_pages_of_a_freed_ones_unit_leave_and_return_apart() {
     let s = fake.stream_create().expect("stream");
     let touch = |ranges: &[(u64, usize)]| touch(&mm, s, ranges);
     // A tensor of 4 pages gets a device unit of 4, is freed, and two tensors of 2 pages take
-    // its place (and its unit).
+    // its place (and its unit: its last use has not run yet, so it cannot be dropped).
     let old = mm.alloc(4 * P, Some(s)).expect("old");
+    fake.set_progress(Progress::Manual);
     touch(&[(old, 4 * P)]);
     mm.free(old, Some(s)).expect("free");
     let x = mm.alloc(2 * P, Some(s)).expect("x");
     let y = mm.alloc(2 * P, Some(s)).expect("y");
+    fake.set_progress(Progress::Immediate);
     assert_eq!(
         (x, y),
         (old, old + 2 * P as u64),
@@ -421,12 +423,14 @@ fn the_dead_pages_of_a_unit_going_out_are_not_copied() {
     let (fake, mm) = small_manager(8, true);
     let s = fake.stream_create().expect("stream");
     let touch = |ranges: &[(u64, usize)]| touch(&mm, s, ranges);
-    // A unit of 4 pages whose tensor was freed; a tensor of 2 pages takes its first half,
-    // the second half stays dead.
+    // A unit of 4 pages whose tensor was freed (its last use not run yet, so the unit stays);
+    // a tensor of 2 pages takes its first half, the second half stays dead.
     let old = mm.alloc(4 * P, Some(s)).expect("old");
+    fake.set_progress(Progress::Manual);
     touch(&[(old, 4 * P)]);
     mm.free(old, Some(s)).expect("free");
     let x = mm.alloc(2 * P, Some(s)).expect("x");
+    fake.set_progress(Progress::Immediate);
     assert_eq!(x, old, "the freed pages were not reused");
     touch(&[(x, 2 * P)]);
     let xs: Vec<u8> = (0..2 * P).map(|i| (i * 11) as u8 ^ 0x3c).collect();
@@ -453,6 +457,72 @@ fn the_dead_pages_of_a_unit_going_out_are_not_copied() {
     assert_reads(&fake, s, y, &ys, "y");
     assert_reads(&fake, s, x, &xs, "x");
     mm.audit().expect("audit at the end");
+}
+
+#[test]
+fn a_tensor_on_the_pages_of_a_freed_ones_idle_unit_gets_units_of_its_own() {
+    const P: usize = SMALL_PAGE;
+    let (fake, mm) = small_manager(8, true);
+    let s = fake.stream_create().expect("stream");
+    let touch = |ranges: &[(u64, usize)]| touch(&mm, s, ranges);
+    // A tensor of 4 pages gets a device unit of 4 and is freed; once its last use is known
+    // done, two tensors of 2 pages take its place.
+    let old = mm.alloc(4 * P, Some(s)).expect("old");
+    touch(&[(old, 4 * P)]);
+    mm.free(old, Some(s)).expect("free");
+    mm.poll().expect("poll");
+    let moved = mm.stats().bytes_to_host;
+    let x = mm.alloc(2 * P, Some(s)).expect("x");
+    let y = mm.alloc(2 * P, Some(s)).expect("y");
+    assert_eq!((x, y), (old, old + 2 * P as u64));
+    assert_eq!(mm.stats().bytes_to_host, moved, "the dead unit was copied");
+    touch(&[(x, 2 * P), (y, 2 * P)]);
+    let xs: Vec<u8> = (0..2 * P).map(|i| (i * 3) as u8 ^ 0x11).collect();
+    let ys: Vec<u8> = (0..2 * P).map(|i| (i * 9) as u8).collect();
+    fake.app_write(s, x, xs.clone()).expect("write x");
+    fake.app_write(s, y, ys.clone()).expect("write y");
+    // The old unit is gone: x leaves alone, and y stays.
+    assert_eq!(mm.start_swap_out(&[(x, 2 * P)]).expect("swap out"), 2);
+    mm.poll().expect("poll");
+    assert!(matches!(
+        mm.residency(y),
+        Some(super::ResidencyState::Device(_))
+    ));
+    mm.audit().expect("audit");
+    touch(&[(x, 2 * P)]);
+    assert_reads(&fake, s, x, &xs, "x");
+    assert_reads(&fake, s, y, &ys, "y");
+}
+
+#[test]
+fn with_units_capped_at_a_plans_piece_a_piece_leaves_and_returns_alone() {
+    const P: usize = SMALL_PAGE;
+    let (fake, mm) = small_manager(16, true);
+    let s = fake.stream_create().expect("stream");
+    let touch = |ranges: &[(u64, usize)]| touch(&mm, s, ranges);
+    // Pieces of 2 pages: a tensor of 6 gets units of 2.
+    mm.set_max_unit_pages(Some(2));
+    let t = mm.alloc(6 * P, Some(s)).expect("t");
+    touch(&[(t, 6 * P)]);
+    let bytes: Vec<u8> = (0..6 * P).map(|i| (i * 7) as u8 ^ 0x42).collect();
+    fake.app_write(s, t, bytes.clone()).expect("write");
+    let piece = t + 2 * P as u64;
+    assert_eq!(mm.start_swap_out(&[(piece, 2 * P)]).expect("swap out"), 2);
+    mm.poll().expect("poll");
+    for (page, on_device) in [(0, true), (2, false), (3, false), (4, true)] {
+        let state = mm.residency(t + (page * P) as u64);
+        assert_eq!(
+            matches!(state, Some(super::ResidencyState::Device(_))),
+            on_device,
+            "page {page}: {state:?}"
+        );
+    }
+    // It comes back alone, and every byte reads right.
+    let before = mm.stats().pages_swapped_in;
+    touch(&[(piece, 2 * P)]);
+    assert_eq!(mm.stats().pages_swapped_in - before, 2);
+    mm.audit().expect("audit");
+    assert_reads(&fake, s, t, &bytes, "the tensor");
 }
 
 #[test]

@@ -50,6 +50,7 @@ impl Inner {
         };
         self.pages.ensure_len(last + 1);
         self.drop_stale_host_pages(first, last);
+        self.drop_units_reaching_past(first, last);
         self.clock += 1;
         for p in first..=last {
             if let Some(e) = self.pages.entry_mut(p) {
@@ -125,6 +126,52 @@ impl Inner {
                 tracing::debug!(code = e, "no device room for a new allocation: host-backed");
                 self.pin_stall = None;
                 Ok(Vec::new())
+            }
+        }
+    }
+
+    /// Device units over pages `first..=last` (about to hold a new allocation) that reach past
+    /// them, made for tensors since freed: a unit moves whole, so the new tensor would leave
+    /// and come back with whatever later lands on the unit's other pages (and a plan's
+    /// swap-out of it would take them). Where every page of such a unit is dead and idle, the
+    /// unit goes (no copy: nothing on it can be read again) and the allocation's pages are
+    /// backed afresh in units of their own. Units still in use stay as they are. In a steady
+    /// state the same tensors land on the same pages every iteration, so this is rare.
+    pub(super) fn drop_units_reaching_past(&mut self, first: usize, last: usize) {
+        // The dead units reaching past the allocation.
+        let mut dead: Vec<usize> = Vec::new();
+        let mut p = first;
+        while p <= last {
+            let Some((a, n)) = self.unit_span(p) else {
+                p += 1;
+                continue;
+            };
+            if (a < first || a + n > last + 1) && self.span_all((a, n), |e| e.live == 0) {
+                dead.push(a);
+            }
+            p = a + n;
+        }
+        if dead.is_empty() {
+            return;
+        }
+        // Whether their last uses are done: ask the driver once if what is known says no.
+        let idle = |s: &Self, a: usize| {
+            let completed = s.fences.completed();
+            s.unit_span(a)
+                .is_some_and(|span| s.span_all(span, |e| e.is_idle(completed)))
+        };
+        if !dead.iter().all(|&a| idle(self, a)) {
+            if let Err(code) = self.fences.poll_all(&*self.driver) {
+                tracing::debug!(code, "polling fences for a new allocation failed");
+            }
+        }
+        let completed = self.fences.completed().to_vec();
+        for a in dead {
+            if idle(self, a) {
+                if let Err(code) = self.unback(a, &completed) {
+                    // The unit keeps its frames and stays consistent: only less tidy.
+                    tracing::debug!(code, "dropping a dead unit for a new allocation failed");
+                }
             }
         }
     }

@@ -230,6 +230,9 @@ struct Inner {
     /// How many more times the current operation may wait for copies without the lock;
     /// after that it waits with the lock held (bounds the retries).
     unlocked_copy_waits_left: u32,
+    /// The most pages a unit made now may have ([`MAX_UNIT_PAGES`] unless a plan asks for
+    /// fewer: [`MemoryManager::set_max_unit_pages`]).
+    max_unit_pages: usize,
 }
 
 /// What blocked an eviction: frames wanted while every resident page was pinned.
@@ -347,6 +350,7 @@ impl MemoryManager {
             copy_waits: Vec::new(),
             advice: None,
             unlocked_copy_waits_left: 0,
+            max_unit_pages: MAX_UNIT_PAGES,
         };
         Ok(Self {
             inner: Mutex::new(inner),
@@ -464,6 +468,14 @@ impl MemoryManager {
             .count()
             * s.page;
         (budget.saturating_sub(used), budget)
+    }
+
+    /// Units made from now on have at most `pages` pages (`None`: [`MAX_UNIT_PAGES`]). A unit
+    /// moves whole, so a policy that moves tensors in pieces asks for units no larger than its
+    /// pieces (the units of a tensor then start at its first page, as its pieces do). Units
+    /// already made keep their size until their pages next move.
+    pub fn set_max_unit_pages(&self, pages: Option<usize>) {
+        self.lock().max_unit_pages = pages.map_or(MAX_UNIT_PAGES, |n| n.clamp(1, MAX_UNIT_PAGES));
     }
 
     /// The page: the unit of residency, the driver's VMM granularity.

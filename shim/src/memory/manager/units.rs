@@ -8,7 +8,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
 use crate::memory::frames::HostFrame;
 use crate::memory::page::{PageEntry, ResidencyState};
 
-use super::{coalesce, AccessTicket, Inner, SwapOrder, MAX_UNIT_PAGES};
+use super::{coalesce, AccessTicket, Inner, SwapOrder};
 
 impl Inner {
     /// The unit page `p`'s device frame belongs to, as `(first page, pages)`.
@@ -98,7 +98,8 @@ impl Inner {
 
     /// Sorted `pages` cut into the units they get when brought in together: runs of
     /// consecutive pages that one live allocation covers whole (a unit moves whole, and two
-    /// tensors seldom move together again), cut after [`MAX_UNIT_PAGES`]. A tensor's last
+    /// tensors seldom move together again), cut after `max_unit_pages` (at most
+    /// [`super::MAX_UNIT_PAGES`]). A tensor's last
     /// page, which it covers only in part, is a unit of its own: the arena packs small
     /// tensors into the rest of it, and an access to one of them must not bring in (or pin)
     /// the whole tensor. Sizes in page order.
@@ -135,7 +136,7 @@ impl Inner {
             // a unit over it would pull all of them in and out whenever one is touched.
             let joins = prev.is_some_and(|(q, o)| q + 1 == p && own.is_some() && o == own);
             match sizes.last_mut() {
-                Some(n) if joins && *n < MAX_UNIT_PAGES => *n += 1,
+                Some(n) if joins && *n < self.max_unit_pages => *n += 1,
                 _ => sizes.push(1),
             }
             prev = Some((p, own));
