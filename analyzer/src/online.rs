@@ -93,6 +93,9 @@ impl LearnerOptions {
     }
 }
 
+/// The fewest launches an iteration must have to be planned.
+const MIN_ITERATION_LAUNCHES: usize = 2;
+
 /// Where the learner stands (for `tensile status`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LearnerState {
@@ -431,6 +434,15 @@ impl Learner {
         if spans.len() < 3 || spans[0].start > n / 2 {
             return Err(None);
         }
+        // An "iteration" of one launch (a kernel repeated, as in a program's final checks)
+        // has nothing to plan around: a training step launches more than one kernel.
+        let launches = trace.ops[spans[1].clone()]
+            .iter()
+            .filter(|op| matches!(op.kind, OpKind::Launch { .. }))
+            .count();
+        if launches < MIN_ITERATION_LAUNCHES {
+            return Err(None);
+        }
         let tolerance = iters.period / 10;
         if spans[1..spans.len() - 1]
             .iter()
@@ -568,5 +580,36 @@ mod tests {
             .ops
             .iter()
             .all(|op| op.touches.is_empty()));
+    }
+
+    #[test]
+    fn one_kernel_launched_over_and_over_is_not_an_iteration() {
+        let mut learner = Learner::new(LearnerOptions::for_budget(1 << 30));
+        learner.push(&Record::Alloc(tensile_trace::Alloc {
+            t_ns: 0,
+            stream: 0,
+            id: 1,
+            ptr: 1 << 32,
+            bytes: 4 << 20,
+            kind: tensile_trace::AllocKind::Async,
+        }));
+        // A program's final checks: the same kernel on the same tensor, many times.
+        for seq in 0..400u64 {
+            learner.push(&Record::Launch(tensile_trace::Launch {
+                t_ns: seq + 1,
+                stream: 0,
+                seq,
+                kernel: 7,
+                grid: [1; 3],
+                block: [1; 3],
+                smem: 0,
+                accesses: vec![tensile_trace::Access {
+                    alloc: 1,
+                    param_offset: 0,
+                }],
+            }));
+        }
+        assert_eq!(learner.poll(), None);
+        assert!(matches!(learner.state(), LearnerState::Learning { .. }));
     }
 }

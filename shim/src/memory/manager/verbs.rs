@@ -212,9 +212,17 @@ impl Inner {
             }
             self.wait_outgoing()?;
         }
+        self.poll()?;
+        let over = self.dev.in_use().saturating_sub(frames);
+        if over == 0 {
+            // The last round's copies brought it under the budget.
+            let driver = self.driver.clone();
+            self.dev.release_free_frames(&*driver);
+            return Ok(());
+        }
         // What is left over the budget is pinned by calls in flight: wait for them.
         self.pin_stall = Some(PinStall {
-            bytes_needed: self.dev.in_use().saturating_sub(frames) * self.page,
+            bytes_needed: over * self.page,
         });
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
