@@ -194,7 +194,11 @@ impl Inner {
 
     pub(super) fn set_budget(&mut self, frames: usize) -> Result<(), CUresult> {
         self.dev.set_budget_frames(frames);
-        for _ in 0..8 {
+        // Up to 8 rounds of evicting and waiting for the copies, each checked after; a round
+        // that finds nothing in flight after its eviction (what it evicted was dropped, or all
+        // is pinned) is followed by the check only.
+        let mut last = false;
+        for round in 0..=8 {
             self.poll()?;
             let over = self.dev.in_use().saturating_sub(frames);
             if over == 0 {
@@ -203,26 +207,22 @@ impl Inner {
                 self.dev.release_free_frames(&*driver);
                 return Ok(());
             }
+            if last || round == 8 {
+                break;
+            }
             let out = self.outgoing.len();
             if over > out {
                 self.evict(over - out, over - out)?;
             }
             if self.outgoing.is_empty() {
-                break;
+                last = true;
+                continue;
             }
             self.wait_outgoing()?;
         }
-        self.poll()?;
-        let over = self.dev.in_use().saturating_sub(frames);
-        if over == 0 {
-            // The last round's copies brought it under the budget.
-            let driver = self.driver.clone();
-            self.dev.release_free_frames(&*driver);
-            return Ok(());
-        }
         // What is left over the budget is pinned by calls in flight: wait for them.
         self.pin_stall = Some(PinStall {
-            bytes_needed: over * self.page,
+            bytes_needed: self.dev.in_use().saturating_sub(frames) * self.page,
         });
         Err(CUDA_ERROR_OUT_OF_MEMORY)
     }
