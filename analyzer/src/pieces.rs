@@ -248,6 +248,7 @@ pub fn split(cycle: &Cycle, pieces: &[Piece]) -> Result<Cycle, String> {
     split.span = cycle.span.clone();
     split.estimated_launches = cycle.estimated_launches;
     split.units = cycle.units;
+    split.page_bytes = cycle.page_bytes;
     Ok(split)
 }
 
@@ -256,6 +257,19 @@ mod tests {
     use super::*;
     use crate::cycle::Identity;
     use crate::model::AllocIdx;
+
+    #[test]
+    fn a_split_cycle_keeps_the_page_its_pieces_were_cut_in() {
+        let page = 512 << 10;
+        let c = Cycle::from_parts(&[10, 10], vec![tensor(3 * page, vec![0, 1])])
+            .unwrap()
+            .with_units(MoveUnits::ShimPages)
+            .with_page_bytes(page);
+        let split = split(&c, &cut(&c, page)).unwrap();
+        assert_eq!(split.page_bytes, page);
+        // Each one-page piece may move: in 2 MiB pages none could.
+        assert!((0..3).all(|t| split.is_movable(t)));
+    }
 
     fn tensor(bytes: u64, accesses: Vec<u32>) -> Tensor {
         Tensor {
