@@ -373,13 +373,15 @@ fn at_no_pressure_a_coordinator_plan_adds_no_driver_calls_per_launch() {
         );
     }
     // Events recorded (the manager's fences, the planner's launch timing): the same, up to
-    // fences the maintenance thread records for a stream gone quiet (timing-dependent).
+    // fences the maintenance thread records for a stream gone quiet (timing-dependent: 3%
+    // apart was seen with the other tests of this file running beside it). One more per
+    // launch would be 100% more.
     let (with, without) = (
         calls_of(&joined_calls, &["cuEventRecord"]),
         calls_of(&alone_calls, &["cuEventRecord"]),
     );
     assert!(
-        with.abs_diff(without) <= without / 50 + 4,
+        with.abs_diff(without) <= without / 10 + 4,
         "cuEventRecord: {with} with a coordinator, {without} without (per {launches} launches)"
     );
 }
