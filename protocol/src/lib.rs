@@ -34,5 +34,5 @@ pub use plan::{Action, ExecPlan, Iteration, PieceRef, PlanDecodeError, Role, Ste
 pub use process::ProcessIdentity;
 pub use ring::Corruption;
 pub use segment::{Geometry, SegmentError, LAYOUT_VERSION};
-pub use slot::{Admission, JobSnapshot, PlanState, Priority, StepCounters};
+pub use slot::{Admission, JobSnapshot, PlanState, Priority, StepCounters, DEFAULT_PAGE_BYTES};
 pub use view::{CoordinatorInfo, SegmentView};

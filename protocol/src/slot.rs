@@ -287,6 +287,21 @@ pub struct JobSnapshot {
     pub page_bytes: u64,
 }
 
+/// The page a job that does not say its own moves in: the H100's 2 MiB.
+pub const DEFAULT_PAGE_BYTES: u64 = 2 << 20;
+
+impl JobSnapshot {
+    /// The job's page: what it said, or [`DEFAULT_PAGE_BYTES`] where it said nothing usable
+    /// (0, as jobs before the field write, or not a power of two).
+    pub fn page(&self) -> u64 {
+        if self.page_bytes.is_power_of_two() {
+            self.page_bytes
+        } else {
+            DEFAULT_PAGE_BYTES
+        }
+    }
+}
+
 /// What a job reports about its last step, written into its slot.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepCounters {

@@ -150,16 +150,13 @@ pub fn start_for(rt: &'static Runtime) {
         }
         // Told rates are used as told; the H100's are slowed by the remaps of pages of this
         // size (the driver's calls cost per mapping, whatever the page).
-        let cost = match config.plan_gbps {
-            Some(_) => cost,
-            None => cost_model(
-                None,
-                PageRemapCost {
-                    page_bytes: page,
-                    ..remaps
-                },
-            ),
-        };
+        let cost = cost_model(
+            config.plan_gbps,
+            PageRemapCost {
+                page_bytes: page,
+                ..remaps
+            },
+        );
         Box::new(LocalLearner::new(budget, cost, page))
     });
 }

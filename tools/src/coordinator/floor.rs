@@ -4,11 +4,9 @@
 
 use std::collections::HashMap;
 
+use tensile_protocol::DEFAULT_PAGE_BYTES;
 use tensile_trace::Record;
 
-/// The shim's unit of residency on the H100 (`shim::memory`'s page), for jobs that do not
-/// say theirs.
-const PAGE_BYTES: u64 = 2 << 20;
 /// Pages the shim needs beyond a launch's own: a swap in flight while the launch's pages come
 /// in, so that one launch at the floor can always make progress.
 const SLACK_PAGES: u64 = 2;
@@ -26,22 +24,19 @@ pub struct FloorTracker {
 
 impl Default for FloorTracker {
     fn default() -> FloorTracker {
-        FloorTracker::new(0)
+        FloorTracker::new(DEFAULT_PAGE_BYTES)
     }
 }
 
 impl FloorTracker {
-    /// A tracker for a job whose memory manager's page is `page_bytes` (0 or not a power of
-    /// two: the H100's 2 MiB).
+    /// A tracker for a job whose memory manager's page is `page_bytes` ([`JobSnapshot::page`]).
+    ///
+    /// [`JobSnapshot::page`]: tensile_protocol::JobSnapshot::page
     pub fn new(page_bytes: u64) -> FloorTracker {
         FloorTracker {
             sizes: HashMap::new(),
             largest: 0,
-            page: if page_bytes.is_power_of_two() {
-                page_bytes
-            } else {
-                PAGE_BYTES
-            },
+            page: page_bytes,
         }
     }
 
@@ -140,9 +135,9 @@ mod tests {
         }
         // 5 MiB: 3 pages; two 64 KiB share one; 2 of slack. The same id twice counts once.
         t.push(&launch(&[1, 2, 3, 1]));
-        assert_eq!(t.floor(), (3 + 1 + 2) * PAGE_BYTES);
+        assert_eq!(t.floor(), (3 + 1 + 2) * DEFAULT_PAGE_BYTES);
         t.push(&launch(&[4]));
-        assert_eq!(t.floor(), (50 + 2) * PAGE_BYTES);
+        assert_eq!(t.floor(), (50 + 2) * DEFAULT_PAGE_BYTES);
         // Smaller launches and unknown or freed allocations do not lower or raise it.
         t.push(&Record::Free(Free {
             t_ns: 0,
@@ -151,6 +146,6 @@ mod tests {
         }));
         t.push(&launch(&[4, 99]));
         t.push(&launch(&[2]));
-        assert_eq!(t.floor(), (50 + 2) * PAGE_BYTES);
+        assert_eq!(t.floor(), (50 + 2) * DEFAULT_PAGE_BYTES);
     }
 }

@@ -187,8 +187,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         segment,
         log,
         Box::new(move |job: &JobSnapshot| {
-            Box::new(LearnerPlanner::new(job.budget_bytes, cost, job.page_bytes))
-                as Box<dyn JobPlanner>
+            Box::new(LearnerPlanner::new(job.budget_bytes, cost, job.page())) as Box<dyn JobPlanner>
         }),
     );
     coordinator.reserve_fraction = args.reserve / 100.0;
@@ -448,7 +447,7 @@ impl Coordinator {
                         planner_failures: 0,
                         joined: self.joins,
                         granted: 0,
-                        floor: FloorTracker::new(snap.page_bytes),
+                        floor: FloorTracker::new(snap.page()),
                         admission: Admission::Admitted,
                         needs: std::collections::VecDeque::new(),
                         curve: Vec::new(),

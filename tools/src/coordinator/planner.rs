@@ -54,13 +54,11 @@ pub struct LearnerPlanner {
 
 impl LearnerPlanner {
     /// A learner for a job asking for `budget_bytes`, pricing copies with `cost`, planning in
-    /// the job's pages of `page_bytes` (0: the job did not say; the H100's).
+    /// the job's pages of `page_bytes` ([`tensile_protocol::JobSnapshot::page`]).
     pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64) -> LearnerPlanner {
         let mut options = LearnerOptions::for_budget(budget_bytes.max(1));
         options.cost = cost;
-        if page_bytes.is_power_of_two() {
-            options.page_bytes = page_bytes;
-        }
+        options.page_bytes = page_bytes;
         LearnerPlanner {
             learner: Learner::new(options.clone()),
             options,
@@ -126,11 +124,12 @@ impl JobPlanner for LearnerPlanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tensile_protocol::DEFAULT_PAGE_BYTES;
     use tensile_trace::{Alloc, AllocKind};
 
     #[test]
     fn a_learner_that_panics_is_replaced_and_counted_and_the_planner_goes_on() {
-        let mut p = LearnerPlanner::new(64 << 20, CostModel::default(), 0);
+        let mut p = LearnerPlanner::new(64 << 20, CostModel::default(), DEFAULT_PAGE_BYTES);
         p.push(&Record::Alloc(Alloc {
             t_ns: 1,
             stream: 0,
