@@ -180,6 +180,19 @@ impl CoordinatorSegment {
         }
     }
 
+    /// Delivers all that the job of `incarnation`, which has left `slot`, pushed before it
+    /// left (a job's last frames can land after the coordinator's last read of its ring).
+    /// Nothing when a new job has had the slot since: claiming restarts the ring.
+    pub fn drain_departed(&mut self, slot: u32, incarnation: u64, deliver: impl FnMut(Delivery)) {
+        let me = std::process::id();
+        if !self.segment.slot(slot).hold_departed(me, incarnation) {
+            return;
+        }
+        // The producer is gone, so the ring holds at most its size: one call reads it all.
+        self.drain(slot, usize::MAX, deliver);
+        self.segment.slot(slot).end_hold(me);
+    }
+
     /// Grants `bytes` to the job in `slot`.
     pub fn set_grant(&self, slot: u32, bytes: u64) {
         self.segment

@@ -488,6 +488,38 @@ impl JobSlot {
             .is_ok()
     }
 
+    /// Holds a free slot for the coordinator while it reads what the slot's last job left in
+    /// the ring, in `incarnation`: no job can claim the slot (and restart the ring under the
+    /// reader) until [`JobSlot::end_hold`]. False when the slot is taken or a new job has had it
+    /// since. A coordinator that dies holding it leaves a claim by a dead pid, which the next
+    /// joiner takes over.
+    pub fn hold_departed(&self, coordinator: u32, incarnation: u64) -> bool {
+        let held = self
+            .owner
+            .compare_exchange(
+                STATE_FREE,
+                owner_word(coordinator, STATE_CLAIMING),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok();
+        if held && self.incarnation.load(Ordering::Relaxed) != incarnation {
+            self.end_hold(coordinator);
+            return false;
+        }
+        held
+    }
+
+    /// Ends [`JobSlot::hold_departed`].
+    pub fn end_hold(&self, coordinator: u32) {
+        let _ = self.owner.compare_exchange(
+            owner_word(coordinator, STATE_CLAIMING),
+            STATE_FREE,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+
     /// The coordinator's sweep: frees the slot if its owner is dead. Returns the owner's pid.
     pub fn reclaim_if_dead(&self) -> Option<u32> {
         let word = self.owner.load(Ordering::Acquire);

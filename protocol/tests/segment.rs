@@ -367,6 +367,51 @@ fn a_joining_job_takes_the_slot_of_a_dead_one_and_none_of_its_records() {
 }
 
 #[test]
+fn what_a_job_pushed_just_before_leaving_is_read_unless_a_new_job_took_the_slot() {
+    let name = unique_name("departed");
+    let geometry = Geometry {
+        slot_count: 1,
+        ..small()
+    };
+    let mut coordinator = CoordinatorSegment::create(&name, geometry).unwrap();
+    let mut job = JobClient::join(&name, &options("leaves at once")).unwrap();
+    let (slot, incarnation) = (job.slot_index(), coordinator.jobs()[0].incarnation);
+    let sent: Vec<Record> = (0..40).map(launch).collect();
+    for r in &sent {
+        job.push(r);
+    }
+    job.leave();
+    assert!(coordinator.jobs().is_empty());
+    let mut got = Vec::new();
+    coordinator.drain_departed(slot, incarnation, |d| got.push(d));
+    let expected: Vec<Delivery> = sent.iter().cloned().map(Delivery::Record).collect();
+    assert_eq!(got, expected);
+    // The slot is free again: the next job takes it.
+    assert!(coordinator.jobs().is_empty());
+
+    // A job that left and whose slot a new job took: its records went with the claim, and
+    // the new job's are not read as the old one's.
+    let mut first = JobClient::join(&name, &options("first")).unwrap();
+    let first_incarnation = coordinator.jobs()[0].incarnation;
+    first.push(&launch(1));
+    first.leave();
+    let mut second = JobClient::join(&name, &options("second")).unwrap();
+    second.push(&launch(2));
+    second.flush();
+    let mut got = Vec::new();
+    coordinator.drain_departed(slot, first_incarnation, |d| got.push(d));
+    assert_eq!(got, Vec::new());
+    assert!(
+        second.connected(),
+        "reading the departed job's ring took the slot"
+    );
+    assert_eq!(
+        drain_all(&mut coordinator, slot),
+        vec![Delivery::Record(launch(2))]
+    );
+}
+
+#[test]
 fn a_full_ring_drops_counts_and_says_where_the_gap_is() {
     let name = unique_name("full");
     let mut coordinator = CoordinatorSegment::create(&name, small()).unwrap();

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 use tensile_analyzer::cost::format_bytes;
 use tensile_analyzer::CostModel;
 use tensile_protocol::{
-    Admission, Command, CoordinatorSegment, Delivery, Geometry, JobSnapshot, SegmentError,
+    Admission, Command, CoordinatorSegment, Corruption, Delivery, Geometry, JobSnapshot,
+    SegmentError,
 };
 
 use floor::FloorTracker;
@@ -258,6 +259,29 @@ struct Job {
     ran_ns: u64,
 }
 
+impl Job {
+    /// Takes one delivery from the job's ring; a corrupt ring is noted in `corrupt`.
+    fn take(&mut self, delivery: Delivery, corrupt: &mut Option<Corruption>) {
+        match delivery {
+            Delivery::Record(r) => {
+                self.records += 1;
+                self.floor.push(&r);
+                self.planner.push(&r);
+            }
+            Delivery::Lost(n) => {
+                self.lost += n;
+                self.planner.lost(n);
+            }
+            Delivery::Corrupt(c) => {
+                // How much is gone is unknown: at least one record.
+                self.lost += 1;
+                self.planner.lost(1);
+                *corrupt = Some(c);
+            }
+        }
+    }
+}
+
 /// The jobs that have the card while the others wait (see [`grants::turns`]).
 struct Turn {
     started: Instant,
@@ -413,7 +437,10 @@ impl Coordinator {
             .map(|(&slot, _)| slot)
             .collect();
         for slot in gone {
-            if let Some(job) = self.jobs.remove(&slot) {
+            if let Some(mut job) = self.jobs.remove(&slot) {
+                let mut corrupt = None;
+                self.segment
+                    .drain_departed(slot, job.incarnation, |d| job.take(d, &mut corrupt));
                 let planner = match job.planner.state() {
                     PlannerState::Learning => "learning".to_string(),
                     PlannerState::Planned { version } => format!("plan version {version}"),
@@ -471,23 +498,7 @@ impl Coordinator {
         for (&slot, job) in jobs.iter_mut() {
             let mut corrupt = None;
             let before = job.records;
-            segment.drain(slot, DRAIN_PER_TICK, |d| match d {
-                Delivery::Record(r) => {
-                    job.records += 1;
-                    job.floor.push(&r);
-                    job.planner.push(&r);
-                }
-                Delivery::Lost(n) => {
-                    job.lost += n;
-                    job.planner.lost(n);
-                }
-                Delivery::Corrupt(c) => {
-                    // How much is gone is unknown: at least one record.
-                    job.lost += 1;
-                    job.planner.lost(1);
-                    corrupt = Some(c);
-                }
-            });
+            segment.drain(slot, DRAIN_PER_TICK, |d| job.take(d, &mut corrupt));
             busy |= job.records != before;
             if let Some(c) = corrupt {
                 log.line(&format!(
@@ -1007,6 +1018,9 @@ mod tests {
         c.tick(t0 + Duration::from_millis(101));
         assert_eq!(seen.lock().unwrap().lost, 7);
 
+        // What it pushes just before leaving is read after it has left, and counted.
+        job.push(&launch(1001));
+        job.push(&launch(1002));
         job.leave();
         let t1 = t0 + Duration::from_millis(102);
         c.tick(t1);
@@ -1022,7 +1036,7 @@ mod tests {
             format!("job {pid} joined slot {slot}, asking 5.00 GiB: train.py --lr 3e-4"),
             format!("grants: job {pid} 5.00 GiB (was 0 B"),
             format!("job {pid} planned: version 1, 3 launches per iteration"),
-            format!("job {pid} left slot {slot} after 401 records (7 lost)"),
+            format!("job {pid} left slot {slot} after 403 records (7 lost)"),
         ] {
             assert!(log.contains(&want), "{want:?} not in the log:\n{log}");
         }
