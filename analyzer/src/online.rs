@@ -51,11 +51,73 @@ const FIRST_ATTEMPT_LAUNCHES: u64 = 64;
 /// Weight of a new measurement in a position's moving average.
 const DURATION_EMA_WEIGHT: f64 = 0.2;
 
+/// The share of the budget the library's plans leave free (`TENSILE_PLAN_ROOM`): room for
+/// what a run does that its plan cannot place. Freed pages still busy on the device or
+/// sharing a unit with live ones, pages that small tensors share, and whatever comes in on
+/// demand all take frames the plan counts free; with none left, the manager evicts pages the
+/// plan keeps, which come back on demand and evict others in turn. ResNet-50's rerun at 50%
+/// of its peak (`--scale 4`) moved twice what its plan did and ran at 1.0x of LRU with no
+/// room, 1.36x with 20% (docs/rerun.md).
+pub const DEFAULT_PLAN_ROOM: f64 = 0.2;
+
+/// The bytes a plan may fill of `budget_bytes` when it leaves `room` (a share, `0..1`) free.
+pub fn plan_bytes(budget_bytes: u64, room: f64) -> u64 {
+    let room = room.clamp(0.0, 0.9);
+    budget_bytes - (budget_bytes as f64 * room) as u64
+}
+
+/// A share of the budget, `TENSILE_PLAN_ROOM`'s way: a percentage from 0 to 90, with or
+/// without `%`.
+pub fn parse_room(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let number = t.strip_suffix('%').unwrap_or(t).trim();
+    match number.parse::<f64>() {
+        Ok(p) if (0.0..=90.0).contains(&p) => Ok(p / 100.0),
+        Ok(_) => Err("out of range; expected a percentage from 0 to 90, e.g. 20%".into()),
+        Err(_) => {
+            Err("not a percentage; expected e.g. 20% (or 0 to plan for the whole budget)".into())
+        }
+    }
+}
+
+/// The budgets a plan for `cycle` within `budget_bytes` is tried at, in order: leaving
+/// `room` free, less the partial last pages ([`Cycle::plan_budgets`]), then without the room
+/// (where nothing fits with it, a plan that fills the budget beats none).
+pub fn budgets_to_try(cycle: &Cycle, budget_bytes: u64, room: f64) -> Vec<Budget> {
+    let mut budgets = cycle.plan_budgets(plan_bytes(budget_bytes, room));
+    for b in cycle.plan_budgets(budget_bytes) {
+        if !budgets.contains(&b) {
+            budgets.push(b);
+        }
+    }
+    budgets
+}
+
+/// The room `TENSILE_PLAN_ROOM` asks for in `lookup`'s environment, else the default; a
+/// value it cannot read is the default, with the reason.
+pub fn room_from_env(lookup: impl Fn(&str) -> Option<String>) -> (f64, Option<String>) {
+    match lookup("TENSILE_PLAN_ROOM").filter(|v| !v.trim().is_empty()) {
+        None => (DEFAULT_PLAN_ROOM, None),
+        Some(v) => match parse_room(&v) {
+            Ok(room) => (room, None),
+            Err(why) => (
+                DEFAULT_PLAN_ROOM,
+                Some(format!(
+                    "TENSILE_PLAN_ROOM={v:?} is not valid ({why}); using 20%"
+                )),
+            ),
+        },
+    }
+}
+
 /// How the learner plans.
 #[derive(Debug, Clone)]
 pub struct LearnerOptions {
     /// The device budget to plan for.
     pub budget_bytes: u64,
+    /// The share of the budget plans leave free ([`DEFAULT_PLAN_ROOM`] in the library; none
+    /// by default here, so that a learned plan is the offline planner's for the budget).
+    pub room: f64,
     /// Copy and launch costs.
     pub cost: CostModel,
     /// The local search after the planner; keep its time limit short (it runs in `poll`).
@@ -79,6 +141,7 @@ impl LearnerOptions {
     pub fn for_budget(budget_bytes: u64) -> LearnerOptions {
         LearnerOptions {
             budget_bytes,
+            room: 0.0,
             cost: CostModel::default(),
             search: SearchOptions {
                 time_limit: Duration::from_millis(150),
@@ -285,8 +348,7 @@ impl Learner {
     pub fn predict_step(&self, budget_bytes: u64) -> Option<u64> {
         let cycle = self.last_cycle.as_ref()?;
         let cost = &self.options.cost;
-        cycle
-            .plan_budgets(budget_bytes)
+        budgets_to_try(cycle, budget_bytes, self.options.room)
             .into_iter()
             .find_map(|budget| {
                 let planned = plan(cycle, &budget, cost).ok()?;
@@ -488,7 +550,8 @@ impl Learner {
     fn plan_cycle(&mut self, cycle: &Cycle) -> Result<ExecPlan, String> {
         // Under shim pages, the partial last pages the planner does not count come off first
         // (`Cycle::plan_budgets`).
-        let mut budgets = cycle.plan_budgets(self.options.budget_bytes).into_iter();
+        let mut budgets =
+            budgets_to_try(cycle, self.options.budget_bytes, self.options.room).into_iter();
         let mut result = Err("no budget to plan for".to_string());
         while result.is_err() {
             let Some(budget) = budgets.next() else { break };

@@ -503,3 +503,55 @@ fn an_allocation_announced_twice_while_live_is_refused_and_a_plan_still_comes() 
     assert_eq!(plan.period, clean_plan.period);
     assert_eq!(plan.steps.len(), clean_plan.steps.len());
 }
+
+/// A learner told to leave room plans within the budget less the room (and less the partial
+/// last pages, as without room), and a budget too small for any plan with the room left free
+/// is planned without it rather than not at all.
+#[test]
+fn a_plan_leaves_the_room_it_is_told_to_free_unless_nothing_would_fit() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wl_train.trace.gz");
+    let file = std::fs::File::open(&path).unwrap();
+    let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
+    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
+    let trace = load(&path, LoadOptions::default()).unwrap();
+    let budget = half_peak(&trace);
+    let first_plan = |room: f64, budget: u64| {
+        let mut learner = Learner::new(LearnerOptions {
+            room,
+            ..LearnerOptions::for_budget(budget)
+        });
+        let plans = feed(&mut learner, &records, 50, |_, _| {});
+        plans.into_iter().next().map(|(_, p)| p)
+    };
+    let without = first_plan(0.0, budget).expect("a plan without room");
+    let with = first_plan(0.25, budget).expect("a plan with room");
+    assert!(without.budget_bytes <= budget);
+    assert!(
+        with.budget_bytes <= budget - budget / 4,
+        "{} of {budget}",
+        with.budget_bytes
+    );
+    assert!(
+        with.bytes_out_per_iteration() >= without.bytes_out_per_iteration(),
+        "less room, no fewer moves"
+    );
+    check_plan("wl_train with room", &trace, &with, &[1, 2]);
+
+    // The smallest budget the planner plans at all: with 90% of it left free nothing fits,
+    // so the plan fills it.
+    let cycle_budgets = |room: f64, b: u64| {
+        let iters = detect(&trace).unwrap();
+        let cycle = Cycle::from_trace(&trace, &iters, &CostModel::default());
+        tensile_analyzer::online::budgets_to_try(&cycle, b, room)
+    };
+    let budgets = cycle_budgets(0.9, budget);
+    assert!(budgets.len() >= 2, "{budgets:?}");
+    assert!(budgets[0].bytes <= budget / 10 + 1, "{budgets:?}");
+    assert_eq!(budgets.last().unwrap().bytes, budget, "{budgets:?}");
+    let squeezed = first_plan(0.9, budget).expect("a plan, without the room if need be");
+    assert!(
+        squeezed.budget_bytes > budget / 10,
+        "{}",
+        squeezed.budget_bytes
+    );
+}

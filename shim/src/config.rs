@@ -101,6 +101,9 @@ pub struct Config {
     /// `TENSILE_PLAN_GBPS`: the copy bandwidths the planner assumes, GB/s (`None`: the H100's
     /// measured 55 each way, 92 both at once).
     pub plan_gbps: Option<PlanBandwidths>,
+    /// `TENSILE_PLAN_ROOM`: the share of the budget learned plans leave free, for what the
+    /// run does that a plan cannot place (`None`: the analyzer's `DEFAULT_PLAN_ROOM`, 20%).
+    pub plan_room: Option<f64>,
     /// `TENSILE_PRIORITY`: how this job ranks against others on the GPU when the coordinator
     /// divides its memory.
     pub priority: Priority,
@@ -293,6 +296,18 @@ impl Config {
             }
         }
 
+        if let Some(v) = get("TENSILE_PLAN_ROOM").filter(|v| !v.trim().is_empty()) {
+            match tensile_analyzer::online::parse_room(&v) {
+                Ok(room) => c.plan_room = Some(room),
+                Err(why) => problems.push(Problem {
+                    variable: "TENSILE_PLAN_ROOM",
+                    value: v,
+                    why,
+                    fallback: "20%",
+                }),
+            }
+        }
+
         if let Some(v) = get("TENSILE_PRIORITY").filter(|v| !v.trim().is_empty()) {
             match Priority::parse(&v) {
                 Some(p) => c.priority = p,
@@ -449,6 +464,25 @@ mod tests {
             line.contains("TENSILE_DEVICE_MEMORY=\"abc\" is not valid (`abc` is not a number"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_plans_room_is_a_percentage_and_a_bad_one_is_refused_in_one_line() {
+        assert_eq!(parse(&[]).0.plan_room, None);
+        for (v, want) in [("20%", 0.2), ("5", 0.05), (" 0 ", 0.0), ("90%", 0.9)] {
+            let (c, problems) = parse(&[("TENSILE_PLAN_ROOM", v)]);
+            assert!(problems.is_empty(), "{v}: {problems:?}");
+            assert!((c.plan_room.unwrap() - want).abs() < 1e-12, "{v}");
+        }
+        for v in ["lots", "95%", "-1", "0.2x"] {
+            let (c, problems) = parse(&[("TENSILE_PLAN_ROOM", v)]);
+            assert_eq!(c.plan_room, None, "{v}");
+            assert_eq!(problems.len(), 1, "{v}");
+            assert_eq!(problems[0].variable, "TENSILE_PLAN_ROOM");
+            let line = problems[0].to_string();
+            assert_eq!(line.lines().count(), 1, "{line}");
+            assert!(line.contains("20%"), "{line}");
+        }
     }
 
     #[test]

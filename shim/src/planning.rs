@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam::channel::Receiver;
-use tensile_analyzer::online::{Learner, LearnerOptions};
+use tensile_analyzer::online::{Learner, LearnerOptions, DEFAULT_PLAN_ROOM};
 use tensile_analyzer::{CostModel, PageRemapCost};
 use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
@@ -65,11 +65,12 @@ pub struct LocalLearner {
 
 impl LocalLearner {
     /// A learner for `budget_bytes` with copies priced by `cost`, planning in the manager's
-    /// pages of `page_bytes`.
-    pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64) -> LocalLearner {
+    /// pages of `page_bytes`, its plans leaving `room` of the budget free.
+    pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64, room: f64) -> LocalLearner {
         let mut options = LearnerOptions::for_budget(budget_bytes);
         options.cost = cost;
         options.page_bytes = page_bytes;
+        options.room = room;
         LocalLearner {
             learner: Learner::new(options),
         }
@@ -157,7 +158,8 @@ pub fn start_for(rt: &'static Runtime) {
                 ..remaps
             },
         );
-        Box::new(LocalLearner::new(budget, cost, page))
+        let room = config.plan_room.unwrap_or(DEFAULT_PLAN_ROOM);
+        Box::new(LocalLearner::new(budget, cost, page, room))
     });
 }
 
@@ -179,12 +181,13 @@ fn card_coordinator_name(rt: &Runtime) -> String {
 /// rerun` read these lines).
 pub(crate) fn learned(plan: &ExecPlan) -> String {
     format!(
-        "plan {} learned: {} launches per iteration, {} moves ({:.1} MiB out per iteration), \
-         predicted step {:.1} ms (compute {:.1} ms)",
+        "plan {} learned: {} launches per iteration, {} moves ({:.1} MiB out per iteration) \
+         within {:.1} MiB, predicted step {:.1} ms (compute {:.1} ms)",
         plan.version,
         plan.period,
         plan.steps.len(),
         plan.bytes_out_per_iteration() as f64 / (1 << 20) as f64,
+        plan.budget_bytes as f64 / (1 << 20) as f64,
         plan.predicted_step_ns as f64 / 1e6,
         plan.compute_ns as f64 / 1e6
     )

@@ -155,6 +155,17 @@ fn bad_traces_and_settings_are_refused_with_one_clear_line() {
     assert!(stderr.contains("use --scale 16"), "{}", text(&out));
     let out = rerun(&[bert.to_str().unwrap(), "--policy", "fifo"], &[]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("--policy \"fifo\""));
+    // A room the library would not take is refused before anything runs.
+    let out = reduced("mlp", &[], &[("TENSILE_PLAN_ROOM", "lots")]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("TENSILE_PLAN_ROOM=\"lots\" is not valid"),
+        "{}",
+        text(&out)
+    );
+    assert!(!stderr.contains("native run"), "{}", text(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -231,6 +242,36 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
     let run = &doc["runs"][0];
     assert_eq!(run["verified"], true, "{}", text(&out));
     assert!(run["stamps_checked"].as_u64() > Some(40), "{run}");
+    // Under a plan, with --logs: each run's whole log is kept, the library's lines in it.
+    let logs = dir.join("logs");
+    let out = rerun(
+        &[
+            path.to_str().unwrap(),
+            "--simulated",
+            "--json",
+            "--iterations",
+            "4",
+            "--budget",
+            "75%",
+            "--policy",
+            "plan",
+            "--logs",
+            logs.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(json(&out)["runs"][0]["verified"], true, "{}", text(&out));
+    for (file, want) in [
+        ("plan.log", "memory manager on device"),
+        ("plan.log", "swapped "),
+        ("plan-baseline.log", "memory manager on device"),
+    ] {
+        let log = std::fs::read_to_string(logs.join(file))
+            .unwrap_or_else(|e| panic!("{file}: {e}; {}", text(&out)));
+        assert!(log.contains(want), "{want:?} not in {file}:\n{log}");
+    }
+    assert!(logs.join("native.log").exists());
     // Four launches of 1.0 ms per step: the native step is at least the recorded compute
     // only once the simulator keeps kernel time; here it must at least have run.
     assert!(doc["native_step_ns"].as_u64() > Some(0));

@@ -40,6 +40,7 @@ use tensile_protocol::plan::{Action, ExecPlan, PieceRef, Step, When};
 
 use crate::kernels::KernelMeta;
 use crate::memory::advice::{EvictionAdvice, NextUse};
+use crate::memory::MemoryStats;
 use crate::tracker::Tracker;
 use advice::UseTable;
 use counters::{Counters, ExecutorStats};
@@ -135,6 +136,16 @@ pub struct Executor {
     mover: Arc<dyn Mover>,
     worker: OnceLock<Option<Worker>>,
     counters: Arc<Counters>,
+    /// The counters at the last iteration's start, for its account at debug level.
+    last_iteration: Mutex<Option<IterationMark>>,
+}
+
+/// Where the counters stood when an iteration began.
+struct IterationMark {
+    iteration: i64,
+    at: std::time::Instant,
+    memory: MemoryStats,
+    executor: ExecutorStats,
 }
 
 impl std::fmt::Debug for Executor {
@@ -160,6 +171,7 @@ impl Executor {
             mover,
             worker: OnceLock::new(),
             counters: Arc::new(Counters::default()),
+            last_iteration: Mutex::new(None),
         }
     }
 
@@ -387,6 +399,9 @@ impl Executor {
             self.mismatch(loaded, position, seq, kernel, tracker);
             return;
         }
+        if position == 0 && tracing::enabled!(tracing::Level::DEBUG) {
+            self.account_iteration(loaded, seq);
+        }
         let steps = loaded.steps(position, When::AfterLaunch);
         let host_resident: &[PieceRef] = if position == 0
             && loaded.host_resident_pending.load(Ordering::Relaxed)
@@ -399,6 +414,48 @@ impl Executor {
         if (!steps.is_empty() || !host_resident.is_empty()) && !capturing() {
             self.carry_out(loaded, steps, host_resident, seq, tracker);
         }
+    }
+
+    /// Logs what the iteration that ends at launch `seq` (position 0) moved, planned and not:
+    /// where a run departs from its plan. Host time: the host runs ahead of the device.
+    #[cold]
+    fn account_iteration(&self, loaded: &Loaded, seq: u64) {
+        let Some(memory) = self.mover.memory_stats() else {
+            return;
+        };
+        let now = IterationMark {
+            iteration: iteration_of(loaded.plan.anchor_seq, loaded.plan.period, seq),
+            at: std::time::Instant::now(),
+            memory,
+            executor: self.counters.snapshot(),
+        };
+        let mut last = lock(&self.last_iteration);
+        if let Some(was) = last.as_ref().filter(|w| w.iteration + 1 == now.iteration) {
+            let (m, w) = (&now.memory, &was.memory);
+            let (e, we) = (&now.executor, &was.executor);
+            let d = |a: u64, b: u64| a.saturating_sub(b);
+            tracing::debug!(
+                "tensile: iteration {} of plan {} took {:.1} ms on the host; the plan moved {} \
+                 pages out and {} in; the manager chose {} out for launches, {} for \
+                 prefetches, {} for allocations, {} ahead, and brought {} in on demand; {} \
+                 accesses stalled for {:.1} ms; now {} frames in use, {} of them dead pages",
+                was.iteration,
+                loaded.plan.version,
+                now.at.duration_since(was.at).as_secs_f64() * 1e3,
+                d(e.pages_out, we.pages_out),
+                d(e.pages_in, we.pages_in),
+                d(m.evicted_for.access, w.evicted_for.access),
+                d(m.evicted_for.prefetch, w.evicted_for.prefetch),
+                d(m.evicted_for.allocation, w.evicted_for.allocation),
+                d(m.evicted_for.reserve, w.evicted_for.reserve),
+                d(m.pages_in_on_demand, w.pages_in_on_demand),
+                d(m.stalled_launches, w.stalled_launches),
+                d(m.stall_ns, w.stall_ns) as f64 / 1e6,
+                m.frames_in_use,
+                m.dead_device_pages,
+            );
+        }
+        *last = Some(now);
     }
 
     /// Resolves `steps` (and `host_resident` pieces, swapped out) for the launch numbered
@@ -605,6 +662,12 @@ impl Mover for ManagerMover {
         crate::runtime::existing()
             .and_then(|rt| rt.memory())
             .map_or(PAGE_BYTES, |m| m.mm.page_bytes() as u64)
+    }
+
+    fn memory_stats(&self) -> Option<MemoryStats> {
+        crate::runtime::existing()
+            .and_then(|rt| rt.memory())
+            .map(|m| m.mm.stats())
     }
 }
 

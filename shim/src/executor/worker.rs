@@ -41,6 +41,10 @@ pub trait Mover: Send + Sync {
     /// Asks for physical units of at most `pages` pages from now on (`None`: the mover's
     /// own limit), so that a plan's pieces move alone.
     fn set_unit_pages(&self, _pages: Option<usize>) {}
+    /// The mechanism's counters, for the executor's per-iteration account (debug level).
+    fn memory_stats(&self) -> Option<crate::memory::MemoryStats> {
+        None
+    }
 }
 
 /// The moves of one trigger (one launch, one verb).

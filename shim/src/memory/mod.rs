@@ -57,4 +57,4 @@ pub use driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
 pub use failures::FailureCause;
 pub use manager::{AccessTicket, ManagerConfig, MemoryManager};
 pub use page::{PageTable, ResidencyState};
-pub use stats::MemoryStats;
+pub use stats::{Demand, EvictedFor, MemoryStats};

@@ -29,6 +29,55 @@ pub struct MemoryStats {
     /// whole), by whether an allocation still held them.
     pub planned_out_unnamed_live: u64,
     pub planned_out_unnamed_dead: u64,
+    /// Pages evicted on the manager's own choice (not named by a plan), by what needed the
+    /// frames: what a plan did not foresee shows here.
+    pub evicted_for: EvictedFor,
+    /// Pages brought in because an access found them on the host (not prefetched).
+    pub pages_in_on_demand: u64,
+    /// Gauges, as of the snapshot: device frames in use, and those of them holding pages no
+    /// allocation holds any more.
+    pub frames_in_use: u64,
+    pub dead_device_pages: u64,
+}
+
+/// Pages the manager evicted of its own choice, by what wanted the frames (see
+/// [`Demand`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EvictedFor {
+    pub access: u64,
+    pub prefetch: u64,
+    pub allocation: u64,
+    pub reserve: u64,
+    pub budget: u64,
+}
+
+impl EvictedFor {
+    pub fn add(&mut self, demand: Demand, pages: u64) {
+        let counter = match demand {
+            Demand::Access => &mut self.access,
+            Demand::Prefetch => &mut self.prefetch,
+            Demand::Allocation => &mut self.allocation,
+            Demand::Reserve => &mut self.reserve,
+            Demand::Budget => &mut self.budget,
+        };
+        *counter += pages;
+    }
+}
+
+/// What the manager is finding device frames for.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum Demand {
+    /// A launch, copy or memset touching pages on the host.
+    #[default]
+    Access,
+    /// A prefetch (a plan's, ahead of use).
+    Prefetch,
+    /// A new allocation's pages.
+    Allocation,
+    /// The free reserve kept ahead of need.
+    Reserve,
+    /// A smaller budget.
+    Budget,
 }
 
 impl From<MemoryStats> for tensile_trace::Stats {

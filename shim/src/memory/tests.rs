@@ -1798,3 +1798,52 @@ fn a_stream_ordered_free_records_no_event_and_its_memory_still_reaches_another_s
     mm.free(other, Some(s2)).unwrap();
     assert_consistent(&fake, &mm);
 }
+
+#[test]
+fn the_manager_counts_its_own_evictions_by_what_wanted_the_frames() {
+    let cfg = ManagerConfig {
+        evict_batch: 1,
+        free_reserve_pages: 0,
+        ..config(4, 64)
+    };
+    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let a = mm.alloc(2 * PAGE, Some(s)).unwrap();
+    write(&fake, &mm, s, a, pattern(1, 2 * PAGE));
+    let b = mm.alloc(2 * PAGE, Some(s)).unwrap();
+    write(&fake, &mm, s, b, pattern(2, 2 * PAGE));
+    assert_eq!(mm.stats().evicted_for, EvictedFor::default());
+
+    // A new allocation finds the budget full: the least recently used (a) leaves for it.
+    let c = mm.alloc(2 * PAGE, Some(s)).unwrap();
+    write(&fake, &mm, s, c, pattern(3, 2 * PAGE));
+    let st = mm.stats();
+    assert_eq!(st.evicted_for.allocation, 2, "{st:?}");
+    // Reading a back brings it in on demand, and b leaves for it.
+    let r = read(&fake, &mm, s, a, 2 * PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(1, 2 * PAGE)[..]));
+    let st = mm.stats();
+    assert_eq!(
+        (st.evicted_for.access, st.pages_in_on_demand),
+        (2, 2),
+        "{st:?}"
+    );
+    // A prefetch of b is no access: c leaves for it, and nothing comes in on demand.
+    assert_eq!(mm.prefetch(&[(b, 2 * PAGE)]).unwrap(), 2);
+    let st = mm.stats();
+    assert_eq!(
+        (st.evicted_for.prefetch, st.pages_in_on_demand),
+        (2, 2),
+        "{st:?}"
+    );
+    let f = st.evicted_for;
+    assert_eq!(
+        f.access + f.prefetch + f.allocation + f.reserve + f.budget,
+        st.pages_evicted,
+        "no plan named a page: every eviction was the manager's choice"
+    );
+    assert_eq!((st.frames_in_use, st.dead_device_pages), (4, 0), "{st:?}");
+    let r = read(&fake, &mm, s, b, 2 * PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(2, 2 * PAGE)[..]));
+    assert_consistent(&fake, &mm);
+}

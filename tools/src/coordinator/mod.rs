@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tensile_analyzer::cost::format_bytes;
+use tensile_analyzer::online::{parse_room, room_from_env};
 use tensile_analyzer::CostModel;
 use tensile_protocol::{
     Admission, Command, CoordinatorSegment, Corruption, Delivery, Geometry, JobSnapshot,
@@ -55,6 +56,11 @@ pub struct CoordinatorArgs {
     /// remap cost per 2 MiB page moved into host units (about 41.8,32.7,50.2).
     #[arg(long, value_name = "H2D,D2H,BOTH")]
     pub plan_gbps: Option<String>,
+    /// The share of each job's grant its plans leave free, for what a run does that its plan
+    /// cannot place: a percentage from 0 to 90. Default: TENSILE_PLAN_ROOM of the
+    /// coordinator's environment (the first job's, when a job started it), else 20%.
+    #[arg(long, value_name = "PERCENT")]
+    pub plan_room: Option<String>,
     /// Percent of the card's memory never granted to jobs: room for what libraries allocate
     /// around the jobs' arenas (cuBLAS and cuDNN workspaces, NCCL buffers, contexts).
     #[arg(long, value_name = "PERCENT", default_value_t = DEFAULT_RESERVE_PERCENT)]
@@ -129,6 +135,13 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         ));
     }
     let cost = cost_model(args.plan_gbps.as_deref())?;
+    let (room, room_problem) = match &args.plan_room {
+        Some(v) => (
+            parse_room(v).map_err(|why| format!("--plan-room {v}: {why}"))?,
+            None,
+        ),
+        None => room_from_env(|k| std::env::var(k).ok()),
+    };
     if !(args.reserve.is_finite() && (0.0..100.0).contains(&args.reserve)) {
         return Err(format!(
             "--reserve {}: expected a percentage from 0 to below 100",
@@ -188,9 +201,19 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         segment,
         log,
         Box::new(move |job: &JobSnapshot| {
-            Box::new(LearnerPlanner::new(job.budget_bytes, cost, job.page())) as Box<dyn JobPlanner>
+            Box::new(LearnerPlanner::new(
+                job.budget_bytes,
+                cost,
+                job.page(),
+                room,
+            )) as Box<dyn JobPlanner>
         }),
     );
+    if let Some(problem) = room_problem {
+        coordinator
+            .log
+            .line(&format!("coordinator {}: {problem}", std::process::id()));
+    }
     coordinator.reserve_fraction = args.reserve / 100.0;
     coordinator.turn_length = Duration::from_secs_f64(args.turn);
     let idle_exit = Duration::from_secs_f64(args.idle_exit);

@@ -54,11 +54,13 @@ pub struct LearnerPlanner {
 
 impl LearnerPlanner {
     /// A learner for a job asking for `budget_bytes`, pricing copies with `cost`, planning in
-    /// the job's pages of `page_bytes` ([`tensile_protocol::JobSnapshot::page`]).
-    pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64) -> LearnerPlanner {
+    /// the job's pages of `page_bytes` ([`tensile_protocol::JobSnapshot::page`]), its plans
+    /// leaving `room` of the grant free.
+    pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64, room: f64) -> LearnerPlanner {
         let mut options = LearnerOptions::for_budget(budget_bytes.max(1));
         options.cost = cost;
         options.page_bytes = page_bytes;
+        options.room = room;
         LearnerPlanner {
             learner: Learner::new(options.clone()),
             options,
@@ -129,7 +131,7 @@ mod tests {
 
     #[test]
     fn a_learner_that_panics_is_replaced_and_counted_and_the_planner_goes_on() {
-        let mut p = LearnerPlanner::new(64 << 20, CostModel::default(), DEFAULT_PAGE_BYTES);
+        let mut p = LearnerPlanner::new(64 << 20, CostModel::default(), DEFAULT_PAGE_BYTES, 0.0);
         p.push(&Record::Alloc(Alloc {
             t_ns: 1,
             stream: 0,

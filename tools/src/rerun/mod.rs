@@ -29,6 +29,7 @@ use tensile_analyzer::cost::{format_bytes, parse_size};
 use tensile_analyzer::cycle::MoveUnits;
 use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::model::Trace;
+use tensile_analyzer::online::{budgets_to_try, room_from_env};
 use tensile_analyzer::search::SearchOptions;
 use tensile_analyzer::{analyze, evaluate_many_with, Analysis, Budget, CostModel, PolicyKind};
 use tensile_trace::{Reader, Record, Stats};
@@ -80,6 +81,10 @@ pub struct RerunArgs {
     /// TENSILE_PRIORITY of the managed run: high, normal or low.
     #[arg(long)]
     pub priority: Option<String>,
+    /// Keep each run's whole log (the player's and the library's lines on stderr) in DIR, as
+    /// native.log, lru.log, lru-baseline.log, plan.log, plan-baseline.log.
+    #[arg(long, value_name = "DIR")]
+    pub logs: Option<PathBuf>,
 }
 
 /// A simulated card shared with other reruns (`--card`).
@@ -265,6 +270,7 @@ fn run_player(
     env: &[(String, String)],
     trace_out: Option<&Path>,
     label: &str,
+    log_to: Option<PathBuf>,
 ) -> Result<PlayerOutput, String> {
     let mut cmd = Command::new(&pieces.tensile);
     cmd.arg("rerun-player").arg(script);
@@ -287,6 +293,12 @@ fn run_player(
             eprintln!("  [{label}] {progress}");
         }
     })?;
+    if let Some(path) = log_to {
+        let mut text = log.join("\n");
+        text.push('\n');
+        std::fs::write(&path, text)
+            .map_err(|e| format!("cannot write the log {}: {e}", path.display()))?;
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let json: Option<Value> = stdout
         .lines()
@@ -512,9 +524,16 @@ struct Session {
     card: Option<SharedCard>,
     /// How the predictions price moves (the planner on the simulated card is told the same).
     cost: CostModel,
+    /// `--logs`.
+    logs: Option<PathBuf>,
 }
 
 impl Session {
+    /// Where the log of run `name` is kept, if `--logs` asked.
+    fn log_path(&self, name: &str) -> Option<PathBuf> {
+        self.logs.as_ref().map(|d| d.join(format!("{name}.log")))
+    }
+
     /// A measured time in trace time.
     fn trace_time(&self, ns: u64) -> u64 {
         (ns as f64 / self.time_scale).round() as u64
@@ -541,7 +560,15 @@ impl Session {
                 + (256 << 20);
             env.extend(simulator_env(capacity, self.scale, self.time_scale));
         }
-        let native = run_player(&self.pieces, &self.script, None, &env, None, "native")?;
+        let native = run_player(
+            &self.pieces,
+            &self.script,
+            None,
+            &env,
+            None,
+            "native",
+            self.log_path("native"),
+        )?;
         if native.json["verified"] != Value::Bool(true) {
             let message = native.json["message"].as_str().unwrap_or("stamp mismatch");
             return Err(format!("native run: {message}"));
@@ -583,9 +610,18 @@ impl Session {
         if policy == PolicyKind::Plan {
             // The planner's announcements are the run's record of when plans came; the
             // manager's info level brings the executor's counters at exit.
+            // With --logs, each iteration's account too (what it moved, planned and not).
+            // TENSILE_RERUN_LOG adds directives of its own (`tensile_shim::memory=trace`).
+            let executor = if self.logs.is_some() { "debug" } else { "warn" };
+            let more = std::env::var("TENSILE_RERUN_LOG")
+                .map(|d| format!(",{d}"))
+                .unwrap_or_default();
             env.push((
                 "TENSILE_LOG".into(),
-                "warn,tensile_shim::planning=info,tensile_shim::managed=info".into(),
+                format!(
+                    "warn,tensile_shim::planning=info,tensile_shim::managed=info,\
+                     tensile_shim::executor={executor}{more}"
+                ),
             ));
             let coordinator = self.card.as_ref().map_or("off", |c| &c.name);
             env.push(("TENSILE_COORDINATOR".into(), coordinator.into()));
@@ -623,6 +659,7 @@ impl Session {
             &env,
             Some(&full_trace),
             name,
+            self.log_path(name),
         )?;
         let stamps_checked = full.json["stamps_checked"].as_u64().unwrap_or(0);
         if full.json["verified"] != Value::Bool(true) {
@@ -659,6 +696,7 @@ impl Session {
             &env,
             Some(&baseline_trace),
             &format!("{name}, baseline of {baseline_iterations} iteration(s)"),
+            self.log_path(&format!("{name}-baseline")),
         )?;
         let per_iteration = |f: fn(&Stats) -> u64| {
             let all = full.stats.as_ref().map_or(0, f);
@@ -691,14 +729,15 @@ impl Session {
 /// predicted as the library makes it: in the units it moves (whole pages, small tensors left
 /// in place: `tensile replay --shim-pages`), on the cycle at the played sizes (the trace's
 /// divided by `scale`, in the played page, [`played_page`]), with copies at the played rates,
-/// for the budget less the partial last pages ([`Cycle::plan_budget`]); its bytes are
-/// reported at trace size.
+/// for the budget less the room it leaves free and the partial last pages
+/// ([`budgets_to_try`]); its bytes are reported at trace size.
 fn predict(
     analysis: &Analysis,
     policies: &[PolicyKind],
     budget: u64,
     scale: u64,
     cost: &CostModel,
+    room: f64,
 ) -> Vec<(PolicyKind, Option<Predicted>)> {
     let mut played = analysis
         .cycle
@@ -720,10 +759,10 @@ fn predict(
         .iter()
         .map(|&policy| {
             let (cycle, budgets, cost, bytes_scale) = match policy {
-                // As the learner plans (`Cycle::plan_budgets`).
+                // As the learner plans.
                 PolicyKind::Plan => (
                     &played,
-                    played.plan_budgets(budget.div_ceil(scale)),
+                    budgets_to_try(&played, budget.div_ceil(scale), room),
                     &played_cost,
                     scale,
                 ),
@@ -808,6 +847,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         max_slots: Scaling::slots_for_budget((!policies.is_empty()).then_some(scaled_budget)),
     };
     let script = script::build(&trace, &analysis, &cost, scaling, args.iterations);
+    if let Some(dir) = &args.logs {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot make the log directory {}: {e}", dir.display()))?;
+    }
     let work = WorkDir::new("rerun", &pieces.simulator, false)?;
     let script_path = work.path.join("script.json");
     let text = serde_json::to_string(&script).map_err(|e| e.to_string())?;
@@ -856,15 +899,21 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         base_env,
         card,
         cost,
+        logs: args.logs.clone(),
     };
 
+    // The players inherit TENSILE_PLAN_ROOM: the prediction plans as they will.
+    let (room, problem) = room_from_env(|k| std::env::var(k).ok());
+    if let Some(problem) = problem {
+        return Err(problem);
+    }
     let (native_step_ns, native) = if session.card.is_some() {
         eprintln!("tensile rerun: --card: no native run");
         (0, Value::Null)
     } else {
         session.native(&trace)?
     };
-    let runs = predict(&analysis, &policies, budget, scale, &cost)
+    let runs = predict(&analysis, &policies, budget, scale, &cost, room)
         .into_iter()
         .map(|(policy, predicted)| session.managed(policy, predicted))
         .collect::<Result<Vec<_>, _>>()?;
@@ -1059,6 +1108,18 @@ fn human(
                     get("out_unit_live") + get("out_unit_dead"),
                     get("out_unit_dead"),
                     get("pages_in")
+                );
+                let _ = writeln!(
+                    out,
+                    "unplanned  the manager's own choice, in pages: {} out for launches, {} for \
+                     prefetches, {} for new allocations, {} kept free ahead, {} for the budget; \
+                     {} in on demand",
+                    get("unplanned_out_access"),
+                    get("unplanned_out_prefetch"),
+                    get("unplanned_out_allocation"),
+                    get("unplanned_out_reserve"),
+                    get("unplanned_out_budget"),
+                    get("in_on_demand"),
                 );
             }
             None => {

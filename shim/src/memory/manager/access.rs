@@ -10,6 +10,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::memory::driver::{Event, Stream};
 use crate::memory::failures::{human_bytes, FailureCause};
 use crate::memory::page::{ResidencyState, Use};
+use crate::memory::stats::Demand;
 
 use super::{runs, AccessTicket, Inner, PinStall};
 
@@ -220,6 +221,9 @@ impl Inner {
                 self.whole_host_units(bring_in, |e| matches!(e.state, ResidencyState::Host(_)));
             let frames = self.acquire_device_frames(&bring_in)?;
             waits.push(self.swap_in(&bring_in, frames)?);
+            if self.demand == Demand::Access {
+                self.stats.pages_in_on_demand += bring_in.len() as u64;
+            }
         }
         waits.sort_unstable();
         waits.dedup();

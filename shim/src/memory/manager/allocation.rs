@@ -9,6 +9,7 @@ use crate::memory::driver::Stream;
 use crate::memory::failures::{human_bytes, FailureCause};
 use crate::memory::frames::DevFrame;
 use crate::memory::page::{Frame, PageEntry, ResidencyState};
+use crate::memory::stats::Demand;
 use crate::memory::suballoc::SubAllocError;
 
 use super::Inner;
@@ -119,7 +120,7 @@ impl Inner {
         if n == 0 || n > self.dev.budget_frames() / 2 {
             return Ok(Vec::new());
         }
-        match self.acquire_device_frames(pages) {
+        match self.for_demand(Demand::Allocation, |s| s.acquire_device_frames(pages)) {
             Ok(frames) => Ok(frames),
             Err(e) if !self.copy_waits.is_empty() => Err(e),
             Err(e) => {

@@ -8,6 +8,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::memory::advice::NextUse;
 use crate::memory::frames::{DevFrame, DevicePool};
 use crate::memory::page::{PageEntry, ResidencyState, Use};
+use crate::memory::stats::Demand;
 
 use super::{Inner, PinStall, SwapOrder};
 
@@ -60,7 +61,7 @@ impl Inner {
             .free_reserve_pages
             .min(self.dev.budget_frames() / 2);
         if ready < reserve {
-            self.evict(reserve - ready, 0)?;
+            self.for_demand(Demand::Reserve, |s| s.evict(reserve - ready, 0))?;
         }
         Ok(())
     }
@@ -216,12 +217,73 @@ impl Inner {
         }
         let idle_need = need.min(idle_victims.len());
         let busy_need = need - idle_need;
-        self.swap_out_pages(idle_victims, idle_need, SwapOrder::Idle)?;
-        if busy_victims.is_empty() {
+        // Why freed pages still hold frames (a plan counts their room free).
+        let (mut mixed, mut busy, mut whole) = (0, 0, 0);
+        let (mut live_whole, mut live_shared) = (0, 0);
+        if tracing::enabled!(tracing::Level::TRACE) {
+            for (p, e) in self.pages.iter() {
+                if e.live == 0 || !matches!(e.state, ResidencyState::Device(_)) {
+                    continue;
+                }
+                let start = self.va(p);
+                let covered = self
+                    .sub
+                    .find(start)
+                    .is_some_and(|a| a.ptr <= start && a.ptr + a.span >= start + self.page as u64);
+                if covered {
+                    live_whole += 1;
+                } else {
+                    live_shared += 1;
+                }
+            }
+            let completed = self.fences.completed().to_vec();
+            for &p in &self.dead_device {
+                let Some((a, n)) = self.unit_span(p) else {
+                    continue;
+                };
+                if !self.span_all((a, n), |e| e.live == 0) {
+                    mixed += 1;
+                } else if !self.span_all((a, n), |e| e.is_idle(&completed)) {
+                    busy += 1;
+                } else {
+                    whole += 1;
+                }
+            }
+        }
+        tracing::trace!(
+            "evict for {:?}: want {want} need {need}; {} idle and {} busy victims; {} frames \
+             free of {} ({} in use; live: {live_whole} covered by one allocation, \
+             {live_shared} not); freed pages on the device: {mixed} in units with live \
+             pages, {busy} busy, {whole} droppable; {} leaving, {} arriving",
+            self.demand,
+            idle_victims.len(),
+            busy_victims.len(),
+            self.dev.available(),
+            self.dev.budget_frames(),
+            self.dev.in_use(),
+            self.outgoing.len(),
+            self.incoming.len(),
+        );
+        let before = self.stats.pages_evicted;
+        let r = self.swap_out_busy_and_idle(idle_victims, idle_need, busy_victims, busy_need);
+        let evicted = self.stats.pages_evicted - before;
+        self.stats.evicted_for.add(self.demand, evicted);
+        r
+    }
+
+    fn swap_out_busy_and_idle(
+        &mut self,
+        idle: Vec<usize>,
+        idle_need: usize,
+        busy: Vec<usize>,
+        busy_need: usize,
+    ) -> Result<(), CUresult> {
+        self.swap_out_pages(idle, idle_need, SwapOrder::Idle)?;
+        if busy.is_empty() {
             return Ok(());
         }
-        self.order_swap_out_after_uses(&busy_victims)?;
-        self.swap_out_pages(busy_victims, busy_need, SwapOrder::AfterUses)
+        self.order_swap_out_after_uses(&busy)?;
+        self.swap_out_pages(busy, busy_need, SwapOrder::AfterUses)
     }
 
     /// Unpinned `Device` pages as (rank, page, idle), the first to evict first: least

@@ -62,7 +62,7 @@ use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
 use super::frames::{DevicePool, HostFrame, HostPool, HostPoolConfig};
 use super::page::{PageTable, ResidencyState};
-use super::stats::MemoryStats;
+use super::stats::{Demand, MemoryStats};
 use super::suballoc::Suballocator;
 
 mod access;
@@ -233,6 +233,8 @@ struct Inner {
     /// The most pages a unit made now may have ([`MAX_UNIT_PAGES`] unless a plan asks for
     /// fewer: [`MemoryManager::set_max_unit_pages`]).
     max_unit_pages: usize,
+    /// What the frames being found now are for (counted in `stats.evicted_for`).
+    demand: Demand,
 }
 
 /// What blocked an eviction: frames wanted while every resident page was pinned.
@@ -351,6 +353,7 @@ impl MemoryManager {
             advice: None,
             unlocked_copy_waits_left: 0,
             max_unit_pages: MAX_UNIT_PAGES,
+            demand: Demand::Access,
         };
         Ok(Self {
             inner: Mutex::new(inner),
@@ -487,6 +490,14 @@ impl MemoryManager {
         let s = self.lock();
         let mut st = s.stats;
         st.host_pool_bytes = s.host.size_bytes() as u64;
+        st.frames_in_use = s.dev.in_use() as u64;
+        // The set may still name pages that have left the device since (it is pruned as
+        // frames are looked for): count those on it.
+        st.dead_device_pages = s
+            .dead_device
+            .iter()
+            .filter(|&&p| s.unit_span(p).is_some())
+            .count() as u64;
         st
     }
 
@@ -737,6 +748,14 @@ impl Drop for MemoryManager {
 }
 
 impl Inner {
+    /// Runs `f` with its evictions counted as for `demand`.
+    fn for_demand<T>(&mut self, demand: Demand, f: impl FnOnce(&mut Self) -> T) -> T {
+        let outer = std::mem::replace(&mut self.demand, demand);
+        let r = f(self);
+        self.demand = outer;
+        r
+    }
+
     fn page_of(&self, addr: CUdeviceptr) -> Option<usize> {
         let off = addr.checked_sub(self.base)?;
         (off < self.sub.frontier()).then_some((off / self.page as u64) as usize)

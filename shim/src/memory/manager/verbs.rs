@@ -6,6 +6,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
 use crate::memory::driver::Event;
 use crate::memory::page::ResidencyState;
+use crate::memory::stats::Demand;
 
 use super::{coalesce, runs, AccessTicket, Inner, PinStall, SwapOrder};
 
@@ -187,7 +188,7 @@ impl Inner {
             runs: runs(&pages),
         };
         let _resident = self.pin_pages(&ticket);
-        let r = self.make_resident(&ticket, false);
+        let r = self.for_demand(Demand::Prefetch, |s| s.make_resident(&ticket, false));
         self.unpin(&ticket);
         r.map(|_| coming)
     }
@@ -212,7 +213,7 @@ impl Inner {
             }
             let out = self.outgoing.len();
             if over > out {
-                self.evict(over - out, over - out)?;
+                self.for_demand(Demand::Budget, |s| s.evict(over - out, over - out))?;
             }
             if self.outgoing.is_empty() {
                 last = true;
