@@ -283,14 +283,19 @@ fn a_plan_comes_by_the_end_of_the_third_iteration_and_resolves_on_the_run() {
 
 /// `tests/data/wl_train.trace.gz`: the shim's own trace of `wl_train proc:12000:0 16 3072 8`
 /// (16 layers of 3 MiB tensors, 8 steps, forward and backward on two streams) run under
-/// `LD_PRELOAD=libtensile.so TENSILE_TRACE=... TENSILE_POLICY=off` on the simulated GPU.
-#[test]
-fn the_shims_own_trace_read_with_its_reader_gives_a_plan_that_resolves_on_the_run() {
+/// `LD_PRELOAD=libtensile.so TENSILE_TRACE=... TENSILE_POLICY=off` on the simulated GPU: its
+/// records as read with the trace's own reader, and the trace as the analyzer loads it.
+fn wl_train() -> (Vec<Record>, Trace) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wl_train.trace.gz");
     let file = std::fs::File::open(&path).unwrap();
     let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
     let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
-    let trace = load(&path, LoadOptions::default()).unwrap();
+    (records, load(&path, LoadOptions::default()).unwrap())
+}
+
+#[test]
+fn the_shims_own_trace_read_with_its_reader_gives_a_plan_that_resolves_on_the_run() {
+    let (records, trace) = wl_train();
     let third_ends = detect(&trace).unwrap().spans[2].end;
     let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
     let plans = feed(&mut learner, &records, 50, |_, _| {});
@@ -453,11 +458,7 @@ fn the_window_stays_within_its_bound_while_learning() {
 /// and a plan comes as without the repeat.
 #[test]
 fn an_allocation_announced_twice_while_live_is_refused_and_a_plan_still_comes() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wl_train.trace.gz");
-    let file = std::fs::File::open(&path).unwrap();
-    let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
-    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
-    let trace = load(&path, LoadOptions::default()).unwrap();
+    let (records, trace) = wl_train();
     // Every allocation live a third of the way in, announced again there.
     let cut = records.len() / 3;
     let mut live: Vec<Alloc> = Vec::new();
@@ -509,11 +510,7 @@ fn an_allocation_announced_twice_while_live_is_refused_and_a_plan_still_comes() 
 /// is planned without it rather than not at all.
 #[test]
 fn a_plan_leaves_the_room_it_is_told_to_free_unless_nothing_would_fit() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/wl_train.trace.gz");
-    let file = std::fs::File::open(&path).unwrap();
-    let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
-    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
-    let trace = load(&path, LoadOptions::default()).unwrap();
+    let (records, trace) = wl_train();
     let budget = half_peak(&trace);
     let first_plan = |room: f64, budget: u64| {
         let mut learner = Learner::new(LearnerOptions {

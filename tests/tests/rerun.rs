@@ -222,8 +222,8 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
     std::fs::write(&path, two_stream_trace()).expect("writing the trace");
     // Jitter shuffles how the simulated streams interleave: without the player's event
     // ordering, a launch on one stream would see stamps the other had not written yet.
-    let out = rerun(
-        &[
+    let args = |policy: &str| -> Vec<String> {
+        [
             path.to_str().unwrap(),
             "--simulated",
             "--json",
@@ -232,10 +232,14 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
             "--budget",
             "75%",
             "--policy",
-            "lru",
-        ],
-        &[("TENSILE_SIM_JITTER_US", "200")],
-    );
+            policy,
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let lru = args("lru");
+    let lru: Vec<&str> = lru.iter().map(String::as_str).collect();
+    let out = rerun(&lru, &[("TENSILE_SIM_JITTER_US", "200")]);
     assert!(out.status.success(), "{}", text(&out));
     let doc = json(&out);
     check_contract(&doc, &out);
@@ -244,22 +248,10 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
     assert!(run["stamps_checked"].as_u64() > Some(40), "{run}");
     // Under a plan, with --logs: each run's whole log is kept, the library's lines in it.
     let logs = dir.join("logs");
-    let out = rerun(
-        &[
-            path.to_str().unwrap(),
-            "--simulated",
-            "--json",
-            "--iterations",
-            "4",
-            "--budget",
-            "75%",
-            "--policy",
-            "plan",
-            "--logs",
-            logs.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let mut plan = args("plan");
+    plan.extend(["--logs".to_owned(), logs.to_str().unwrap().to_owned()]);
+    let plan: Vec<&str> = plan.iter().map(String::as_str).collect();
+    let out = rerun(&plan, &[]);
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(json(&out)["runs"][0]["verified"], true, "{}", text(&out));
     for (file, want) in [
