@@ -155,6 +155,15 @@ impl MemoryManager {
                 return Err(format!("page {p} noted unmapped but not Host"));
             }
         }
+        // The freed pages noted as holding device frames do.
+        for &p in &s.dead_device {
+            if !matches!(
+                s.pages.get(p).map(|e| e.state),
+                Some(ResidencyState::Device(_) | ResidencyState::ToHost { .. })
+            ) {
+                return Err(format!("page {p} noted dead on the device but not there"));
+            }
+        }
         Ok(())
     }
 }

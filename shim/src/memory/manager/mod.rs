@@ -491,13 +491,7 @@ impl MemoryManager {
         let mut st = s.stats;
         st.host_pool_bytes = s.host.size_bytes() as u64;
         st.frames_in_use = s.dev.in_use() as u64;
-        // The set may still name pages that have left the device since (it is pruned as
-        // frames are looked for): count those on it.
-        st.dead_device_pages = s
-            .dead_device
-            .iter()
-            .filter(|&&p| s.unit_span(p).is_some())
-            .count() as u64;
+        st.dead_device_pages = s.dead_device.len() as u64;
         st
     }
 

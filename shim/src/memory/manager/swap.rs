@@ -533,6 +533,8 @@ impl Inner {
             };
             for (p, d, ev) in finished {
                 self.outgoing.remove(&p);
+                // A freed page that left with its unit holds no device frame any more.
+                self.dead_device.remove(&p);
                 if mapped.is_err() || !self.cfg.host_mapped {
                     self.unmapped_host.insert(p);
                 }
