@@ -600,6 +600,23 @@ impl Learner {
 mod tests {
     use super::*;
 
+    /// Launch `seq` of `kernel` at `t_ns`, touching allocation `alloc`.
+    fn launch(t_ns: u64, seq: u64, kernel: u32, alloc: u64) -> Record {
+        Record::Launch(tensile_trace::Launch {
+            t_ns,
+            stream: 0,
+            seq,
+            kernel,
+            grid: [1; 3],
+            block: [1; 3],
+            smem: 0,
+            accesses: vec![tensile_trace::Access {
+                alloc,
+                param_offset: 0,
+            }],
+        })
+    }
+
     #[test]
     fn the_learner_can_move_to_the_planners_thread() {
         fn send<T: Send>() {}
@@ -620,20 +637,8 @@ mod tests {
             gpu_ns: 10,
         }));
         for seq in 0..200u64 {
-            learner.push(&Record::Launch(tensile_trace::Launch {
-                t_ns: seq,
-                stream: 0,
-                seq,
-                // No repetition: a new kernel every launch.
-                kernel: seq as u32,
-                grid: [1; 3],
-                block: [1; 3],
-                smem: 0,
-                accesses: vec![tensile_trace::Access {
-                    alloc: 77,
-                    param_offset: 0,
-                }],
-            }));
+            // No repetition: a new kernel every launch.
+            learner.push(&launch(seq, seq, seq as u32, 77));
         }
         assert_eq!(learner.poll(), None);
         assert_eq!(learner.state(), LearnerState::Learning { window_ops: 200 });
@@ -658,19 +663,7 @@ mod tests {
         }));
         // A program's final checks: the same kernel on the same tensor, many times.
         for seq in 0..400u64 {
-            learner.push(&Record::Launch(tensile_trace::Launch {
-                t_ns: seq + 1,
-                stream: 0,
-                seq,
-                kernel: 7,
-                grid: [1; 3],
-                block: [1; 3],
-                smem: 0,
-                accesses: vec![tensile_trace::Access {
-                    alloc: 1,
-                    param_offset: 0,
-                }],
-            }));
+            learner.push(&launch(seq + 1, seq, 7, 1));
         }
         assert_eq!(learner.poll(), None);
         assert!(matches!(learner.state(), LearnerState::Learning { .. }));

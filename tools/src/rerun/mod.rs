@@ -612,17 +612,16 @@ impl Session {
             // manager's info level brings the executor's counters at exit.
             // With --logs, each iteration's account too (what it moved, planned and not).
             // TENSILE_RERUN_LOG adds directives of its own (`tensile_shim::memory=trace`).
-            let executor = if self.logs.is_some() { "debug" } else { "warn" };
-            let more = std::env::var("TENSILE_RERUN_LOG")
-                .map(|d| format!(",{d}"))
-                .unwrap_or_default();
-            env.push((
-                "TENSILE_LOG".into(),
-                format!(
-                    "warn,tensile_shim::planning=info,tensile_shim::managed=info,\
-                     tensile_shim::executor={executor}{more}"
-                ),
-            ));
+            let mut filter =
+                String::from("warn,tensile_shim::planning=info,tensile_shim::managed=info");
+            if self.logs.is_some() {
+                filter.push_str(",tensile_shim::executor=debug");
+            }
+            if let Ok(more) = std::env::var("TENSILE_RERUN_LOG") {
+                filter.push(',');
+                filter.push_str(&more);
+            }
+            env.push(("TENSILE_LOG".into(), filter));
             let coordinator = self.card.as_ref().map_or("off", |c| &c.name);
             env.push(("TENSILE_COORDINATOR".into(), coordinator.into()));
             if !self.gpu {

@@ -217,58 +217,57 @@ impl Inner {
         }
         let idle_need = need.min(idle_victims.len());
         let busy_need = need - idle_need;
-        // Why freed pages still hold frames (a plan counts their room free).
-        let (mut mixed, mut busy, mut whole) = (0, 0, 0);
-        let (mut live_whole, mut live_shared) = (0, 0);
         if tracing::enabled!(tracing::Level::TRACE) {
-            for (p, e) in self.pages.iter() {
-                if e.live == 0 || !matches!(e.state, ResidencyState::Device(_)) {
-                    continue;
-                }
-                let start = self.va(p);
-                let covered = self
-                    .sub
-                    .find(start)
-                    .is_some_and(|a| a.ptr <= start && a.ptr + a.span >= start + self.page as u64);
-                if covered {
-                    live_whole += 1;
-                } else {
-                    live_shared += 1;
-                }
+            self.trace_eviction(want, need, idle_victims.len(), busy_victims.len());
+        }
+        let before = self.stats.pages_evicted;
+        let r = self.swap_out_busy_and_idle(idle_victims, idle_need, busy_victims, busy_need);
+        let evicted = self.stats.pages_evicted - before;
+        self.stats.evicted_for.add(self.demand, evicted);
+        r
+    }
+
+    /// One line on an eviction of the manager's own choice: what wanted the frames, the
+    /// victims, and where the frames a plan counts free went (live pages an allocation covers
+    /// whole or not; freed pages still holding frames, by why they are not dropped).
+    fn trace_eviction(&self, want: usize, need: usize, idle_victims: usize, busy_victims: usize) {
+        let (mut live_whole, mut live_shared) = (0, 0);
+        for (p, e) in self.pages.iter() {
+            if e.live == 0 || !matches!(e.state, ResidencyState::Device(_)) {
+                continue;
             }
-            let completed = self.fences.completed().to_vec();
-            for &p in &self.dead_device {
-                let Some((a, n)) = self.unit_span(p) else {
-                    continue;
-                };
-                if !self.span_all((a, n), |e| e.live == 0) {
-                    mixed += 1;
-                } else if !self.span_all((a, n), |e| e.is_idle(&completed)) {
-                    busy += 1;
-                } else {
-                    whole += 1;
-                }
+            if self.whole_owner(p).is_some() {
+                live_whole += 1;
+            } else {
+                live_shared += 1;
+            }
+        }
+        let (mut mixed, mut busy, mut whole) = (0, 0, 0);
+        let completed = self.fences.completed();
+        for &p in &self.dead_device {
+            let Some((a, n)) = self.unit_span(p) else {
+                continue;
+            };
+            if !self.span_all((a, n), |e| e.live == 0) {
+                mixed += 1;
+            } else if !self.span_all((a, n), |e| e.is_idle(completed)) {
+                busy += 1;
+            } else {
+                whole += 1;
             }
         }
         tracing::trace!(
-            "evict for {:?}: want {want} need {need}; {} idle and {} busy victims; {} frames \
-             free of {} ({} in use; live: {live_whole} covered by one allocation, \
-             {live_shared} not); freed pages on the device: {mixed} in units with live \
-             pages, {busy} busy, {whole} droppable; {} leaving, {} arriving",
+            "evict for {:?}: want {want} need {need}; {idle_victims} idle and {busy_victims} \
+             busy victims; {} frames free of {} ({} in use; live: {live_whole} covered by one \
+             allocation, {live_shared} not); freed pages on the device: {mixed} in units with \
+             live pages, {busy} busy, {whole} droppable; {} leaving, {} arriving",
             self.demand,
-            idle_victims.len(),
-            busy_victims.len(),
             self.dev.available(),
             self.dev.budget_frames(),
             self.dev.in_use(),
             self.outgoing.len(),
             self.incoming.len(),
         );
-        let before = self.stats.pages_evicted;
-        let r = self.swap_out_busy_and_idle(idle_victims, idle_need, busy_victims, busy_need);
-        let evicted = self.stats.pages_evicted - before;
-        self.stats.evicted_for.add(self.demand, evicted);
-        r
     }
 
     fn swap_out_busy_and_idle(

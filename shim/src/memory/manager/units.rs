@@ -106,14 +106,6 @@ impl Inner {
     /// The pages of a host unit (all in `pages`, as [`Self::whole_host_units`] makes them)
     /// get one device unit of their own: the same pages then leave again as one.
     pub(super) fn unit_sizes(&self, pages: &[usize]) -> Vec<usize> {
-        // The live allocation that covers page `p` whole, if one does.
-        let owner = |p: usize| {
-            let start = self.va(p);
-            self.sub
-                .find(start)
-                .filter(|a| a.ptr + a.span >= start + self.page as u64)
-                .map(|a| a.ptr)
-        };
         let mut sizes: Vec<usize> = Vec::new();
         let mut prev: Option<(usize, Option<CUdeviceptr>)> = None;
         let mut i = 0;
@@ -131,7 +123,7 @@ impl Inner {
                     continue;
                 }
             }
-            let own = owner(p);
+            let own = self.whole_owner(p);
             // Only pages one allocation covers whole share a unit: where tensors share a page,
             // a unit over it would pull all of them in and out whenever one is touched.
             let joins = prev.is_some_and(|(q, o)| q + 1 == p && own.is_some() && o == own);
@@ -143,6 +135,15 @@ impl Inner {
             i += 1;
         }
         sizes
+    }
+
+    /// The live allocation that covers page `p` whole, if one does (its address).
+    pub(super) fn whole_owner(&self, p: usize) -> Option<CUdeviceptr> {
+        let start = self.va(p);
+        self.sub
+            .find(start)
+            .filter(|a| a.ptr + a.span >= start + self.page as u64)
+            .map(|a| a.ptr)
     }
 
     /// Sends the units that hold pages of `t` and pages outside it to the host, and waits
