@@ -60,6 +60,10 @@ const DURATION_EMA_WEIGHT: f64 = 0.2;
 /// room, 1.36x with 20% (docs/rerun.md).
 pub const DEFAULT_PLAN_ROOM: f64 = 0.2;
 
+/// [`DEFAULT_PLAN_ROOM`] as `TENSILE_PLAN_ROOM` writes it, for messages that say what is used
+/// instead of a value that cannot be read.
+pub const DEFAULT_PLAN_ROOM_TEXT: &str = "20%";
+
 /// The bytes a plan may fill of `budget_bytes` when it leaves `room` (a share, `0..1`) free.
 pub fn plan_bytes(budget_bytes: u64, room: f64) -> u64 {
     let room = room.clamp(0.0, 0.9);
@@ -103,7 +107,7 @@ pub fn room_from_env(lookup: impl Fn(&str) -> Option<String>) -> (f64, Option<St
             Err(why) => (
                 DEFAULT_PLAN_ROOM,
                 Some(format!(
-                    "TENSILE_PLAN_ROOM={v:?} is not valid ({why}); using 20%"
+                    "TENSILE_PLAN_ROOM={v:?} is not valid ({why}); using {DEFAULT_PLAN_ROOM_TEXT}"
                 )),
             ),
         },
@@ -615,6 +619,16 @@ mod tests {
                 param_offset: 0,
             }],
         })
+    }
+
+    #[test]
+    fn the_default_room_reads_as_it_is_written_in_messages() {
+        assert_eq!(parse_room(DEFAULT_PLAN_ROOM_TEXT), Ok(DEFAULT_PLAN_ROOM));
+        let (room, why) = room_from_env(|_| Some("lots".into()));
+        assert_eq!(room, DEFAULT_PLAN_ROOM);
+        assert!(why
+            .unwrap()
+            .ends_with(&format!("using {DEFAULT_PLAN_ROOM_TEXT}")));
     }
 
     #[test]

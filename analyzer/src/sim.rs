@@ -15,7 +15,11 @@
 //!   the host, queued on the device-to-host engine like any write-out, that releases the memory
 //!   when it ends);
 //! - every access may write a tensor, so leaving after an access costs a device-to-host copy;
-//!   leaving with a valid host copy (brought in, not touched since) is free.
+//!   leaving with a valid host copy (brought in, not touched since) is free;
+//! - `lru` under [`MoveUnits::ShimPages`] is the shim's manager: page by page, with its free
+//!   reserve, cancelled swap-outs, and a host that issues launches (and the manager's work for
+//!   them) ahead of the compute stream as far as memory lets it (docs/planner.md, "LRU as the
+//!   shim runs it").
 //!
 //! Invariants checked on every step, not assumed: device bytes never exceed the budget (`plan`,
 //! `lru`), and every tensor an op touches is on the device when the op starts. A violation is an
@@ -316,6 +320,9 @@ struct OpActions {
     evict_after: Vec<TensorId>,
     /// Plan: tensors to start bringing back when the compute stream reaches this op.
     fetch_at: Vec<TensorId>,
+    /// LRU in shim pages: tensors allocated before this op, which take their memory when the
+    /// host issues it ([`Sim::issue_ahead`]).
+    allocate: Vec<TensorId>,
 }
 
 struct Sim<'a> {
@@ -324,6 +331,10 @@ struct Sim<'a> {
     budget: u64,
     enforce_budget: bool,
     lru: bool,
+    /// LRU as the shim's manager runs it (in shim pages), else `None`.
+    shim: Option<ShimLru>,
+    /// The unrolled op the compute stream is at.
+    now_op: u64,
     place: Vec<Place>,
     host_valid: Vec<bool>,
     last_use: Vec<u64>,
@@ -348,6 +359,37 @@ struct Sim<'a> {
     waits: Vec<OpWait>,
     /// The current op's tensors not yet on the device, in the op's order (see `run_op`).
     pending: Vec<TensorId>,
+}
+
+/// LRU as the shim's manager runs it ([`MoveUnits::ShimPages`]; docs/planner.md, "LRU as the
+/// shim runs it").
+struct ShimLru {
+    /// Bytes kept free (or on their way out) ahead of need once the budget is full
+    /// ([`shim_free_reserve_pages`]).
+    reserve: u64,
+    /// The last unrolled op the host has issued ([`Sim::issue_ahead`]).
+    issued: u64,
+    /// Write-outs the host waits for before it issues another op.
+    host_waits: Vec<TensorId>,
+}
+
+/// Most ops the host of a modelled LRU run issues ahead of the compute stream
+/// ([`Sim::issue_ahead`]): about what a CUDA stream queues before a launch blocks. Memory
+/// bounds the lead long before this on the shared traces under pressure.
+pub const HOST_LEAD_OPS: u64 = 1024;
+
+/// Whether LRU runs page by page ([`simulate_with`]): in shim pages, where a tensor spans
+/// more than one page.
+fn lru_in_pages(cycle: &Cycle) -> bool {
+    cycle.units == MoveUnits::ShimPages && cycle.tensors.iter().any(|t| t.bytes > cycle.page_bytes)
+}
+
+/// Pages the shim's manager keeps free (or on their way out) ahead of need under a budget of
+/// `budget_pages` once the budget is full: a 32nd of it, at least one eviction batch of 8
+/// pages, at most half of it: the shim's `ManagerConfig` default and its `keep_reserve` (a
+/// test in the shim checks that they agree), kept by the simulator's LRU in shim pages.
+pub fn shim_free_reserve_pages(budget_pages: u64) -> u64 {
+    (budget_pages / 32).max(8).min(budget_pages / 2)
 }
 
 /// Simulates `cycle` under `policy` within `budget`.
@@ -384,6 +426,13 @@ pub fn simulate_with(
             // The caller's liveness is of the tensors, not of the pieces.
             (&split, None)
         }
+        // LRU as the shim runs it: page by page (a tensor's partial last page is a unit of its
+        // own), so that its write-outs and read-backs pipeline as the manager's do.
+        Policy::Lru if lru_in_pages(cycle) => {
+            split = crate::pieces::split(cycle, &crate::pieces::cut(cycle, cycle.page_bytes))
+                .map_err(SimError::BadPlan)?;
+            (&split, None)
+        }
         _ => (cycle, live),
     };
     let p = cycle.len();
@@ -410,6 +459,7 @@ pub fn simulate_with(
     // Only a plan knows the last access; in shim pages it does not help, the shim holds the
     // pages until the free.
     let release_at_free = !matches!(policy, Policy::Plan(_)) || cycle.units == MoveUnits::ShimPages;
+    let shim_lru = matches!(policy, Policy::Lru) && cycle.units == MoveUnits::ShimPages;
     for (tid, t) in cycle.tensors.iter().enumerate() {
         let tid = tid as TensorId;
         if t.is_persistent() || t.accesses.is_empty() {
@@ -420,6 +470,9 @@ pub fn simulate_with(
             actions[last as usize].release.push(tid);
         } else if let Some(free) = t.free_at {
             actions[free as usize % p.max(1)].release.push(tid);
+        }
+        if let (Some(alloc), true) = (t.alloc_at, shim_lru) {
+            actions[alloc as usize % p.max(1)].allocate.push(tid);
         }
     }
     if let Policy::Plan(plan) = policy {
@@ -452,6 +505,16 @@ pub fn simulate_with(
         budget: budget.bytes,
         enforce_budget,
         lru: matches!(policy, Policy::Lru),
+        shim: match policy {
+            Policy::Lru if shim_lru => Some(ShimLru {
+                reserve: shim_free_reserve_pages(budget.bytes / cycle.page_bytes.max(1))
+                    * cycle.page_bytes,
+                issued: 0,
+                host_waits: Vec::new(),
+            }),
+            _ => None,
+        },
+        now_op: 0,
         place: vec![Place::Absent; n_t],
         host_valid: vec![false; n_t],
         last_use: vec![0; n_t],
@@ -492,7 +555,7 @@ pub fn simulate_with(
     for c in 0..cycles {
         sim.stats_cycle = c;
         boundaries.push(sim.time);
-        states.push(sim.boundary_state());
+        states.push(sim.boundary_state((c * p) as u64));
         if options.record_curve {
             curve.clear();
             sim.copies.clear();
@@ -512,7 +575,7 @@ pub fn simulate_with(
                 }
             }
         }
-        let now = sim.boundary_state();
+        let now = sim.boundary_state(((c + 1) * p) as u64);
         if let Some(first) = states.iter().position(|s| s.same_as(&now)) {
             repeat = Some((first, c + 1));
             break;
@@ -562,6 +625,9 @@ struct BoundaryState {
     h2d_active: Option<(TensorId, f64)>,
     /// LRU: tensors in order of last use (ties by id), which is all its decisions look at.
     recency: Vec<TensorId>,
+    /// LRU in shim pages: how far ahead of the boundary the host has issued, and the
+    /// write-outs it waits for.
+    host: Option<(u64, Vec<TensorId>)>,
 }
 
 impl BoundaryState {
@@ -582,12 +648,13 @@ impl BoundaryState {
             && close(self.d2h_active, other.d2h_active)
             && close(self.h2d_active, other.h2d_active)
             && self.recency == other.recency
+            && self.host == other.host
     }
 }
 
 impl Sim<'_> {
-    /// The state at an iteration boundary.
-    fn boundary_state(&self) -> BoundaryState {
+    /// The state at the iteration boundary before the unrolled op `boundary`.
+    fn boundary_state(&self, boundary: u64) -> BoundaryState {
         let recency = if self.lru {
             let mut order: Vec<TensorId> = (0..self.place.len() as TensorId).collect();
             order.sort_by_key(|&t| (self.last_use[t as usize], t));
@@ -604,6 +671,10 @@ impl Sim<'_> {
             d2h_active: self.d2h.active.map(|a| (a.tensor, a.remaining)),
             h2d_active: self.h2d.active.map(|a| (a.tensor, a.remaining)),
             recency,
+            host: self
+                .shim
+                .as_ref()
+                .map(|s| (s.issued.saturating_sub(boundary), s.host_waits.clone())),
         }
     }
 
@@ -720,6 +791,10 @@ impl Sim<'_> {
                 self.h2d.push_back(t);
             }
         }
+        self.now_op = global;
+        if self.shim.is_some() {
+            self.issue_ahead(pos, global);
+        }
         let ready_at = self.time;
         // Only the op's tensors not on the device can hold it back, and while it waits none of
         // those on the device leaves (evictions and releases happen between ops, LRU evicts no
@@ -762,7 +837,8 @@ impl Sim<'_> {
                 });
             }
             self.host_valid[t as usize] = false;
-            self.last_use[t as usize] = global;
+            // (A host running ahead may have stamped a later use already.)
+            self.last_use[t as usize] = self.last_use[t as usize].max(global);
         }
         // The op runs; copies progress meanwhile.
         let end = self.time + op.duration_ns as f64;
@@ -780,7 +856,118 @@ impl Sim<'_> {
                 self.evict(t);
             }
         }
+        if let Some(reserve) = self.shim.as_ref().map(|s| s.reserve) {
+            // The shim's manager evicts ahead of need once an access is ready.
+            self.make_room_before(reserve, pos, global);
+        }
         Ok(waited)
+    }
+
+    /// LRU in shim pages: the host's work for the ops after `pos`, as far ahead as memory lets
+    /// it run (at most [`HOST_LEAD_OPS`]), as the shim does it when the application launches
+    /// them. An op's tensors are stamped as used (and so kept until it has run: the shim's
+    /// recency is the host's), those on the host are queued to come in, and least recently
+    /// used ones that no issued op needs are evicted to make room for every read-back queued;
+    /// the host then waits for those write-outs, as the shim waits for the frames an access
+    /// lacks. It stops at the first op whose tensors would not fit without evicting the
+    /// issued ops' own.
+    fn issue_ahead(&mut self, pos: usize, global: u64) {
+        let p = self.cycle.len() as u64;
+        let Some(mut shim) = self.shim.take() else {
+            return;
+        };
+        shim.issued = shim.issued.max(global);
+        while shim.issued < global + HOST_LEAD_OPS {
+            shim.host_waits
+                .retain(|&t| self.place[t as usize] == Place::ToHost);
+            if !shim.host_waits.is_empty() {
+                break;
+            }
+            let gj = shim.issued + 1;
+            let j = (gj % p) as usize;
+            let op = &self.cycle.ops[j];
+            let queued: u64 = self
+                .h2d
+                .queue
+                .iter()
+                .filter(|&&t| self.place[t as usize] == Place::Host)
+                .map(|&t| self.bytes(t))
+                .sum();
+            // New allocations take frames when the host makes them (the shim backs them at
+            // once), stamped as just used.
+            let allocated: u64 = self.actions[j]
+                .allocate
+                .iter()
+                .filter(|&&t| self.place[t as usize] == Place::Absent)
+                .map(|&t| self.bytes(t))
+                .sum();
+            let wanted: u64 = allocated
+                + op.tensors
+                    .iter()
+                    .filter(|&&t| match self.place[t as usize] {
+                        Place::Host => !self.h2d.contains(t),
+                        // Allocated earlier but not yet holding memory: takes it when it runs.
+                        Place::Absent => !self.actions[j].allocate.contains(&t),
+                        _ => false,
+                    })
+                    .map(|&t| self.bytes(t))
+                    .sum::<u64>();
+            if wanted > 0 {
+                let running = &self.cycle.ops[pos].tensors;
+                let evictable: u64 = (0..self.place.len() as TensorId)
+                    .filter(|&t| {
+                        self.place[t as usize] == Place::Device
+                            && self.last_use[t as usize] < global
+                            && !op.tensors.contains(&t)
+                            && !running.contains(&t)
+                    })
+                    .map(|t| self.bytes(t))
+                    .sum();
+                if queued + wanted > self.free_bytes() + self.outgoing_bytes() + evictable {
+                    break;
+                }
+            }
+            // Its tensors are the host's most recent: no room is made with them.
+            for &t in &op.tensors {
+                self.last_use[t as usize] = self.last_use[t as usize].max(gj);
+            }
+            if queued + wanted > self.free_bytes() {
+                shim.host_waits = self.make_room_before(queued + wanted, pos, global);
+            }
+            if allocated > self.free_bytes() {
+                // The host waits for the frames of the allocation before it goes on (and
+                // issues the op when a copy out has ended).
+                if shim.host_waits.is_empty() {
+                    shim.host_waits = self.outgoing().collect();
+                }
+                break;
+            }
+            for i in 0..self.actions[j].allocate.len() {
+                let t = self.actions[j].allocate[i];
+                if self.place[t as usize] == Place::Absent {
+                    self.place[t as usize] = Place::Device;
+                    self.used += self.bytes(t);
+                    self.peak = self.peak.max(self.used);
+                    self.last_use[t as usize] = self.last_use[t as usize].max(gj);
+                }
+            }
+            for &t in &op.tensors {
+                let u = t as usize;
+                match self.place[u] {
+                    // The shim cancels the swap-out of a page an access needs.
+                    Place::ToHost => self.place[u] = Place::Device,
+                    Place::Host
+                        if !self.h2d.contains(t)
+                            && self.h2d.active.is_none_or(|a| a.tensor != t) =>
+                    {
+                        self.h2d.push_back(t)
+                    }
+                    _ => {}
+                }
+            }
+            shim.issued = gj;
+        }
+        self.shim = Some(shim);
     }
 
     fn release(&mut self, t: TensorId) {
@@ -832,6 +1019,12 @@ impl Sim<'_> {
                     ready = false;
                 }
                 Place::ToDevice => ready = false,
+                Place::ToHost if self.shim.is_some() => {
+                    // The shim cancels a swap-out of a page an access needs: the page stays,
+                    // its copy still runs (it was queued on the card), and its completion
+                    // leaves the page where it is (`progress`).
+                    self.place[t as usize] = Place::Device;
+                }
                 Place::Host | Place::ToHost => {
                     ready = false;
                     if !self.h2d.contains(t) && self.h2d.active.is_none_or(|a| a.tensor != t) {
@@ -846,6 +1039,10 @@ impl Sim<'_> {
         }
         if absent_bytes > 0 {
             if self.enforce_budget && absent_bytes > self.free_bytes() && self.lru {
+                if self.shim.is_some() {
+                    // Pages of the ops the host has issued since stay if anything else can go.
+                    self.make_room_before(absent_bytes, pos, self.now_op);
+                }
                 self.make_room(absent_bytes, pos);
             }
             if !self.enforce_budget || absent_bytes <= self.free_bytes() {
@@ -862,7 +1059,19 @@ impl Sim<'_> {
                 return self.try_make_ready(pos);
             }
         }
-        if !ready && self.lru {
+        if !ready && self.shim.is_some() {
+            // The shim's manager frees frames for all the pages an access lacks at once.
+            let need: u64 = pending
+                .iter()
+                .filter(|&&t| self.place[t as usize] == Place::Host)
+                .map(|&t| self.bytes(t))
+                .sum();
+            if need > self.free_bytes() {
+                // Pages of the ops the host has issued since stay if anything else can go.
+                self.make_room_before(need, pos, self.now_op);
+                self.make_room(need, pos);
+            }
+        } else if !ready && self.lru {
             // Make room for the head of the fetch queue if it is waiting for memory.
             if let Some(&head) = self.h2d.queue.front() {
                 if self.h2d.active.is_none() && self.place[head as usize] == Place::Host {
@@ -880,21 +1089,25 @@ impl Sim<'_> {
     /// LRU: evicts least recently used device tensors not needed by op `pos` until `need` bytes
     /// are free or on their way to being free.
     fn make_room(&mut self, need: u64, pos: usize) {
+        self.make_room_before(need, pos, u64::MAX);
+    }
+
+    /// [`Self::make_room`], leaving also every tensor used at or after the unrolled op
+    /// `pinned_from` (those a host running ahead has already issued work for).
+    fn make_room_before(&mut self, need: u64, pos: usize, pinned_from: u64) -> Vec<TensorId> {
         let cycle = self.cycle;
         let op = &cycle.ops[pos];
-        let pending: u64 = self
-            .d2h
-            .queue
-            .iter()
-            .map(|&t| self.bytes(t))
-            .chain(self.d2h.active.map(|a| self.bytes(a.tensor)))
-            .sum();
-        let mut coming = self.free_bytes() + pending;
+        let mut coming = self.free_bytes() + self.outgoing_bytes();
+        let mut evicted = Vec::new();
         if coming >= need {
-            return;
+            return evicted;
         }
         let mut candidates: Vec<TensorId> = (0..cycle.tensors.len() as TensorId)
-            .filter(|&t| self.place[t as usize] == Place::Device && !op.tensors.contains(&t))
+            .filter(|&t| {
+                self.place[t as usize] == Place::Device
+                    && self.last_use[t as usize] < pinned_from
+                    && !op.tensors.contains(&t)
+            })
             .collect();
         candidates.sort_by_key(|&t| self.last_use[t as usize]);
         for t in candidates {
@@ -903,7 +1116,25 @@ impl Sim<'_> {
             }
             coming += self.bytes(t);
             self.evict(t);
+            evicted.push(t);
         }
+        evicted
+    }
+
+    /// The write-outs still on their way (not those of cancelled swap-outs: their tensors stay
+    /// on the device).
+    fn outgoing(&self) -> impl Iterator<Item = TensorId> + '_ {
+        self.d2h
+            .queue
+            .iter()
+            .copied()
+            .chain(self.d2h.active.map(|a| a.tensor))
+            .filter(|&t| self.place[t as usize] == Place::ToHost)
+    }
+
+    /// Bytes of [`Self::outgoing`].
+    fn outgoing_bytes(&self) -> u64 {
+        self.outgoing().map(|t| self.bytes(t)).sum()
     }
 
     fn rates(&self) -> (f64, f64) {
@@ -988,9 +1219,12 @@ impl Sim<'_> {
             if a.remaining <= 1e-6 {
                 self.record_copy(a, false);
                 self.d2h.active = None;
-                self.place[a.tensor as usize] = Place::Host;
-                self.host_valid[a.tensor as usize] = true;
-                self.used -= self.bytes(a.tensor);
+                // A cancelled swap-out (LRU in shim pages) leaves its tensor on the device.
+                if self.place[a.tensor as usize] == Place::ToHost {
+                    self.place[a.tensor as usize] = Place::Host;
+                    self.host_valid[a.tensor as usize] = true;
+                    self.used -= self.bytes(a.tensor);
+                }
             }
         }
     }
@@ -1012,10 +1246,19 @@ impl Sim<'_> {
         match self.next_copy_event() {
             Some(dt) => {
                 self.progress(dt.max(0.0));
+                self.host_goes_on(pos);
                 self.start_copies(pos)?;
                 Ok(true)
             }
             None => Ok(false),
+        }
+    }
+
+    /// LRU in shim pages: after a copy ended, a host that was waiting for write-outs issues
+    /// what it can ([`Self::issue_ahead`]).
+    fn host_goes_on(&mut self, pos: usize) {
+        if self.shim.is_some() {
+            self.issue_ahead(pos, self.now_op);
         }
     }
 
@@ -1028,7 +1271,10 @@ impl Sim<'_> {
                 return Ok(());
             }
             match self.next_copy_event() {
-                Some(dt) if dt < remaining => self.progress(dt.max(0.0)),
+                Some(dt) if dt < remaining => {
+                    self.progress(dt.max(0.0));
+                    self.host_goes_on(pos);
+                }
                 _ => {
                     self.progress(remaining);
                     return Ok(());
@@ -1046,6 +1292,18 @@ mod tests {
     use crate::plan::{plan, Eviction};
 
     const MIB: u64 = 1 << 20;
+
+    /// `n` 64 MiB tensors touched in turn, each by two ops, by ops of 100 µs.
+    fn ring(n: u32) -> Cycle {
+        let tensors = (0..n)
+            .map(|i| {
+                let mut accesses = vec![i, (i + 1) % n];
+                accesses.sort_unstable();
+                persistent(i, 64 * MIB, accesses)
+            })
+            .collect();
+        Cycle::from_parts(&vec![100_000; n as usize], tensors).unwrap()
+    }
 
     /// Four 64 MiB tensors touched in turn by ops of 100 µs, room for three: a plan must rotate.
     fn rotation() -> Cycle {
@@ -1086,6 +1344,76 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("tensor 0"));
+    }
+
+    /// LRU on whole tensors and as the shim runs it (in shim pages), recording waits.
+    fn lru_both_ways(cycle: &Cycle, budget: u64) -> (SimReport, SimReport) {
+        let cost = CostModel::default();
+        let options = SimOptions {
+            record_waits: true,
+            record_curve: true,
+            ..SimOptions::default()
+        };
+        let run = |c: &Cycle| simulate(c, Policy::Lru, Budget::new(budget), &cost, options);
+        let pages = cycle.clone().with_units(MoveUnits::ShimPages);
+        (run(cycle).unwrap(), run(&pages).unwrap())
+    }
+
+    #[test]
+    fn lru_in_shim_pages_reads_back_while_it_writes_out() {
+        // Each op needs a 64 MiB tensor that is on the host. Whole tensors: it waits for one
+        // to go out, then for its own to come in, each at 55 GB/s. Pages: the first page
+        // comes in as soon as the first has left, both directions sharing 92 GB/s (and the
+        // 8 MiB left over keep part of a tensor).
+        let (whole, pages) = lru_both_ways(&ring(4), 200 * MIB);
+        assert_eq!((whole.bytes_h2d, whole.bytes_d2h), (256 * MIB, 256 * MIB));
+        assert!(pages.settled);
+        assert!(pages.bytes_h2d <= whole.bytes_h2d && pages.bytes_d2h <= whole.bytes_d2h);
+        let cost = CostModel::default();
+        let floor = ((pages.bytes_h2d + pages.bytes_d2h) as f64 / cost.bidir_gbps)
+            .max(pages.bytes_h2d as f64 / cost.h2d_gbps);
+        // (Both engines busy the whole step: at the floor, to the nanosecond it is rounded to.)
+        assert!(
+            pages.step_ns as f64 + 1.0 >= floor,
+            "{} < {floor}",
+            pages.step_ns
+        );
+        assert!(
+            (pages.step_ns as f64) < 0.6 * whole.step_ns as f64,
+            "pages {} ns, whole tensors {} ns",
+            pages.step_ns,
+            whole.step_ns
+        );
+        let overlap = |a: &CopySpan, b: &CopySpan| a.start_ns < b.end_ns && b.start_ns < a.end_ns;
+        let ins = pages.copies.iter().filter(|c| c.to_device);
+        let overlapping = ins
+            .filter(|i| pages.copies.iter().any(|o| !o.to_device && overlap(i, o)))
+            .count();
+        assert!(overlapping > 0, "no read-back overlaps a write-out");
+        let whole_ins = whole.copies.iter().filter(|c| c.to_device);
+        assert!(
+            whole_ins
+                .clone()
+                .all(|i| !whole.copies.iter().any(|o| !o.to_device && overlap(i, o))),
+            "whole tensors: each read-back waits for the write-out that makes its room"
+        );
+    }
+
+    #[test]
+    fn lru_in_shim_pages_fetches_while_the_host_runs_ahead() {
+        // Five 64 MiB tensors in rotation, room for four and the reserve; op 0 computes for
+        // 5 ms. Whole tensors: op 1's tensor comes when the compute stream gets to op 1. The
+        // shim's host has launched op 1 while op 0 runs, and its pages come in meanwhile.
+        let mut cycle = ring(5);
+        cycle.ops[0].duration_ns = 5_000_000;
+        let (whole, pages) = lru_both_ways(&cycle, 272 * MIB);
+        let waited = |r: &SimReport, op: u32| r.waits.iter().any(|w| w.op == op);
+        assert!(waited(&whole, 1), "{:?}", whole.waits);
+        assert!(!waited(&pages, 1), "{:?}", pages.waits);
+        // Pages written out ahead of need and needed again stay: their copies ran, but
+        // nothing comes back for them.
+        assert!(pages.bytes_h2d < pages.bytes_d2h, "{pages:?}");
+        assert!(pages.step_ns < whole.step_ns, "{pages:?} {whole:?}");
     }
 
     #[test]

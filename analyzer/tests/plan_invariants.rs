@@ -136,6 +136,14 @@ proptest! {
         let slack = cycle.len() as u64 * 3;
         prop_assert!(planned.step_ns + slack >= bound.bound_ns,
             "plan {} < bound {}", planned.step_ns, bound.bound_ns);
+        // LRU as the shim runs it (pages, reserve, a host running ahead, allocations when the
+        // host makes them): every op's tensors resident when it starts, within the budget,
+        // and no faster than the bound either.
+        let lru = simulate(&cycle, Policy::Lru, budget, &cost, SimOptions::default())
+            .expect("lru in shim pages simulates without violation");
+        prop_assert!(lru.peak_resident_bytes <= budget.bytes);
+        prop_assert!(lru.step_ns + slack >= bound.bound_ns,
+            "lru {} < bound {}", lru.step_ns, bound.bound_ns);
     }
 
     #[test]

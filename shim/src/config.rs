@@ -303,7 +303,7 @@ impl Config {
                     variable: "TENSILE_PLAN_ROOM",
                     value: v,
                     why,
-                    fallback: "20%",
+                    fallback: tensile_analyzer::online::DEFAULT_PLAN_ROOM_TEXT,
                 }),
             }
         }

@@ -97,7 +97,8 @@ pub struct ReplayArgs {
     pub search_seed: u64,
     /// Plan in the units the shim moves: whole 2 MiB pages (tensors of at most 1 MiB and the
     /// partial last page of a larger one stay on the device), so that the prediction counts
-    /// what the shim will move. Implied by --emit-plan.
+    /// what the shim will move; and run `lru` as the shim's manager does (page by page, with
+    /// its free reserve, the host launching ahead). Implied by --emit-plan.
     #[arg(long)]
     pub shim_pages: bool,
     /// Write the plan for the budget to this file as the shim executes it (an encoded

@@ -1519,6 +1519,22 @@ fn swap_out_after_use_skips_pinned_pages_and_an_access_cancels_it() {
 }
 
 #[test]
+fn the_default_free_reserve_is_the_one_the_analyzers_lru_model_keeps() {
+    // `tensile replay --shim-pages` and `tensile rerun` predict LRU with the analyzer's figure;
+    // the manager keeps its configured reserve capped at half the budget (`keep_reserve`).
+    for budget_pages in [1usize, 4, 16, 100, 257, 1_000, 20_000] {
+        for page in [64 << 10, 512 << 10, 2 << 20] {
+            let cfg = ManagerConfig::with_page(budget_pages * page, 1 << 40, page);
+            assert_eq!(
+                cfg.free_reserve_pages.min(budget_pages / 2) as u64,
+                tensile_analyzer::sim::shim_free_reserve_pages(budget_pages as u64),
+                "a budget of {budget_pages} pages of {page} bytes"
+            );
+        }
+    }
+}
+
+#[test]
 fn without_a_free_reserve_nothing_leaves_ahead_of_need() {
     let (fake, mm) = setup(4, 64, Progress::Immediate);
     let s = fake.stream_create().unwrap();

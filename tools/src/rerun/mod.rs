@@ -724,12 +724,13 @@ impl Session {
     }
 }
 
-/// `tensile replay`'s prediction for each policy (`None` where it has none). The plan is
-/// predicted as the library makes it: in the units it moves (whole pages, small tensors left
-/// in place: `tensile replay --shim-pages`), on the cycle at the played sizes (the trace's
-/// divided by `scale`, in the played page, [`played_page`]), with copies at the played rates,
-/// for the budget less the room it leaves free and the partial last pages
-/// ([`budgets_to_try`]); its bytes are reported at trace size.
+/// `tensile replay`'s prediction for each policy (`None` where it has none), on the cycle at
+/// the played sizes (the trace's divided by `scale`, in the played page, [`played_page`]),
+/// with copies at the played rates, in the units the library moves (`tensile replay
+/// --shim-pages`); bytes are reported at trace size. The plan is predicted as the library
+/// makes it (whole pages, small tensors left in place), for the budget less the room it
+/// leaves free and the partial last pages ([`budgets_to_try`]); LRU as the library's manager
+/// runs it (page by page, with its free reserve, the host running ahead).
 fn predict(
     analysis: &Analysis,
     policies: &[PolicyKind],
@@ -762,6 +763,14 @@ fn predict(
                 PolicyKind::Plan => (
                     &played,
                     budgets_to_try(&played, budget.div_ceil(scale), room),
+                    &played_cost,
+                    scale,
+                ),
+                // As the library's manager runs it: page by page, with its free reserve and
+                // a host that runs ahead (docs/planner.md, "LRU as the shim runs it").
+                PolicyKind::Lru => (
+                    &played,
+                    vec![Budget::new(budget.div_ceil(scale))],
                     &played_cost,
                     scale,
                 ),
