@@ -1148,6 +1148,82 @@ mod tests {
     }
 
     #[test]
+    fn at_seeded_joins_leaves_and_changes_the_card_is_never_promised_twice_and_grants_settle() {
+        // Jobs join, leave and change their needs at random points (seeded), each meeting its
+        // grant after every tick as the shim does (holding at most its grant). At every tick
+        // the grants, each job counted for the larger of its grant and what it holds, fit the
+        // card; and where every job runs (no turns, whose grants move with time), the grants
+        // stop moving within two ticks of a change.
+        const G: u64 = 1 << 30;
+        const CARD: u64 = 10 * G;
+        for seed in 1..=6u64 {
+            let (name, mut c, _captured) = dividing_coordinator();
+            let t0 = Instant::now();
+            let mut ms = 0;
+            let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move |n: u64| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state % n
+            };
+            // Each job with its need and what it holds.
+            let mut jobs: Vec<(JobClient, u64, u64)> = Vec::new();
+            for step in 0..40 {
+                let what = next(4);
+                if jobs.is_empty() || (what == 0 && jobs.len() < 4) {
+                    let priority = match next(4) {
+                        0 => tensile_protocol::Priority::High,
+                        1 => tensile_protocol::Priority::Low,
+                        _ => tensile_protocol::Priority::Normal,
+                    };
+                    let job = JobClient::join(
+                        &name,
+                        &JobOptions {
+                            priority,
+                            ..JobOptions::default()
+                        },
+                    )
+                    .unwrap();
+                    job.set_card_bytes(CARD);
+                    let need = (1 + next(12)) * G / 2;
+                    job.set_memory(0, need);
+                    jobs.push((job, need, 0));
+                } else if what == 1 {
+                    let (job, _, _) = jobs.remove(next(jobs.len() as u64) as usize);
+                    job.leave();
+                } else {
+                    let i = next(jobs.len() as u64) as usize;
+                    jobs[i].1 = (1 + next(12)) * G / 2;
+                    jobs[i].0.set_memory(jobs[i].2, jobs[i].1);
+                }
+                let mut seen: Vec<Vec<u64>> = Vec::new();
+                for _ in 0..3 {
+                    ms += 1;
+                    c.tick(t0 + Duration::from_millis(ms));
+                    let promised: u64 = jobs.iter().map(|(j, _, held)| j.grant().max(*held)).sum();
+                    assert!(
+                        promised <= CARD,
+                        "seed {seed} step {step}: {promised} promised of a card of {CARD}"
+                    );
+                    for (job, need, held) in &mut jobs {
+                        budgets(job);
+                        *held = (*need).min(job.grant());
+                        job.set_memory(*held, *need);
+                    }
+                    seen.push(jobs.iter().map(|(j, _, _)| j.grant()).collect());
+                }
+                if jobs.iter().all(|(j, _, _)| !j.paused()) {
+                    assert_eq!(
+                        seen[1], seen[2],
+                        "seed {seed} step {step}: grants still moving two ticks after a change"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn the_card_is_divided_as_jobs_come_and_go_and_never_promised_twice() {
         const G: u64 = 1 << 30;
         let (name, mut c, captured) = dividing_coordinator();
