@@ -124,10 +124,13 @@ impl Liveness {
                 let first = acc[0];
                 let last = acc[acc.len() - 1];
                 let next = first + period * ((last - first) / period + 1);
+                // Normalized as above: accesses in lifetime order may wrap (`[3, 0]`: the last
+                // is op 0 of the next iteration, and the gap runs from op 0 to op 3).
+                let shift = (last / period) * period;
                 gaps.push(Gap {
                     tensor: tid,
-                    from: last,
-                    to: next,
+                    from: last - shift,
+                    to: next - shift,
                 });
             }
         }
