@@ -505,15 +505,12 @@ pub fn simulate_with(
         budget: budget.bytes,
         enforce_budget,
         lru: matches!(policy, Policy::Lru),
-        shim: match policy {
-            Policy::Lru if shim_lru => Some(ShimLru {
-                reserve: shim_free_reserve_pages(budget.bytes / cycle.page_bytes.max(1))
-                    * cycle.page_bytes,
-                issued: 0,
-                host_waits: Vec::new(),
-            }),
-            _ => None,
-        },
+        shim: shim_lru.then(|| ShimLru {
+            reserve: shim_free_reserve_pages(budget.bytes / cycle.page_bytes.max(1))
+                * cycle.page_bytes,
+            issued: 0,
+            host_waits: Vec::new(),
+        }),
         now_op: 0,
         place: vec![Place::Absent; n_t],
         host_valid: vec![false; n_t],
@@ -792,9 +789,7 @@ impl Sim<'_> {
             }
         }
         self.now_op = global;
-        if self.shim.is_some() {
-            self.issue_ahead(pos, global);
-        }
+        self.issue_ahead(pos);
         let ready_at = self.time;
         // Only the op's tensors not on the device can hold it back, and while it waits none of
         // those on the device leaves (evictions and releases happen between ops, LRU evicts no
@@ -863,19 +858,20 @@ impl Sim<'_> {
         Ok(waited)
     }
 
-    /// LRU in shim pages: the host's work for the ops after `pos`, as far ahead as memory lets
-    /// it run (at most [`HOST_LEAD_OPS`]), as the shim does it when the application launches
-    /// them. An op's tensors are stamped as used (and so kept until it has run: the shim's
+    /// LRU in shim pages (else nothing): the host's work for the ops after `pos`, as far ahead
+    /// as memory lets it run (at most [`HOST_LEAD_OPS`]), as the shim does it when the
+    /// application launches them. An op's tensors are stamped as used (and so kept until it has run: the shim's
     /// recency is the host's), those on the host are queued to come in, and least recently
     /// used ones that no issued op needs are evicted to make room for every read-back queued;
     /// the host then waits for those write-outs, as the shim waits for the frames an access
     /// lacks. It stops at the first op whose tensors would not fit without evicting the
     /// issued ops' own.
-    fn issue_ahead(&mut self, pos: usize, global: u64) {
+    fn issue_ahead(&mut self, pos: usize) {
         let p = self.cycle.len() as u64;
         let Some(mut shim) = self.shim.take() else {
             return;
         };
+        let global = self.now_op;
         shim.issued = shim.issued.max(global);
         while shim.issued < global + HOST_LEAD_OPS {
             shim.host_waits
@@ -886,13 +882,7 @@ impl Sim<'_> {
             let gj = shim.issued + 1;
             let j = (gj % p) as usize;
             let op = &self.cycle.ops[j];
-            let queued: u64 = self
-                .h2d
-                .queue
-                .iter()
-                .filter(|&&t| self.place[t as usize] == Place::Host)
-                .map(|&t| self.bytes(t))
-                .sum();
+            let queued = self.bytes_on_host(&self.h2d.queue);
             // New allocations take frames when the host makes them (the shim backs them at
             // once), stamped as just used.
             let allocated: u64 = self.actions[j]
@@ -913,14 +903,8 @@ impl Sim<'_> {
                     .map(|&t| self.bytes(t))
                     .sum::<u64>();
             if wanted > 0 {
-                let running = &self.cycle.ops[pos].tensors;
                 let evictable: u64 = (0..self.place.len() as TensorId)
-                    .filter(|&t| {
-                        self.place[t as usize] == Place::Device
-                            && self.last_use[t as usize] < global
-                            && !op.tensors.contains(&t)
-                            && !running.contains(&t)
-                    })
+                    .filter(|&t| self.evictable(t, pos, global) && !op.tensors.contains(&t))
                     .map(|t| self.bytes(t))
                     .sum();
                 if queued + wanted > self.free_bytes() + self.outgoing_bytes() + evictable {
@@ -1039,11 +1023,7 @@ impl Sim<'_> {
         }
         if absent_bytes > 0 {
             if self.enforce_budget && absent_bytes > self.free_bytes() && self.lru {
-                if self.shim.is_some() {
-                    // Pages of the ops the host has issued since stay if anything else can go.
-                    self.make_room_before(absent_bytes, pos, self.now_op);
-                }
-                self.make_room(absent_bytes, pos);
+                self.make_room_sparing_issued(absent_bytes, pos);
             }
             if !self.enforce_budget || absent_bytes <= self.free_bytes() {
                 for &t in &pending {
@@ -1061,15 +1041,9 @@ impl Sim<'_> {
         }
         if !ready && self.shim.is_some() {
             // The shim's manager frees frames for all the pages an access lacks at once.
-            let need: u64 = pending
-                .iter()
-                .filter(|&&t| self.place[t as usize] == Place::Host)
-                .map(|&t| self.bytes(t))
-                .sum();
+            let need = self.bytes_on_host(&pending);
             if need > self.free_bytes() {
-                // Pages of the ops the host has issued since stay if anything else can go.
-                self.make_room_before(need, pos, self.now_op);
-                self.make_room(need, pos);
+                self.make_room_sparing_issued(need, pos);
             }
         } else if !ready && self.lru {
             // Make room for the head of the fetch queue if it is waiting for memory.
@@ -1092,22 +1066,42 @@ impl Sim<'_> {
         self.make_room_before(need, pos, u64::MAX);
     }
 
+    /// [`Self::make_room`] for op `pos`; in shim pages, the pages of the ops the host has
+    /// issued since stay if anything else can go.
+    fn make_room_sparing_issued(&mut self, need: u64, pos: usize) {
+        if self.shim.is_some() {
+            self.make_room_before(need, pos, self.now_op);
+        }
+        self.make_room(need, pos);
+    }
+
+    /// Whether `t` may be evicted to make room for op `pos`: on the device, not one of the
+    /// op's, and last used before the unrolled op `pinned_from`.
+    fn evictable(&self, t: TensorId, pos: usize, pinned_from: u64) -> bool {
+        self.place[t as usize] == Place::Device
+            && self.last_use[t as usize] < pinned_from
+            && !self.cycle.ops[pos].tensors.contains(&t)
+    }
+
+    /// Bytes of those of `tensors` that are on the host.
+    fn bytes_on_host<'t>(&self, tensors: impl IntoIterator<Item = &'t TensorId>) -> u64 {
+        tensors
+            .into_iter()
+            .filter(|&&t| self.place[t as usize] == Place::Host)
+            .map(|&t| self.bytes(t))
+            .sum()
+    }
+
     /// [`Self::make_room`], leaving also every tensor used at or after the unrolled op
     /// `pinned_from` (those a host running ahead has already issued work for).
     fn make_room_before(&mut self, need: u64, pos: usize, pinned_from: u64) -> Vec<TensorId> {
-        let cycle = self.cycle;
-        let op = &cycle.ops[pos];
         let mut coming = self.free_bytes() + self.outgoing_bytes();
         let mut evicted = Vec::new();
         if coming >= need {
             return evicted;
         }
-        let mut candidates: Vec<TensorId> = (0..cycle.tensors.len() as TensorId)
-            .filter(|&t| {
-                self.place[t as usize] == Place::Device
-                    && self.last_use[t as usize] < pinned_from
-                    && !op.tensors.contains(&t)
-            })
+        let mut candidates: Vec<TensorId> = (0..self.cycle.tensors.len() as TensorId)
+            .filter(|&t| self.evictable(t, pos, pinned_from))
             .collect();
         candidates.sort_by_key(|&t| self.last_use[t as usize]);
         for t in candidates {
@@ -1246,19 +1240,12 @@ impl Sim<'_> {
         match self.next_copy_event() {
             Some(dt) => {
                 self.progress(dt.max(0.0));
-                self.host_goes_on(pos);
+                // A host that waited for write-outs issues what it can.
+                self.issue_ahead(pos);
                 self.start_copies(pos)?;
                 Ok(true)
             }
             None => Ok(false),
-        }
-    }
-
-    /// LRU in shim pages: after a copy ended, a host that was waiting for write-outs issues
-    /// what it can ([`Self::issue_ahead`]).
-    fn host_goes_on(&mut self, pos: usize) {
-        if self.shim.is_some() {
-            self.issue_ahead(pos, self.now_op);
         }
     }
 
@@ -1273,7 +1260,7 @@ impl Sim<'_> {
             match self.next_copy_event() {
                 Some(dt) if dt < remaining => {
                     self.progress(dt.max(0.0));
-                    self.host_goes_on(pos);
+                    self.issue_ahead(pos);
                 }
                 _ => {
                     self.progress(remaining);

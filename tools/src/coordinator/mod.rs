@@ -1207,6 +1207,7 @@ mod tests {
                         "seed {seed} step {step}: {promised} promised of a card of {CARD}"
                     );
                     for (job, need, held) in &mut jobs {
+                        // The budget commands are read (the grant in the slot says the same).
                         budgets(job);
                         *held = (*need).min(job.grant());
                         job.set_memory(*held, *need);

@@ -758,30 +758,20 @@ fn predict(
     policies
         .iter()
         .map(|&policy| {
-            let (cycle, budgets, cost, bytes_scale) = match policy {
+            let played_budget = budget.div_ceil(scale);
+            let budgets = match policy {
                 // As the learner plans.
-                PolicyKind::Plan => (
-                    &played,
-                    budgets_to_try(&played, budget.div_ceil(scale), room),
-                    &played_cost,
-                    scale,
-                ),
-                // As the library's manager runs it: page by page, with its free reserve and
-                // a host that runs ahead (docs/planner.md, "LRU as the shim runs it").
-                PolicyKind::Lru => (
-                    &played,
-                    vec![Budget::new(budget.div_ceil(scale))],
-                    &played_cost,
-                    scale,
-                ),
-                _ => (&analysis.cycle, vec![Budget::new(budget)], cost, 1),
+                PolicyKind::Plan => budgets_to_try(&played, played_budget, room),
+                // LRU as the library's manager runs it: page by page, with its free reserve
+                // and a host that runs ahead (docs/planner.md, "LRU as the shim runs it").
+                _ => vec![Budget::new(played_budget)],
             };
             let evaluate = |budget: Budget| {
                 evaluate_many_with(
-                    cycle,
+                    &played,
                     &[policy],
                     budget,
-                    cost,
+                    &played_cost,
                     &BoundOptions::default(),
                     &SearchOptions::default(),
                 )
@@ -795,8 +785,8 @@ fn predict(
             let predicted = match result {
                 Ok(results) => results.first().map(|r| Predicted {
                     step_ns: r.report.step_ns,
-                    bytes_h2d: r.report.bytes_h2d * bytes_scale,
-                    bytes_d2h: r.report.bytes_d2h * bytes_scale,
+                    bytes_h2d: r.report.bytes_h2d * scale,
+                    bytes_d2h: r.report.bytes_d2h * scale,
                     stall_ns: r.report.stall_ns,
                 }),
                 Err((p, e)) => {
