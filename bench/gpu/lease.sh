@@ -4,7 +4,8 @@
 #   LEASE_SECONDS=540 OUT=/tmp/out bash bench/gpu/lease.sh [GROUP...]
 #
 # Groups, in the order they run (default: all): probe (nvidia-smi, the kernels' PTX against
-# their CPU twins, what the driver's VMM accepts: vmm_probe.py), gate, nopressure, overhead
+# their CPU twins, what the driver's VMM accepts: vmm_probe.py), vmmsync (whether VMM and
+# pinning calls wait for the GPU's queued work: vmm_sync_probe.py), gate, nopressure, overhead
 # (the shim's cost without pressure, part by part), steady (the same over 40 steps, with CPU
 # seconds per thread), pressure, unmapped (the pressure runs with
 # TENSILE_SWAPPED=unmapped), alloc, rerun, peers, traced.
@@ -97,7 +98,7 @@ PY
 }
 
 groups=("$@")
-((${#groups[@]})) || groups=(probe gate nopressure overhead steady pressure unmapped alloc rerun peers traced)
+((${#groups[@]})) || groups=(probe vmmsync gate nopressure overhead steady pressure unmapped alloc rerun peers traced)
 wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 
 say "lease started $(date -u +%FT%TZ), deadline in $(left)s, groups: ${groups[*]}"
@@ -109,6 +110,11 @@ if wants probe; then
     tail -n 3 "$WORK/gpu_check.out" | tee -a "$OUT/summary.txt"
     step vmm_probe 60 python3 bench/gpu/vmm_probe.py
     tee -a "$OUT/summary.txt" <"$WORK/vmm_probe.out"
+fi
+
+if wants vmmsync; then
+    step vmm_sync_probe 60 python3 bench/gpu/vmm_sync_probe.py
+    tee -a "$OUT/summary.txt" <"$WORK/vmm_sync_probe.out"
 fi
 
 # The gate: an MLP natively and under the shim, swapping on demand (a 2 GiB budget of its

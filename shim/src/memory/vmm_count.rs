@@ -591,3 +591,71 @@ fn the_training_loop_needs_one_map_and_one_unmap_per_page_moved_and_no_more() {
         r.footprint_pages
     );
 }
+
+#[test]
+fn without_pressure_a_repeating_step_makes_no_vmm_calls_once_warm() {
+    // On the H100 such calls in a step that moves nothing doubled ResNet-50's step under the
+    // shim (docs/gpu-results.md): a new tensor on a freed one's pages reuses their frames.
+    const P: usize = SMALL_PAGE;
+    let fake = Arc::new(FakeDriver::new(FakeConfig {
+        device_capacity: 1 << 30,
+        host_capacity: 1 << 30,
+        progress: Progress::Immediate,
+    }));
+    // The production configuration (the arena grows 16 pages at a time, backed in units),
+    // with a budget far above the footprint.
+    let mut cfg = ManagerConfig::with_page(512 * P, 64 * P, P);
+    cfg.host_background = false;
+    let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
+    let s = fake.stream_create().expect("stream");
+    // A training step's shape with stream-ordered frees: forward activations of mixed sizes
+    // (partial pages included), half freed in reverse during backward while gradients of
+    // other sizes land in their holes, then everything freed. Each step starts with a
+    // tensor of another size (none, or a fifth of a page to eight pages), so tensors land on
+    // other pages than the step before, as when a free's fence has not completed yet: units
+    // made for one step's tensors reach past the next step's.
+    let forward = [4 * P, P + P / 3, 2 * P, P / 8, 6 * P, 3 * P, P / 2, 5 * P];
+    let backward = [3 * P + P / 4, P, 7 * P, P / 16, 2 * P];
+    let step = |fifths: usize| {
+        let shift = (fifths > 0).then(|| mm.alloc(fifths * P / 5, Some(s)).expect("shift"));
+        let acts: Vec<(u64, usize)> = forward
+            .iter()
+            .map(|&b| (mm.alloc(b, Some(s)).expect("activation"), b))
+            .collect();
+        touch(&mm, s, &acts);
+        for &(p, _) in acts.iter().rev().step_by(2) {
+            mm.free(p, Some(s)).expect("free activation");
+        }
+        mm.poll().expect("poll");
+        let grads: Vec<(u64, usize)> = backward
+            .iter()
+            .map(|&b| (mm.alloc(b, Some(s)).expect("gradient"), b))
+            .collect();
+        touch(&mm, s, &grads);
+        for &(p, _) in acts.iter().rev().skip(1).step_by(2).chain(&grads) {
+            mm.free(p, Some(s)).expect("free");
+        }
+        if let Some(p) = shift {
+            mm.free(p, Some(s)).expect("free shift");
+        }
+        mm.poll().expect("poll");
+    };
+    // Warm: the arena has grown to the largest step.
+    for fifths in [39, 0, 20] {
+        step(fifths);
+    }
+    let before = Counts::read(&fake);
+    for fifths in [16, 33, 10, 27, 4, 21] {
+        step(fifths);
+    }
+    let calls = Counts::read(&fake).since(before);
+    assert_eq!(mm.stats().pages_evicted, 0, "nothing had to move");
+    assert_eq!(
+        calls.total(),
+        0,
+        "VMM calls in 6 warm steps (reserve, create device, create host, release, map, \
+         unmap, set access): {:?}",
+        calls.0
+    );
+    mm.audit().expect("audit");
+}

@@ -51,7 +51,9 @@ impl Inner {
         };
         self.pages.ensure_len(last + 1);
         self.drop_stale_host_pages(first, last);
-        self.drop_units_reaching_past(first, last);
+        if self.pages_may_move() {
+            self.drop_units_reaching_past(first, last);
+        }
         self.clock += 1;
         for p in first..=last {
             if let Some(e) = self.pages.entry_mut(p) {

@@ -742,6 +742,16 @@ impl Drop for MemoryManager {
 }
 
 impl Inner {
+    /// Whether pages may have to leave the device: some have before (a step that overran the
+    /// budget once overruns it again), or the frames in use reach the free reserve. Until
+    /// then a device unit's shape costs nothing, and units cut afresh for new allocations
+    /// cost VMM calls on the allocation path (and event queries for whether the old unit is
+    /// idle): without a budget on the H100 they made ResNet-50's step under the shim 1.5 to 2
+    /// times native (docs/gpu-results.md).
+    fn pages_may_move(&self) -> bool {
+        self.stats.pages_evicted > 0 || self.dev.available() <= self.cfg.free_reserve_pages
+    }
+
     /// Runs `f` with its evictions counted as for `demand`.
     fn for_demand<T>(&mut self, demand: Demand, f: impl FnOnce(&mut Self) -> T) -> T {
         let outer = std::mem::replace(&mut self.demand, demand);
