@@ -19,8 +19,12 @@ struct Slot {
     stream: Stream,
     next_seq: u64,
     in_flight: VecDeque<(u64, Event)>,
-    /// Uses handed the promised number `next_seq` since the last recorded fence.
+    /// Launches handed the promised number `next_seq` since the last recorded fence: every
+    /// `every`-th records one ([`Fences::note`]).
     unfenced: u32,
+    /// Whether anything (a launch or a free) holds the promised number `next_seq`, so that
+    /// [`Fences::flush`] records it.
+    promised: bool,
 }
 
 /// Fence bookkeeping for every stream seen so far.
@@ -49,6 +53,7 @@ impl Fences {
             next_seq: 1,
             in_flight: VecDeque::new(),
             unfenced: 0,
+            promised: false,
         });
         self.completed.push(0);
         self.by_stream.insert(stream, s);
@@ -76,6 +81,7 @@ impl Fences {
         let seq = s.next_seq;
         s.next_seq += 1;
         s.unfenced = 0;
+        s.promised = false;
         s.in_flight.push_back((seq, ev));
         Ok(seq)
     }
@@ -87,6 +93,7 @@ impl Fences {
     pub fn note(&mut self, driver: &dyn Driver, slot: usize, every: u32) -> Result<u64, CUresult> {
         let s = &mut self.slots[slot];
         s.unfenced += 1;
+        s.promised = true;
         if s.unfenced >= every.max(1) {
             self.record(driver, slot)
         } else {
@@ -94,11 +101,24 @@ impl Fences {
         }
     }
 
-    /// Records a fence on every stream with uses only promised one ([`Self::note`]), so that
-    /// they can complete without waiting for that stream's next launches.
+    /// The fence number for a stream-ordered free just queued on the slot's stream: the next
+    /// fence's, recorded by the stream's next [`Self::note`] that records one or on demand
+    /// ([`Self::flush`], [`Self::wait`], [`Self::event_after`]), never here. For the manager's
+    /// frees where no other stream allocates: the stream reuses the memory at once, and
+    /// nothing else wants it sooner. (ResNet-50 frees as often as it launches; counting frees
+    /// towards `every` doubled the manager's event records, each 4 to 12 µs on the H100.)
+    pub fn promise(&mut self, slot: usize) -> u64 {
+        let s = &mut self.slots[slot];
+        s.promised = true;
+        s.next_seq
+    }
+
+    /// Records a fence on every stream with uses or frees only promised one ([`Self::note`],
+    /// [`Self::promise`]), so that they can complete without waiting for that stream's next
+    /// launches.
     pub fn flush(&mut self, driver: &dyn Driver) -> Result<(), CUresult> {
         for slot in 0..self.slots.len() {
-            if self.slots[slot].unfenced > 0 {
+            if self.slots[slot].promised {
                 self.record(driver, slot)?;
             }
         }

@@ -134,6 +134,26 @@ impl PendingFrees {
         self.bytes += len;
     }
 
+    /// Adds a freed range, merged with the pending ranges it touches: the merged range
+    /// matures with the latest of their fences (later for the earlier parts, never sooner),
+    /// and the stream can reuse it whole at once.
+    fn add_merged(&mut self, mut start: u64, mut len: u64, mut fence: u64) {
+        if let Some((&s, &(l, f))) = self.by_start.range(..start).next_back() {
+            if s + l == start {
+                self.remove(s);
+                start = s;
+                len += l;
+                fence = fence.max(f);
+            }
+        }
+        if let Some(&(l, f)) = self.by_start.get(&(start + len)) {
+            self.remove(start + len);
+            len += l;
+            fence = fence.max(f);
+        }
+        self.add(start, len, fence);
+    }
+
     fn remove(&mut self, start: u64) -> Option<(u64, u64)> {
         let (len, fence) = self.by_start.remove(&start)?;
         self.by_fence.remove(&(fence, start));
@@ -180,6 +200,8 @@ pub struct Suballocator {
     pending: Vec<PendingFrees>,
     allocs: BTreeMap<u64, Allocation>,
     live_bytes: u64,
+    /// The stream slots that have allocated, by slot.
+    allocating: Vec<bool>,
 }
 
 impl Suballocator {
@@ -197,7 +219,17 @@ impl Suballocator {
             pending: Vec::new(),
             allocs: BTreeMap::new(),
             live_bytes: 0,
+            allocating: Vec::new(),
         }
+    }
+
+    /// Whether a stream other than `slot`'s has allocated: only then can memory freed on
+    /// `slot` be wanted elsewhere before that stream reuses it.
+    pub fn others_allocate(&self, slot: usize) -> bool {
+        self.allocating
+            .iter()
+            .enumerate()
+            .any(|(i, &a)| a && i != slot)
     }
 
     /// Arena bytes in use or ever handed out (the frontier).
@@ -287,6 +319,10 @@ impl Suballocator {
             .filter(|&s| s <= self.capacity)
             .ok_or(SubAllocError::ArenaFull)?;
         let placement = self.placement(span);
+        if self.allocating.len() <= stream_slot {
+            self.allocating.resize(stream_slot + 1, false);
+        }
+        self.allocating[stream_slot] = true;
         self.mature(completed);
         let mut grown = None;
         let same_stream = self
@@ -369,13 +405,18 @@ impl Suballocator {
     }
 
     /// Makes a freed span reusable by `slot` now and by other streams after fence `seq`.
+    ///
+    /// The span is merged with the slot's pending frees around it, so that the stream can
+    /// reuse them as one: where one stream allocates, its frees record no fence
+    /// (`Fences::promise`) and mature only as often as its launches record one, and pieces it
+    /// could reuse only one by one grew the arena.
     pub fn release_after(&mut self, a: Allocation, slot: usize, seq: u64) {
         if self.pending.len() <= slot {
             let page = self.page;
             self.pending
                 .resize_with(slot + 1, || PendingFrees::new(page));
         }
-        self.pending[slot].add(a.ptr - self.base, a.span, seq);
+        self.pending[slot].add_merged(a.ptr - self.base, a.span, seq);
     }
 }
 

@@ -313,16 +313,21 @@ impl Inner {
             }
             Some(s) => {
                 let slot = self.fences.slot_of(s);
-                // The fence comes with the stream's next recorded one (every `fence_every`
-                // uses, or when another stream or an eviction needs it: `Fences::wait`,
-                // `event_after`, `flush`), not one event per free.
-                let seq = match self.fences.note(&*self.driver, slot, self.cfg.fence_every) {
-                    Ok(seq) => seq,
-                    Err(e) => {
-                        // Keep the allocation: the free did not happen.
-                        self.sub_reinsert(a);
-                        return Err(e);
+                // Where only this stream allocates, nothing else wants the memory before the
+                // stream reuses it: the fence comes with the stream's next recorded one (every
+                // `fence_every` launches, or when an eviction needs it: `Fences::wait`,
+                // `event_after`, `flush`). Otherwise the free counts as a use towards it.
+                let seq = if self.sub.others_allocate(slot) {
+                    match self.fences.note(&*self.driver, slot, self.cfg.fence_every) {
+                        Ok(seq) => seq,
+                        Err(e) => {
+                            // Keep the allocation: the free did not happen.
+                            self.sub_reinsert(a);
+                            return Err(e);
+                        }
                     }
+                } else {
+                    self.fences.promise(slot)
                 };
                 // The free's fence also covers work the manager did not see on that stream.
                 if let Some((first, last)) = self.pages_of(a.ptr, a.span) {
