@@ -25,8 +25,8 @@
 //! - `TENSILE_SIM_JITTER_US`: each stream operation first waits a pseudo-random 0..N
 //!   microseconds (default 0), shuffling the interleaving of streams to shake out races.
 //! - `TENSILE_SIM_VMM_TIME`: the calling thread of a VMM call (`cuMemCreate`, `cuMemMap`,
-//!   `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`) is held for what the call took on the H200
-//!   ([`VmmCosts::H200`], per mapping: docs/gpu-results.md) times this factor. Default 1 with
+//!   `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`) is held for what the call took on the H100
+//!   ([`VmmCosts::H100`], per mapping and page: docs/gpu-results.md) times this factor. Default 1 with
 //!   `TENSILE_SIM_TIMING=h100`, else 0 (free, the test suite's default).
 //!
 //! - `TENSILE_SIM_PAGE`: the VMM allocation and mapping granularity, a power of two from
@@ -116,33 +116,56 @@ static RATES: [AtomicU64; 6] = [
 ];
 static JITTER_US: AtomicU64 = AtomicU64::new(0);
 
-/// What the driver's VMM calls cost the calling thread, in ns: measured on the H200
-/// (`bench/gpu/vmm_probe.py`, docs/gpu-results.md). `cuMemSetAccess` and `cuMemUnmap` cost
-/// per *mapping* in their range, whatever its size; creating host memory costs per page
-/// (pinning).
+/// What the driver's VMM calls cost the calling thread, in ns (`bench/gpu/vmm_probe.py`,
+/// `bench/gpu/vmm_sync_probe.py`, docs/gpu-results.md). `cuMemMap`, `cuMemSetAccess` and
+/// `cuMemUnmap` cost per *mapping* in their range, plus per page of each mapping where the
+/// card showed it; creating host memory costs per page (pinning).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VmmCosts {
     /// `cuMemCreate`, per allocation: device, host (per 2 MiB page of it).
     pub create_ns: [u64; 2],
     /// `cuMemMap`, per mapping: device, host.
     pub map_ns: [u64; 2],
-    /// `cuMemSetAccess`, per mapping in the range: device, host.
+    /// `cuMemSetAccess`, per mapping in the range, and per page of each: device, host.
     pub access_ns: [u64; 2],
-    /// `cuMemUnmap`, per mapping in the range: device, host.
+    pub access_page_ns: [u64; 2],
+    /// `cuMemUnmap`, per mapping in the range, and per page of each: device, host.
     pub unmap_ns: [u64; 2],
+    pub unmap_page_ns: [u64; 2],
     /// `cuMemRelease`, per allocation: device, host.
     pub release_ns: [u64; 2],
 }
 
 impl VmmCosts {
-    /// The H200 with the CUDA 13.0 driver, one-page mappings (64 of them in a row).
+    /// The H100 with the CUDA 13.0 driver (session 15), what the simulated GPU charges: each
+    /// call alone, as the memory manager makes them, with the GPU busy (`vmm_sync_probe.py`,
+    /// one page and 32 pages; the per-page terms are the difference). `cuMemMap` and
+    /// `cuMemRelease` of host memory were not measured there: the device's map, the H200's
+    /// release.
+    pub const H100: VmmCosts = VmmCosts {
+        create_ns: [32_000, 356_000],
+        map_ns: [9_000, 9_000],
+        access_ns: [76_000, 128_000],
+        access_page_ns: [0, 25_000],
+        unmap_ns: [43_000, 67_000],
+        unmap_page_ns: [0, 5_300],
+        release_ns: [40_000, 43_000],
+    };
+
+    /// The H200 with the CUDA 13.0 driver, one-page mappings (64 of them in a row): cheaper
+    /// per call than the H100's calls one at a time.
     pub const H200: VmmCosts = VmmCosts {
         create_ns: [9_500, 400_000],
         map_ns: [1_900, 4_000],
         access_ns: [22_000, 57_000],
+        access_page_ns: [0, 0],
         unmap_ns: [14_700, 30_000],
+        unmap_page_ns: [0, 0],
         release_ns: [10_000, 43_000],
     };
+
+    /// What the simulated GPU charges.
+    pub const SIMULATED: VmmCosts = VmmCosts::H100;
 }
 
 /// The H100's VMM granularity, and the default of `TENSILE_SIM_PAGE`.
@@ -234,7 +257,7 @@ pub fn load() -> u64 {
     env_or("TENSILE_SIM_DEVICE_MEMORY", DEFAULT_CAPACITY, parse_bytes)
 }
 
-/// Scales the modelled cost of VMM calls ([`VmmCosts::H200`] times `factor`; 0: free).
+/// Scales the modelled cost of VMM calls ([`VmmCosts::SIMULATED`] times `factor`; 0: free).
 pub fn set_vmm_time(factor: f64) {
     VMM_MILLI.store((factor * 1000.0).round() as u64, Ordering::Relaxed);
 }

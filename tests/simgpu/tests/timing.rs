@@ -264,9 +264,9 @@ fn fastest(n: usize, mut f: impl FnMut()) -> Duration {
 }
 
 #[test]
-fn vmm_calls_hold_their_caller_per_mapping_as_on_the_h200() {
+fn vmm_calls_hold_their_caller_per_mapping_as_on_the_h100() {
     let _turn = setup(Rates::UNLIMITED);
-    let costs = config::VmmCosts::H200;
+    let costs = config::VmmCosts::SIMULATED;
     const PAGE: usize = 2 * MIB;
     let va = reserve(8 * PAGE);
     let pages: Vec<_> = (0..4).map(|_| create(PAGE, device_loc())).collect();
@@ -279,7 +279,7 @@ fn vmm_calls_hold_their_caller_per_mapping_as_on_the_h200() {
         ck(set_access(va, 4 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
         ck(unmap(va, 4 * PAGE));
     });
-    // ... and with the H200's costs, one access and one unmap call over four one-page
+    // ... and with the H100's costs, one access and one unmap call over four one-page
     // mappings cost four times what they cost for one: the cost is per mapping.
     config::set_vmm_time(1.0);
     let modelled = |n: u64| {
@@ -298,7 +298,24 @@ fn vmm_calls_hold_their_caller_per_mapping_as_on_the_h200() {
         ck(set_access(va, 4 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
         ck(unmap(va, 4 * PAGE));
     });
+    // Host memory's access and unmap calls cost per page of a mapping too.
+    let host = create(4 * PAGE, host_loc());
+    let host_one = fastest(3, || {
+        ck(map(va, 4 * PAGE, host));
+        ck(set_access(va, 4 * PAGE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        ck(unmap(va, 4 * PAGE));
+    });
+    let host_modelled = Duration::from_nanos(
+        costs.map_ns[1]
+            + costs.access_ns[1]
+            + costs.unmap_ns[1]
+            + 4 * (costs.access_page_ns[1] + costs.unmap_page_ns[1]),
+    );
     config::set_vmm_time(0.0);
+    assert!(
+        host_one >= host_modelled,
+        "{host_one:?} for one host mapping of four pages"
+    );
     assert!(four >= modelled(4), "{four:?} for four mappings");
     assert!(one >= modelled(1), "{one:?} for one mapping");
     assert!(
@@ -309,7 +326,7 @@ fn vmm_calls_hold_their_caller_per_mapping_as_on_the_h200() {
         free < four / 2,
         "{free:?} with the costs off, {four:?} with"
     );
-    for h in pages.into_iter().chain([whole]) {
+    for h in pages.into_iter().chain([whole, host]) {
         // SAFETY: a handle this test created.
         ck(unsafe { cuda::api::vmm::cuMemRelease(h) });
     }

@@ -43,7 +43,7 @@ fn hold(ns: u64) {
 
 /// The modelled cost of an access or unmap call over `regions`: one `per` for each distinct
 /// mapping (by its allocation's side).
-fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2]) -> u64 {
+fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2], per_page: [u64; 2]) -> u64 {
     let mut last: Option<(u64, u64)> = None;
     let mut ns = 0;
     for r in regions {
@@ -55,8 +55,11 @@ fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2]) -> u64 {
             if continues {
                 continue;
             }
-            let s = inner.physical.get(&handle).map_or(0, |p| side(&p.location));
-            ns += per[s];
+            let (s, pages) = inner
+                .physical
+                .get(&handle)
+                .map_or((0, 0), |p| (side(&p.location), p.size / granularity()));
+            ns += per[s] + per_page[s] * pages;
         }
     }
     ns
@@ -195,7 +198,7 @@ impl AddressSpace {
         };
         let handle = inner.next_handle;
         inner.next_handle += 1;
-        let costs = crate::config::VmmCosts::H200;
+        let costs = crate::config::VmmCosts::SIMULATED;
         let cost = if on_device {
             costs.create_ns[0]
         } else {
@@ -221,7 +224,7 @@ impl AddressSpace {
     pub fn release(&self, handle: u64) -> Result<(), CUresult> {
         let mut inner = self.write_lock();
         let cost = match inner.physical.get(&handle) {
-            Some(p) if p.refs > 0 => crate::config::VmmCosts::H200.release_ns[side(&p.location)],
+            Some(p) if p.refs > 0 => crate::config::VmmCosts::SIMULATED.release_ns[side(&p.location)],
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         inner.unref(handle, false);
@@ -255,7 +258,7 @@ impl AddressSpace {
         if offset != 0 || size != phys.size {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        let cost = crate::config::VmmCosts::H200.map_ns[side(&phys.location)];
+        let cost = crate::config::VmmCosts::SIMULATED.map_ns[side(&phys.location)];
         os::map_fd_fixed(ptr, size, &phys.fd, offset).map_err(os_err)?;
         let kind = RegionKind::Mapped { handle, offset };
         inner.regions.insert(
@@ -297,7 +300,8 @@ impl AddressSpace {
         if cursor != end {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let cost = per_mapping(&inner, &regions, crate::config::VmmCosts::H200.unmap_ns);
+        let c = crate::config::VmmCosts::SIMULATED;
+        let cost = per_mapping(&inner, &regions, c.unmap_ns, c.unmap_page_ns);
         for r in regions {
             os::reset_to_reserved(r.start, r.len).map_err(os_err)?;
             inner.regions.remove(&r.start);
@@ -328,7 +332,8 @@ impl AddressSpace {
         if cursor < end {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let cost = per_mapping(&inner, &regions, crate::config::VmmCosts::H200.access_ns);
+        let c = crate::config::VmmCosts::SIMULATED;
+        let cost = per_mapping(&inner, &regions, c.access_ns, c.access_page_ns);
         inner.split_at(ptr);
         inner.split_at(end);
         let starts: Vec<u64> = inner.regions.range(ptr..end).map(|(s, _)| *s).collect();
