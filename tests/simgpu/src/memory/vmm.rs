@@ -224,7 +224,9 @@ impl AddressSpace {
     pub fn release(&self, handle: u64) -> Result<(), CUresult> {
         let mut inner = self.write_lock();
         let cost = match inner.physical.get(&handle) {
-            Some(p) if p.refs > 0 => crate::config::VmmCosts::SIMULATED.release_ns[side(&p.location)],
+            Some(p) if p.refs > 0 => {
+                crate::config::VmmCosts::SIMULATED.release_ns[side(&p.location)]
+            }
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         inner.unref(handle, false);
