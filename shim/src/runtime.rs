@@ -287,15 +287,19 @@ impl Runtime {
         if self.memory().is_some_and(|m| m.log_stats_at_exit) {
             // Written directly: `tracing`'s thread-locals are gone by the time atexit
             // handlers run.
+            let mm = self.memory().map(|m| m.mm.stats()).unwrap_or_default();
             crate::log::emergency(&format!(
                 "swapped {} MiB to host and {} MiB to device ({} pages out, {} in); {} accesses \
-                 stalled for {:.3} ms in all; peak resident {} MiB; host pool {} MiB",
+                 stalled for {:.3} ms in all; {} waits for the memory manager's lock, {:.3} ms \
+                 in all; peak resident {} MiB; host pool {} MiB",
                 stats.bytes_to_host >> 20,
                 stats.bytes_to_device >> 20,
-                self.memory().map_or(0, |m| m.mm.stats().pages_evicted),
-                self.memory().map_or(0, |m| m.mm.stats().pages_swapped_in),
+                mm.pages_evicted,
+                mm.pages_swapped_in,
                 stats.stalled_launches,
                 stats.stall_ns as f64 / 1e6,
+                mm.lock_waits,
+                mm.lock_wait_ns as f64 / 1e6,
                 stats.peak_resident_bytes >> 20,
                 stats.host_pool_bytes >> 20,
             ));

@@ -76,6 +76,8 @@ mod verbs;
 
 #[cfg(test)]
 mod capture_pin_tests;
+#[cfg(test)]
+mod lock_tests;
 
 /// How the manager is set up. [`ManagerConfig::new`] gives the production defaults.
 #[derive(Debug, Clone, Copy)]
@@ -279,6 +281,11 @@ pub struct MemoryManager {
     arena_bytes: usize,
     /// The page (fixed for the manager's life).
     page: usize,
+    /// Acquisitions of the manager's lock that found it held, and the time they waited: what
+    /// the application's threads lose to the manager's own work (driver calls made under the
+    /// lock included), where the stall counters see only swap-ins.
+    lock_waits: AtomicU64,
+    lock_wait_ns: AtomicU64,
 }
 
 impl MemoryManager {
@@ -362,12 +369,25 @@ impl MemoryManager {
             base,
             arena_bytes,
             page,
+            lock_waits: AtomicU64::new(0),
+            lock_wait_ns: AtomicU64::new(0),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic inside the manager is a bug, but the state is still the best we have.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        match self.inner.try_lock() {
+            Ok(guard) => return guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        // Held by another thread: only then is the wait timed (two clock reads).
+        let started = Instant::now();
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        self.lock_waits.fetch_add(1, Ordering::Relaxed);
+        self.lock_wait_ns
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        guard
     }
 
     /// Whether `ptr` lies in the arena (then the manager, not the driver, answers for it).
@@ -492,6 +512,9 @@ impl MemoryManager {
         st.host_pool_bytes = s.host.size_bytes() as u64;
         st.frames_in_use = s.dev.in_use() as u64;
         st.dead_device_pages = s.dead_device.len() as u64;
+        drop(s);
+        st.lock_waits = self.lock_waits.load(Ordering::Relaxed);
+        st.lock_wait_ns = self.lock_wait_ns.load(Ordering::Relaxed);
         st
     }
 
