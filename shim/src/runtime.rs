@@ -290,16 +290,19 @@ impl Runtime {
             let mm = self.memory().map(|m| m.mm.stats()).unwrap_or_default();
             crate::log::emergency(&format!(
                 "swapped {} MiB to host and {} MiB to device ({} pages out, {} in); {} accesses \
-                 stalled for {:.3} ms in all; {} waits for the memory manager's lock, {:.3} ms \
-                 in all; peak resident {} MiB; host pool {} MiB",
+                 stalled for {:.3} ms in all; the memory manager's lock found held {} times by \
+                 the application's threads ({:.3} ms in all) and {} times by the library's \
+                 ({:.3} ms); peak resident {} MiB; host pool {} MiB",
                 stats.bytes_to_host >> 20,
                 stats.bytes_to_device >> 20,
                 mm.pages_evicted,
                 mm.pages_swapped_in,
                 stats.stalled_launches,
                 stats.stall_ns as f64 / 1e6,
-                mm.lock_waits,
-                mm.lock_wait_ns as f64 / 1e6,
+                mm.app_lock_waits,
+                mm.app_lock_wait_ns as f64 / 1e6,
+                mm.library_lock_waits,
+                mm.library_lock_wait_ns as f64 / 1e6,
                 stats.peak_resident_bytes >> 20,
                 stats.host_pool_bytes >> 20,
             ));

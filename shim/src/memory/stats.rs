@@ -34,10 +34,13 @@ pub struct MemoryStats {
     pub evicted_for: EvictedFor,
     /// Pages brought in because an access found them on the host (not prefetched).
     pub pages_in_on_demand: u64,
-    /// Times a thread found the manager's lock held, and how long such waits took in all
-    /// (`MemoryManager::lock`).
-    pub lock_waits: u64,
-    pub lock_wait_ns: u64,
+    /// Times one of the application's threads found the manager's lock held, and how long
+    /// such waits took in all (`MemoryManager::lock`); the same for the library's own threads
+    /// (maintenance, plan executor: named `tensile-…`).
+    pub app_lock_waits: u64,
+    pub app_lock_wait_ns: u64,
+    pub library_lock_waits: u64,
+    pub library_lock_wait_ns: u64,
     /// Gauges, as of the snapshot: device frames in use, and those of them holding pages no
     /// allocation holds any more.
     pub frames_in_use: u64,

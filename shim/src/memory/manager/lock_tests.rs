@@ -1,4 +1,4 @@
-//! The manager's lock counts the waits of threads that find it held.
+//! The manager's lock counts the waits of threads that find it held, by whose they are.
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -7,7 +7,7 @@ use super::super::fake::{FakeConfig, FakeDriver, Progress};
 use super::*;
 
 #[test]
-fn a_thread_that_finds_the_managers_lock_held_is_counted_with_its_wait() {
+fn threads_that_find_the_managers_lock_held_are_counted_with_their_waits() {
     let fake = Arc::new(FakeDriver::new(FakeConfig {
         device_capacity: 1 << 30,
         host_capacity: 1 << 30,
@@ -20,11 +20,20 @@ fn a_thread_that_finds_the_managers_lock_held_is_counted_with_its_wait() {
     for _ in 0..3 {
         let _ = mm.budget();
     }
-    assert_eq!(mm.stats().lock_waits, 0);
+    let st = mm.stats();
+    assert_eq!((st.app_lock_waits, st.library_lock_waits), (0, 0));
     let held = mm.lock();
-    let ready = Barrier::new(2);
+    let ready = Barrier::new(3);
     std::thread::scope(|scope| {
-        let waiter = scope.spawn(|| {
+        // A thread of the library's (by its name) and one of the application's.
+        let waiter = std::thread::Builder::new()
+            .name("tensile-test".into())
+            .spawn_scoped(scope, || {
+                ready.wait();
+                mm.budget()
+            })
+            .expect("spawn");
+        let app = scope.spawn(|| {
             ready.wait();
             mm.budget()
         });
@@ -32,12 +41,14 @@ fn a_thread_that_finds_the_managers_lock_held_is_counted_with_its_wait() {
         std::thread::sleep(Duration::from_millis(30));
         drop(held);
         waiter.join().expect("waiter");
+        app.join().expect("app");
     });
     let st = mm.stats();
-    assert_eq!(st.lock_waits, 1);
-    assert!(
-        st.lock_wait_ns >= 20_000_000,
-        "waited {} ns behind a 30 ms hold",
-        st.lock_wait_ns
-    );
+    assert_eq!((st.app_lock_waits, st.library_lock_waits), (1, 1));
+    for (who, ns) in [
+        ("app", st.app_lock_wait_ns),
+        ("library", st.library_lock_wait_ns),
+    ] {
+        assert!(ns >= 20_000_000, "{who} waited {ns} ns behind a 30 ms hold");
+    }
 }

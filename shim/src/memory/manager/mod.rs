@@ -281,11 +281,12 @@ pub struct MemoryManager {
     arena_bytes: usize,
     /// The page (fixed for the manager's life).
     page: usize,
-    /// Acquisitions of the manager's lock that found it held, and the time they waited: what
-    /// the application's threads lose to the manager's own work (driver calls made under the
-    /// lock included), where the stall counters see only swap-ins.
-    lock_waits: AtomicU64,
-    lock_wait_ns: AtomicU64,
+    /// Acquisitions of the manager's lock that found it held, and the time they waited, by
+    /// the application's threads and by the library's own (`tensile-…`): what the
+    /// application loses to the manager's own work (driver calls made under the lock
+    /// included), where the stall counters see only swap-ins.
+    lock_waits: [AtomicU64; 2],
+    lock_wait_ns: [AtomicU64; 2],
 }
 
 impl MemoryManager {
@@ -369,8 +370,8 @@ impl MemoryManager {
             base,
             arena_bytes,
             page,
-            lock_waits: AtomicU64::new(0),
-            lock_wait_ns: AtomicU64::new(0),
+            lock_waits: [AtomicU64::new(0), AtomicU64::new(0)],
+            lock_wait_ns: [AtomicU64::new(0), AtomicU64::new(0)],
         })
     }
 
@@ -381,12 +382,16 @@ impl MemoryManager {
             Err(std::sync::TryLockError::Poisoned(e)) => return e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
-        // Held by another thread: only then is the wait timed (two clock reads).
+        // Held by another thread: only then is the wait timed (two clock reads), and whose.
         let started = Instant::now();
         let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        self.lock_waits.fetch_add(1, Ordering::Relaxed);
-        self.lock_wait_ns
-            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let waited = started.elapsed().as_nanos() as u64;
+        let library = std::thread::current()
+            .name()
+            .is_some_and(|n| n.starts_with("tensile-"));
+        let who = usize::from(library);
+        self.lock_waits[who].fetch_add(1, Ordering::Relaxed);
+        self.lock_wait_ns[who].fetch_add(waited, Ordering::Relaxed);
         guard
     }
 
@@ -513,8 +518,10 @@ impl MemoryManager {
         st.frames_in_use = s.dev.in_use() as u64;
         st.dead_device_pages = s.dead_device.len() as u64;
         drop(s);
-        st.lock_waits = self.lock_waits.load(Ordering::Relaxed);
-        st.lock_wait_ns = self.lock_wait_ns.load(Ordering::Relaxed);
+        st.app_lock_waits = self.lock_waits[0].load(Ordering::Relaxed);
+        st.app_lock_wait_ns = self.lock_wait_ns[0].load(Ordering::Relaxed);
+        st.library_lock_waits = self.lock_waits[1].load(Ordering::Relaxed);
+        st.library_lock_wait_ns = self.lock_wait_ns[1].load(Ordering::Relaxed);
         st
     }
 
