@@ -310,21 +310,20 @@ impl Runtime {
             if exec.plans_loaded > 0 {
                 // The manager's share of the plan's swap-outs, as more `name value` pairs on
                 // the same line (`tensile rerun` reads them).
-                let st = self.memory().map(|m| m.mm.stats()).unwrap_or_default();
-                let f = st.evicted_for;
+                let f = mm.evicted_for;
                 crate::log::emergency(&format!(
                     "{exec} out_named {} out_unit_live {} out_unit_dead {} unplanned_out_access {} \
                      unplanned_out_prefetch {} unplanned_out_allocation {} unplanned_out_reserve \
                      {} unplanned_out_budget {} in_on_demand {}",
-                    st.planned_out_named,
-                    st.planned_out_unnamed_live,
-                    st.planned_out_unnamed_dead,
+                    mm.planned_out_named,
+                    mm.planned_out_unnamed_live,
+                    mm.planned_out_unnamed_dead,
                     f.access,
                     f.prefetch,
                     f.allocation,
                     f.reserve,
                     f.budget,
-                    st.pages_in_on_demand,
+                    mm.pages_in_on_demand,
                 ));
             }
         }

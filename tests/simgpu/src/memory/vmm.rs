@@ -41,8 +41,8 @@ fn hold(ns: u64) {
     }
 }
 
-/// The modelled cost of an access or unmap call over `regions`: one `per` for each distinct
-/// mapping (by its allocation's side).
+/// The modelled cost of an access or unmap call over `regions`: for each distinct mapping,
+/// `per` plus `per_page` for each page of its allocation (by the allocation's side).
 fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2], per_page: [u64; 2]) -> u64 {
     let mut last: Option<(u64, u64)> = None;
     let mut ns = 0;
