@@ -12,17 +12,123 @@ pub const DEFAULT_LAUNCH_NS: u64 = 10_000;
 /// The page the shim moves: a frame of its own, the driver's 2 MiB granularity.
 pub const SHIM_PAGE_BYTES: u64 = 2 << 20;
 
-/// What the driver's VMM calls cost the shim per page it moves, besides the copy, on the H200
-/// with the CUDA 13.0 driver (`bench/gpu/vmm_probe.py`, docs/gpu-results.md). Setting access
-/// and unmapping cost per mapping, whatever its size. Device memory moves in units of up to
-/// 32 pages mapped whole (docs/memory.md): a unit in costs a map (1.9 µs) and an access call
-/// (22 µs) plus about 0.6 µs per page, a unit out an unmap (14.7 µs) plus 0.3 µs per page;
-/// spread over units of about 8 pages, 4 µs per page in and 2 µs out. With host units
-/// (`TENSILE_HOST_UNITS`, the default: docs/memory.md) the pages of a unit leave into one
-/// pinned allocation mapped once, whose access call still costs about 18 µs per page: about
-/// 24 µs per page out and 8 in on the host side. With single host frames a page in removes
-/// its host mapping (30 µs); a page out maps its host frame (4 µs) and sets its access
-/// (57 µs).
+/// What one of the driver's VMM calls costs its caller, in ns, on each side (device memory
+/// and pinned host memory): `cuMemMap`, `cuMemSetAccess` and `cuMemUnmap` cost per *mapping*
+/// in their range, plus, on the host side, per page of it (docs/gpu-results.md). The simulated
+/// GPU charges the same figures (`tensile-simgpu`'s `VmmCosts`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct VmmCallCosts {
+    /// Device memory: `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, per mapping.
+    pub device_map_ns: u64,
+    pub device_access_ns: u64,
+    pub device_unmap_ns: u64,
+    /// Host memory: per mapping, and per page of it for access and unmap.
+    pub host_map_ns: u64,
+    pub host_access_ns: u64,
+    pub host_access_page_ns: u64,
+    pub host_unmap_ns: u64,
+    pub host_unmap_page_ns: u64,
+}
+
+impl VmmCallCosts {
+    /// The H100 with the CUDA 13.0 driver (session 15, `vmm_sync_probe.py`): each call alone,
+    /// as the memory manager makes them, with the GPU busy.
+    pub const H100: VmmCallCosts = VmmCallCosts {
+        device_map_ns: 9_000,
+        device_access_ns: 76_000,
+        device_unmap_ns: 43_000,
+        host_map_ns: 9_000,
+        host_access_ns: 128_000,
+        host_access_page_ns: 25_000,
+        host_unmap_ns: 67_000,
+        host_unmap_page_ns: 5_300,
+    };
+
+    /// The H200 with the CUDA 13.0 driver (`vmm_probe.py`: 64 one-page mappings in a row,
+    /// cheaper per call than calls one at a time).
+    pub const H200: VmmCallCosts = VmmCallCosts {
+        device_map_ns: 1_900,
+        device_access_ns: 22_000,
+        device_unmap_ns: 14_700,
+        host_map_ns: 4_000,
+        host_access_ns: 57_000,
+        host_access_page_ns: 0,
+        host_unmap_ns: 30_000,
+        host_unmap_page_ns: 0,
+    };
+}
+
+/// How the shim holds a swapped-out page's address (`TENSILE_SWAPPED`, `TENSILE_HOST_UNITS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum SwappedMapping {
+    /// Mapped to a host unit: one pinned allocation for the pages of a device unit that one
+    /// tensor covers, mapped once (the library's default).
+    HostUnits,
+    /// Mapped to single host frames, one mapping per page.
+    SingleFrames,
+    /// Not mapped at all until it comes back.
+    Unmapped,
+}
+
+/// What remapping costs the shim per page it moves, besides the copy: the driver's calls
+/// ([`VmmCallCosts`]) for the way swapped-out pages are held ([`SwappedMapping`]). Device
+/// memory moves in units, one physical allocation mapped whole, of up to
+/// [`SHIM_MAX_UNIT_PAGES`] pages of one tensor (docs/memory.md), so the per-mapping terms are
+/// shared by a unit's pages: a workload of large tensors pays them once per 32 pages, one of
+/// small tensors once per page ([`RemapModel::per_page`] takes the pages per unit).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RemapModel {
+    pub calls: VmmCallCosts,
+    pub mapping: SwappedMapping,
+}
+
+impl RemapModel {
+    /// The H100's calls, for the way swapped-out pages are held.
+    pub fn h100(mapping: SwappedMapping) -> RemapModel {
+        RemapModel {
+            calls: VmmCallCosts::H100,
+            mapping,
+        }
+    }
+
+    /// The cost per page of `page_bytes` moved when units average `pages_per_unit` pages
+    /// (at least 1). A page in: the device unit's map and access call, shared by its pages,
+    /// and the host mapping's removal; a page out: the device unit's unmap, and the host
+    /// mapping's map and access call.
+    pub fn per_page(&self, pages_per_unit: f64, page_bytes: u64) -> PageRemapCost {
+        let c = &self.calls;
+        let unit = pages_per_unit.max(1.0);
+        let shared = |ns: u64| ns as f64 / unit;
+        let (host_in, host_out) = match self.mapping {
+            SwappedMapping::HostUnits => (
+                shared(c.host_unmap_ns) + c.host_unmap_page_ns as f64,
+                shared(c.host_map_ns + c.host_access_ns) + c.host_access_page_ns as f64,
+            ),
+            SwappedMapping::SingleFrames => (
+                (c.host_unmap_ns + c.host_unmap_page_ns) as f64,
+                (c.host_map_ns + c.host_access_ns + c.host_access_page_ns) as f64,
+            ),
+            SwappedMapping::Unmapped => (0.0, 0.0),
+        };
+        PageRemapCost {
+            page_bytes,
+            in_ns: (shared(c.device_map_ns + c.device_access_ns) + host_in).round() as u64,
+            out_ns: (shared(c.device_unmap_ns) + host_out).round() as u64,
+        }
+    }
+}
+
+/// The most pages one device unit of the shim holds (`shim::memory::manager::MAX_UNIT_PAGES`
+/// is this).
+pub const SHIM_MAX_UNIT_PAGES: u64 = 32;
+
+/// The most pages per unit while the shim runs a plan: the executor caps units at the
+/// pieces the plan moves, but at no fewer pages than this (`shim::executor`), so the units of
+/// a planned run are at most this large unless every piece is a multiple of more.
+pub const SHIM_PLAN_UNIT_PAGES: u64 = 8;
+
+/// What the driver's VMM calls cost the shim per page it moves, besides the copy
+/// ([`RemapModel::per_page`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PageRemapCost {
     /// Bytes per page.
@@ -31,41 +137,6 @@ pub struct PageRemapCost {
     pub in_ns: u64,
     /// Per page moved to the host.
     pub out_ns: u64,
-}
-
-impl PageRemapCost {
-    /// The device side's share per page, in and out (see the type).
-    const DEVICE_IN_NS: u64 = 4_000;
-    const DEVICE_OUT_NS: u64 = 2_000;
-    /// The host side's share per page when swapped-out pages are mapped to single host frames.
-    const HOST_IN_NS: u64 = 30_000;
-    const HOST_OUT_NS: u64 = 4_000 + 57_000;
-    /// The host side's share per page when they are mapped to host units.
-    const HOST_UNIT_IN_NS: u64 = 8_000;
-    const HOST_UNIT_OUT_NS: u64 = 24_000;
-
-    /// The H200's, with swapped-out pages mapped to host units (see the type): the library's
-    /// default.
-    pub const H200_HOST_UNITS: PageRemapCost = PageRemapCost {
-        page_bytes: SHIM_PAGE_BYTES,
-        in_ns: Self::HOST_UNIT_IN_NS + Self::DEVICE_IN_NS,
-        out_ns: Self::DEVICE_OUT_NS + Self::HOST_UNIT_OUT_NS,
-    };
-
-    /// The H200's, with swapped-out pages mapped to single host frames (see the type).
-    pub const H200: PageRemapCost = PageRemapCost {
-        page_bytes: SHIM_PAGE_BYTES,
-        in_ns: Self::HOST_IN_NS + Self::DEVICE_IN_NS,
-        out_ns: Self::DEVICE_OUT_NS + Self::HOST_OUT_NS,
-    };
-
-    /// The H200's when swapped-out pages are left unmapped (`TENSILE_SWAPPED=unmapped`): no
-    /// host mapping to remove on the way in, none to make on the way out.
-    pub const H200_UNMAPPED: PageRemapCost = PageRemapCost {
-        page_bytes: SHIM_PAGE_BYTES,
-        in_ns: Self::DEVICE_IN_NS,
-        out_ns: Self::DEVICE_OUT_NS,
-    };
 }
 
 /// Bandwidths and default durations used to price copies and unmeasured launches.
@@ -261,15 +332,62 @@ mod tests {
     }
 
     #[test]
+    fn remaps_share_the_per_mapping_calls_among_a_units_pages() {
+        let page = SHIM_PAGE_BYTES;
+        let units = RemapModel::h100(SwappedMapping::HostUnits);
+        // One-page units pay every call per page: in, map 9 + access 76 + host unmap 67 + 5.3;
+        // out, unmap 43 + host map 9 + access 128 + 25.
+        assert_eq!(
+            units.per_page(1.0, page),
+            PageRemapCost {
+                page_bytes: page,
+                in_ns: 157_300,
+                out_ns: 205_000,
+            }
+        );
+        // 32-page units share them: only the host's per-page terms stay whole.
+        let big = units.per_page(32.0, page);
+        assert_eq!(
+            big.in_ns,
+            ((9_000.0 + 76_000.0 + 67_000.0) / 32.0 + 5_300.0) as u64
+        );
+        assert_eq!(
+            big.out_ns,
+            ((43_000.0 + 9_000.0 + 128_000.0) / 32.0 + 25_000.0) as u64
+        );
+        // Single host frames pay the host side per page whatever the unit.
+        let singles = RemapModel::h100(SwappedMapping::SingleFrames).per_page(32.0, page);
+        assert!(singles.in_ns > 72_000 && singles.out_ns > 162_000);
+        let unmapped = RemapModel::h100(SwappedMapping::Unmapped).per_page(32.0, page);
+        assert_eq!(
+            (unmapped.in_ns, unmapped.out_ns),
+            (
+                ((9_000.0 + 76_000.0) / 32.0f64).round() as u64,
+                (43_000.0f64 / 32.0).round() as u64
+            )
+        );
+        assert_eq!(
+            units.per_page(0.0, page),
+            units.per_page(1.0, page),
+            "at least a page"
+        );
+    }
+
+    #[test]
     fn copy_times_follow_the_bandwidths() {
         let c = CostModel::default();
         assert_eq!(c.h2d_ns(55_000), 1000);
-        // A page in: 38.1 µs of copy at 55 GB/s and 34 µs of remapping; out, 63 µs.
-        let moved = c.with_page_remaps(PageRemapCost::H200);
+        // On the H200 with single host frames and one-page units, a page in: 38.1 µs of copy
+        // at 55 GB/s and 53.9 µs of remapping (map 1.9, access 22, host unmap 30); out, 75.7.
         let page = SHIM_PAGE_BYTES;
+        let singles = RemapModel {
+            calls: VmmCallCosts::H200,
+            mapping: SwappedMapping::SingleFrames,
+        };
+        let moved = c.with_page_remaps(singles.per_page(1.0, page));
         let copy = page as f64 / 55.0;
-        assert!((moved.h2d_ns(page) as f64 - (copy + 34_000.0)).abs() < 2.0);
-        assert!((moved.d2h_ns(page) as f64 - (copy + 63_000.0)).abs() < 2.0);
+        assert!((moved.h2d_ns(page) as f64 - (copy + 53_900.0)).abs() < 2.0);
+        assert!((moved.d2h_ns(page) as f64 - (copy + 75_700.0)).abs() < 2.0);
         assert!(moved.bidir_gbps < moved.h2d_gbps + moved.d2h_gbps);
         assert_eq!(moved.d2d_gbps, c.d2d_gbps);
         assert_eq!(c.d2h_ns(55_001), 1001, "rounded up");

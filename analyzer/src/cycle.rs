@@ -148,6 +148,28 @@ pub struct Cycle {
 }
 
 impl Cycle {
+    /// Pages per device unit the shim's manager makes for this cycle's tensors, over the
+    /// pages they cover (so by bytes): a tensor's whole pages go in units of up to
+    /// `max_unit_pages` ([`crate::SHIM_MAX_UNIT_PAGES`], or [`crate::SHIM_PLAN_UNIT_PAGES`]
+    /// under a plan), its partial last page (shared with the small tensors packed after it)
+    /// in a unit of its own, and a tensor smaller than a page shares its page's unit. What
+    /// the remap calls' per-mapping costs are shared by ([`crate::RemapModel::per_page`]).
+    pub fn pages_per_unit(&self, page_bytes: u64, max_unit_pages: u64) -> f64 {
+        let page = page_bytes.max(1);
+        let (mut pages, mut units) = (0.0, 0.0);
+        for t in &self.tensors {
+            let full = t.bytes / page;
+            let tail = (t.bytes % page) as f64 / page as f64;
+            pages += full as f64 + tail;
+            units += full.div_ceil(max_unit_pages.max(1)) as f64 + tail;
+        }
+        if units > 0.0 {
+            pages / units
+        } else {
+            1.0
+        }
+    }
+
     /// Number of ops (the period).
     pub fn len(&self) -> usize {
         self.ops.len()
@@ -524,6 +546,30 @@ mod tests {
             free_at: Some(free),
             source: ordinal,
         }
+    }
+
+    #[test]
+    fn units_are_cut_per_tensor_and_small_tensors_share_a_pages_unit() {
+        const PAGE: u64 = 2 * MIB;
+        // 80 whole pages (units of 32, 32, 16 or ten of 8), a 3-page tensor and a half page
+        // (its last page a unit of its own, shared), and two quarter-page tensors (sharing one
+        // page, one unit between them).
+        let tensors = vec![
+            persistent_tensor(0, 80 * PAGE, vec![0]),
+            persistent_tensor(1, 3 * PAGE + PAGE / 2, vec![0]),
+            persistent_tensor(2, PAGE / 4, vec![0]),
+            persistent_tensor(3, PAGE / 4, vec![0]),
+        ];
+        let cycle = Cycle::from_parts(&[10], tensors).unwrap();
+        let pages = 80.0 + 3.5 + 0.5;
+        // Manager's units: 3 + (1 + 0.5) + 0.5.
+        let lru = cycle.pages_per_unit(PAGE, 32);
+        assert!((lru - pages / 5.0).abs() < 1e-9, "{lru}");
+        // Under a plan: 10 + (1 + 0.5) + 0.5.
+        let plan = cycle.pages_per_unit(PAGE, 8);
+        assert!((plan - pages / 12.0).abs() < 1e-9, "{plan}");
+        let empty = Cycle::from_parts(&[10], Vec::new()).unwrap();
+        assert_eq!(empty.pages_per_unit(PAGE, 32), 1.0);
     }
 
     #[test]

@@ -33,7 +33,10 @@ pub mod sim;
 pub mod timeline;
 
 pub use bound::BoundOptions;
-pub use cost::{Budget, CostModel, PageRemapCost};
+pub use cost::{
+    Budget, CostModel, PageRemapCost, RemapModel, SwappedMapping, VmmCallCosts,
+    SHIM_MAX_UNIT_PAGES, SHIM_PLAN_UNIT_PAGES,
+};
 pub use cycle::Cycle;
 pub use evaluate::{
     analyze, evaluate, evaluate_many, evaluate_many_with, Analysis, Evaluation, PolicyKind,

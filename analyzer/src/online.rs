@@ -36,7 +36,7 @@ use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
 use crate::bound::{lower_bound_with, BoundOptions};
-use crate::cost::{Budget, CostModel};
+use crate::cost::{Budget, CostModel, RemapModel, SHIM_PLAN_UNIT_PAGES};
 use crate::cycle::{Cycle, MoveUnits};
 use crate::exec_plan::convert;
 use crate::import::builder::TraceBuilder;
@@ -124,6 +124,9 @@ pub struct LearnerOptions {
     pub room: f64,
     /// Copy and launch costs.
     pub cost: CostModel,
+    /// What remapping a moved page costs, on top of `cost`'s copies, priced for each cycle's
+    /// tensors ([`Learner::cost_for`]); `None`: moves cost their copies alone.
+    pub remaps: Option<RemapModel>,
     /// The local search after the planner; keep its time limit short (it runs in `poll`).
     pub search: SearchOptions,
     /// Most ops kept in the window while no iteration is known.
@@ -147,6 +150,7 @@ impl LearnerOptions {
             budget_bytes,
             room: 0.0,
             cost: CostModel::default(),
+            remaps: None,
             search: SearchOptions {
                 time_limit: Duration::from_millis(150),
                 ..SearchOptions::default()
@@ -351,7 +355,7 @@ impl Learner {
     /// weighs one job's memory against another's with it; a few to tens of milliseconds.
     pub fn predict_step(&self, budget_bytes: u64) -> Option<u64> {
         let cycle = self.last_cycle.as_ref()?;
-        let cost = &self.options.cost;
+        let cost = &self.cost_for(cycle);
         budgets_to_try(cycle, budget_bytes, self.options.room)
             .into_iter()
             .find_map(|budget| {
@@ -564,8 +568,23 @@ impl Learner {
         result
     }
 
+    /// The copy costs a plan for `cycle` is made with: `cost`, its rates slowed by the remaps
+    /// of pages in units the size of this cycle's tensors as a plan's run cuts them
+    /// ([`Cycle::pages_per_unit`], [`SHIM_PLAN_UNIT_PAGES`]).
+    pub fn cost_for(&self, cycle: &Cycle) -> CostModel {
+        let page = self.options.page_bytes;
+        let per_unit = cycle.pages_per_unit(page, SHIM_PLAN_UNIT_PAGES);
+        match self.options.remaps {
+            Some(m) => self
+                .options
+                .cost
+                .with_page_remaps(m.per_page(per_unit, page)),
+            None => self.options.cost,
+        }
+    }
+
     fn plan_for(&mut self, cycle: &Cycle, budget: Budget) -> Result<ExecPlan, String> {
-        let cost = &self.options.cost;
+        let cost = &self.cost_for(cycle);
         let planned = plan(cycle, &budget, cost).map_err(|e| e.to_string())?;
         // The bound without the schedule LP: cheap, and all a build without the solver has.
         let floor = lower_bound_with(
@@ -629,6 +648,32 @@ mod tests {
         assert!(why
             .unwrap()
             .ends_with(&format!("using {DEFAULT_PLAN_ROOM_TEXT}")));
+    }
+
+    #[test]
+    fn the_learner_prices_remaps_for_the_units_of_the_cycle_it_plans() {
+        use crate::cost::SwappedMapping;
+        use crate::cycle::persistent_tensor;
+        let page = crate::cycle::PAGE_BYTES;
+        let big = Cycle::from_parts(&[10], vec![persistent_tensor(0, 64 * page, vec![0])]).unwrap();
+        let small =
+            Cycle::from_parts(&[10], vec![persistent_tensor(0, page / 2, vec![0])]).unwrap();
+        let mut options = LearnerOptions::for_budget(1 << 30);
+        let copies = Learner::new(options.clone());
+        assert_eq!(
+            copies.cost_for(&big),
+            CostModel::default(),
+            "no remaps: copies alone"
+        );
+        options.remaps = Some(RemapModel::h100(SwappedMapping::HostUnits));
+        let learner = Learner::new(options);
+        let (big, small) = (learner.cost_for(&big), learner.cost_for(&small));
+        // Units of 8 pages under a plan share the calls; a half-page tensor's unit pays them
+        // all for its page.
+        let per_page = RemapModel::h100(SwappedMapping::HostUnits).per_page(8.0, page);
+        assert_eq!(big, CostModel::default().with_page_remaps(per_page));
+        assert!(small.h2d_gbps < big.h2d_gbps && small.d2h_gbps < big.d2h_gbps);
+        assert!(big.h2d_gbps < CostModel::default().h2d_gbps);
     }
 
     #[test]

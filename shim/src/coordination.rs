@@ -27,6 +27,7 @@ use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
 use crate::planning::PlanSource;
 use crate::runtime::Runtime;
+use tensile_analyzer::SwappedMapping;
 
 /// The coordinator's name under `TENSILE_COORDINATOR=auto`.
 pub const DEFAULT_NAME: &str = "default";
@@ -46,8 +47,10 @@ pub struct CoordinatorSource {
     name: String,
     state: StateRecords,
     start_if_missing: bool,
-    /// The rates a coordinator this job starts plans with (one it joins keeps its own).
-    plan_gbps: PlanBandwidths,
+    /// The rates a coordinator this job starts plans with (one it joins keeps its own), if
+    /// told (`TENSILE_PLAN_GBPS`), else how this job holds swapped-out pages, whose remaps
+    /// the coordinator then prices.
+    plan_costs: (Option<PlanBandwidths>, SwappedMapping),
     client: Option<JobClient>,
     priority: Priority,
     /// The most this job may be granted (`TENSILE_DEVICE_MEMORY`; 0: the card), known once
@@ -78,7 +81,7 @@ impl CoordinatorSource {
     pub fn connect(
         name: &str,
         start_if_missing: bool,
-        plan_gbps: PlanBandwidths,
+        plan_costs: (Option<PlanBandwidths>, SwappedMapping),
         priority: Priority,
         page_bytes: u64,
         state: StateRecords,
@@ -87,7 +90,7 @@ impl CoordinatorSource {
             name: name.to_owned(),
             state,
             start_if_missing,
-            plan_gbps,
+            plan_costs,
             client: None,
             priority,
             limit: 0,
@@ -167,9 +170,15 @@ impl CoordinatorSource {
             .arg(SPAWNED_IDLE_EXIT_S)
             .arg("--log")
             .arg(&log);
-        let b = self.plan_gbps;
-        cmd.arg("--plan-gbps")
-            .arg(format!("{},{},{}", b.to_device, b.to_host, b.both));
+        match self.plan_costs {
+            (Some(b), _) => {
+                cmd.arg("--plan-gbps")
+                    .arg(format!("{},{},{}", b.to_device, b.to_host, b.both));
+            }
+            (None, mapping) => {
+                cmd.arg("--swapped").arg(swapped_flag(mapping));
+            }
+        }
         // The coordinator must not load the shim into itself, nor share our terminal's
         // signals (it outlives us, serving other jobs).
         cmd.env_remove("LD_PRELOAD")
@@ -392,4 +401,13 @@ fn tensile_binary() -> Option<PathBuf> {
     let lib = PathBuf::from(lib.to_string_lossy().into_owned());
     let binary = lib.parent()?.join("tensile");
     binary.is_file().then_some(binary)
+}
+
+/// `tensile coordinator --swapped`'s word for how swapped-out pages are held.
+pub fn swapped_flag(mapping: SwappedMapping) -> &'static str {
+    match mapping {
+        SwappedMapping::HostUnits => "host-units",
+        SwappedMapping::SingleFrames => "single-frames",
+        SwappedMapping::Unmapped => "unmapped",
+    }
 }

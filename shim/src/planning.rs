@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::Receiver;
 use tensile_analyzer::online::{Learner, LearnerOptions, DEFAULT_PLAN_ROOM};
-use tensile_analyzer::{CostModel, PageRemapCost};
+use tensile_analyzer::{CostModel, RemapModel, SwappedMapping};
 use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
@@ -64,11 +64,18 @@ pub struct LocalLearner {
 }
 
 impl LocalLearner {
-    /// A learner for `budget_bytes` with copies priced by `cost`, planning in the manager's
-    /// pages of `page_bytes`, its plans leaving `room` of the budget free.
-    pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64, room: f64) -> LocalLearner {
+    /// A learner for `budget_bytes` with copies priced by `cost` and the remaps of pages
+    /// moved by `remaps` ([`plan_costs`]), planning in the manager's pages of `page_bytes`,
+    /// its plans leaving `room` of the budget free.
+    pub fn new(
+        budget_bytes: u64,
+        (cost, remaps): (CostModel, Option<RemapModel>),
+        page_bytes: u64,
+        room: f64,
+    ) -> LocalLearner {
         let mut options = LearnerOptions::for_budget(budget_bytes);
         options.cost = cost;
+        options.remaps = remaps;
         options.page_bytes = page_bytes;
         options.room = room;
         LocalLearner {
@@ -114,13 +121,10 @@ pub fn start_for(rt: &'static Runtime) {
         return;
     }
     let remaps = page_remaps(config.swapped_unmapped, config.host_frames);
-    let cost = cost_model(config.plan_gbps, remaps);
-    // A coordinator this job starts plans with the same rates (one it joins keeps its own).
-    let gbps = PlanBandwidths {
-        to_device: cost.h2d_gbps,
-        to_host: cost.d2h_gbps,
-        both: cost.bidir_gbps,
-    };
+    let costs = plan_costs(config.plan_gbps, remaps);
+    // A coordinator this job starts plans with the same costs (one it joins keeps its own):
+    // the rates told, or the remaps of pages held as this job holds them.
+    let told = config.plan_gbps;
     let priority = config.priority;
     // Under `auto` the coordinator is the card's: its name comes from the device's UUID,
     // known once the memory manager runs (so the thread waits for it).
@@ -134,7 +138,9 @@ pub fn start_for(rt: &'static Runtime) {
     start(rt, true, move |budget| {
         let page = rt
             .memory()
-            .map_or(remaps.page_bytes, |m| m.mm.page_bytes() as u64);
+            .map_or(tensile_analyzer::cycle::PAGE_BYTES, |m| {
+                m.mm.page_bytes() as u64
+            });
         let name = if per_card {
             Some(card_coordinator_name(rt))
         } else {
@@ -142,7 +148,8 @@ pub fn start_for(rt: &'static Runtime) {
         };
         if let Some(name) = name {
             let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
-            match CoordinatorSource::connect(&name, true, gbps, priority, page, state) {
+            let costs = (told, remaps.mapping);
+            match CoordinatorSource::connect(&name, true, costs, priority, page, state) {
                 Ok(source) => return Box::new(source) as Box<dyn PlanSource>,
                 Err(why) => tracing::warn!(
                     "no coordinator ({why}); learning and planning in the process instead"
@@ -150,16 +157,10 @@ pub fn start_for(rt: &'static Runtime) {
             }
         }
         // Told rates are used as told; the H100's are slowed by the remaps of pages of this
-        // size (the driver's calls cost per mapping, whatever the page).
-        let cost = cost_model(
-            config.plan_gbps,
-            PageRemapCost {
-                page_bytes: page,
-                ..remaps
-            },
-        );
+        // size (the driver's calls cost per mapping, whatever the page), in units the size
+        // of the tensors of the iteration learned.
         let room = config.plan_room.unwrap_or(DEFAULT_PLAN_ROOM);
-        Box::new(LocalLearner::new(budget, cost, page, room))
+        Box::new(LocalLearner::new(budget, costs, page, room))
     });
 }
 
@@ -193,28 +194,41 @@ pub(crate) fn learned(plan: &ExecPlan) -> String {
     )
 }
 
-/// What the driver charges the manager to remap each page it moves, on the H200, for the
-/// way swapped-out pages are held (`TENSILE_SWAPPED`, `TENSILE_HOST_UNITS`).
-pub fn page_remaps(swapped_unmapped: bool, frames: HostFrames) -> PageRemapCost {
+/// How swapped-out pages are held (`TENSILE_SWAPPED`, `TENSILE_HOST_UNITS`), in the
+/// analyzer's words.
+pub fn swapped_mapping(swapped_unmapped: bool, frames: HostFrames) -> SwappedMapping {
     match (swapped_unmapped, frames) {
-        (true, _) => PageRemapCost::H200_UNMAPPED,
-        (false, HostFrames::Units) => PageRemapCost::H200_HOST_UNITS,
-        (false, HostFrames::Singles) => PageRemapCost::H200,
+        (true, _) => SwappedMapping::Unmapped,
+        (false, HostFrames::Units) => SwappedMapping::HostUnits,
+        (false, HostFrames::Singles) => SwappedMapping::SingleFrames,
     }
 }
 
-/// The planner's cost model: the bandwidths `TENSILE_PLAN_GBPS` gives (the rates pages move at,
-/// remapping included), else the H100's copy rates slowed by `remaps` per page moved (the
-/// rates pages really move at; docs/gpu-results.md).
-pub fn cost_model(gbps: Option<PlanBandwidths>, remaps: PageRemapCost) -> CostModel {
+/// What the driver charges the manager to remap the pages it moves: the H100's calls, for
+/// the way swapped-out pages are held (`TENSILE_SWAPPED`, `TENSILE_HOST_UNITS`).
+pub fn page_remaps(swapped_unmapped: bool, frames: HostFrames) -> RemapModel {
+    RemapModel::h100(swapped_mapping(swapped_unmapped, frames))
+}
+
+/// The planner's costs: the bandwidths `TENSILE_PLAN_GBPS` gives (the rates pages move at,
+/// remapping included, so no remaps on top), else the H100's copy rates and `remaps`, which
+/// the learner prices per page for the units of each iteration's tensors (the rates pages
+/// really move at; docs/gpu-results.md).
+pub fn plan_costs(
+    gbps: Option<PlanBandwidths>,
+    remaps: RemapModel,
+) -> (CostModel, Option<RemapModel>) {
     match gbps {
-        Some(b) => CostModel {
-            h2d_gbps: b.to_device,
-            d2h_gbps: b.to_host,
-            bidir_gbps: b.both,
-            ..CostModel::default()
-        },
-        None => CostModel::default().with_page_remaps(remaps),
+        Some(b) => (
+            CostModel {
+                h2d_gbps: b.to_device,
+                d2h_gbps: b.to_host,
+                bidir_gbps: b.both,
+                ..CostModel::default()
+            },
+            None,
+        ),
+        None => (CostModel::default(), Some(remaps)),
     }
 }
 
@@ -428,9 +442,15 @@ mod tests {
 
     #[test]
     fn the_planner_prices_the_remaps_the_manager_makes_unless_told_the_rates() {
-        let singles = cost_model(None, page_remaps(false, HostFrames::Singles));
-        let units = cost_model(None, page_remaps(false, HostFrames::Units));
-        let unmapped = cost_model(None, page_remaps(true, HostFrames::Units));
+        let page = tensile_analyzer::cycle::PAGE_BYTES;
+        let slowed = |frames, unmapped| {
+            let (cost, remaps) = plan_costs(None, page_remaps(unmapped, frames));
+            assert_eq!(cost, CostModel::default(), "copies at the card's rates");
+            cost.with_page_remaps(remaps.expect("remaps priced").per_page(8.0, page))
+        };
+        let singles = slowed(HostFrames::Singles, false);
+        let units = slowed(HostFrames::Units, false);
+        let unmapped = slowed(HostFrames::Units, true);
         assert_eq!(
             page_remaps(true, HostFrames::Singles),
             page_remaps(true, HostFrames::Units)
@@ -455,8 +475,9 @@ mod tests {
             page_remaps(false, HostFrames::Singles),
             page_remaps(true, HostFrames::Singles),
         ] {
-            let c = cost_model(Some(told), remaps);
+            let (c, more) = plan_costs(Some(told), remaps);
             assert_eq!((c.h2d_gbps, c.d2h_gbps, c.bidir_gbps), (10.0, 12.0, 20.0));
+            assert_eq!(more, None, "told rates include the remaps");
         }
     }
 }

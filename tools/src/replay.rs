@@ -51,9 +51,12 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 92.0)]
     pub bidir_gbps: f64,
     /// Also charge each 2 MiB page moved what the driver's VMM calls cost the shim to remap
-    /// it on the H200 (docs/gpu-results.md), as the library's planner and `tensile rerun` do:
-    /// for the TENSILE_SWAPPED and TENSILE_HOST_UNITS of the environment (by default 12 µs in,
-    /// 26 µs out, with host units). Without it, moves cost their copies alone.
+    /// it on the H100 (docs/gpu-results.md), as the library's planner and `tensile rerun` do:
+    /// for the TENSILE_SWAPPED and TENSILE_HOST_UNITS of the environment, the per-mapping
+    /// terms shared by the pages of units the size of the trace's tensors, cut as a plan's
+    /// run cuts them (with host units, from 157 µs in and 205 out for one-page units to 24
+    /// in and 48 out for 8-page ones).
+    /// Without it, moves cost their copies alone.
     #[arg(long)]
     pub page_remaps: bool,
     /// Print JSON: one object for one policy, an array of objects for several.
@@ -137,19 +140,24 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         ..CostModel::default()
     };
     copies.validate()?;
+    let trace = load(args)?;
+    let mut analysis =
+        analyze(&trace, &copies).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     let cost = if args.page_remaps {
         // What the library's planner charges, for the settings a run here would have.
         let config = tensile_shim::config::Config::from_env().0;
-        copies.with_page_remaps(tensile_shim::planning::page_remaps(
-            config.swapped_unmapped,
-            config.host_frames,
-        ))
+        let remaps =
+            tensile_shim::planning::page_remaps(config.swapped_unmapped, config.host_frames);
+        // Units as a plan's run cuts them (the LRU's are larger: `tensile rerun` prices each
+        // policy's own).
+        let page = tensile_analyzer::cycle::PAGE_BYTES;
+        let per_unit = analysis
+            .cycle
+            .pages_per_unit(page, tensile_analyzer::SHIM_PLAN_UNIT_PAGES);
+        copies.with_page_remaps(remaps.per_page(per_unit, page))
     } else {
         copies
     };
-    let trace = load(args)?;
-    let mut analysis =
-        analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
     if args.shim_pages || args.emit_plan.is_some() {
         analysis.cycle = analysis.cycle.with_units(MoveUnits::ShimPages);
     }

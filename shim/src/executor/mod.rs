@@ -595,11 +595,12 @@ impl Executor {
 }
 
 /// The fewest pages the executor asks units to be capped at. Every unit costs the driver's
-/// calls per mapping (about 24 µs in, 15 out on the H200), which the planner prices spread
-/// over units of about 8 pages (`PageRemapCost`): capping units at the 2-page pieces of a
-/// finely cut plan made the MLP's step (simulated, 50%) 2.6 times longer though it moved
-/// fewer pages. A plan whose pieces are finer than this moves some pieces with neighbours.
-const MIN_UNIT_PAGES: usize = 8;
+/// calls per mapping (on the H100 about 150 µs in, 180 out), which the planner prices spread
+/// over units of at most this many pages (`tensile_analyzer::RemapModel`): capping units at
+/// the 2-page pieces of a finely cut plan made the MLP's step (simulated, 50%) 2.6 times
+/// longer though it moved fewer pages. A plan whose pieces are finer than this moves some
+/// pieces with neighbours.
+const MIN_UNIT_PAGES: usize = tensile_analyzer::SHIM_PLAN_UNIT_PAGES as usize;
 
 /// The largest unit (in pages of `page` bytes) whose multiples tile every piece `plan` moves:
 /// the greatest common divisor of the whole-page offsets and lengths of its pieces (a

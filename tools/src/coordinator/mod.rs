@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tensile_analyzer::cost::format_bytes;
 use tensile_analyzer::online::{parse_room, room_from_env};
-use tensile_analyzer::CostModel;
+use tensile_analyzer::{CostModel, RemapModel, SwappedMapping};
 use tensile_protocol::{
     Admission, Command, CoordinatorSegment, Corruption, Delivery, Geometry, JobSnapshot,
     SegmentError,
@@ -52,10 +52,16 @@ pub struct CoordinatorArgs {
     #[arg(long, default_value_t = Geometry::default().slot_count)]
     pub slots: u32,
     /// The rates pages move at that the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
-    /// TENSILE_PLAN_GBPS); default the H100's copy rates (55,55,92) slowed by the H200's
-    /// remap cost per 2 MiB page moved into host units (about 41.8,32.7,50.2).
+    /// TENSILE_PLAN_GBPS); default the H100's copy rates (55,55,92) slowed by the H100's
+    /// remap calls for each page moved, shared by the pages of a unit (units the size of
+    /// each job's tensors, held as --swapped says).
     #[arg(long, value_name = "H2D,D2H,BOTH")]
     pub plan_gbps: Option<String>,
+    /// How the jobs hold swapped-out pages, whose remaps the default rates price:
+    /// host-units (the library's default), single-frames (TENSILE_HOST_UNITS=off) or
+    /// unmapped (TENSILE_SWAPPED=unmapped). Ignored with --plan-gbps.
+    #[arg(long, value_name = "HOW", default_value = "host-units", value_parser = parse_swapped)]
+    pub swapped: SwappedMapping,
     /// The share of each job's grant its plans leave free, for what a run does that its plan
     /// cannot place: a percentage from 0 to 90. Default: TENSILE_PLAN_ROOM of the
     /// coordinator's environment (the first job's, when a job started it), else 20%.
@@ -78,16 +84,27 @@ pub const DEFAULT_TURN: Duration = Duration::from_secs(10);
 /// Default `--reserve`: the same headroom the shim leaves when it sizes a budget alone.
 pub const DEFAULT_RESERVE_PERCENT: f64 = 5.0;
 
-/// The planner's cost model for `--plan-gbps`.
-fn cost_model(text: Option<&str>) -> Result<CostModel, String> {
+/// `--swapped`.
+fn parse_swapped(text: &str) -> Result<SwappedMapping, String> {
+    [
+        SwappedMapping::HostUnits,
+        SwappedMapping::SingleFrames,
+        SwappedMapping::Unmapped,
+    ]
+    .into_iter()
+    .find(|&m| tensile_shim::coordination::swapped_flag(m) == text.trim())
+    .ok_or_else(|| format!("{text:?}: expected host-units, single-frames or unmapped"))
+}
+
+/// The planner's costs for `--plan-gbps` and `--swapped`: told rates as told, else what the
+/// library's own planner assumes, the card's copy rates and the remaps of the pages moved
+/// (docs/gpu-results.md).
+fn cost_model(
+    text: Option<&str>,
+    swapped: SwappedMapping,
+) -> Result<(CostModel, Option<RemapModel>), String> {
     let Some(text) = text else {
-        // What the library's own planner assumes: the card's copy rates slowed by the
-        // driver's remap cost per page moved (docs/gpu-results.md).
-        // (as the library's defaults hold swapped-out pages: host units mapped at their
-        // addresses).
-        let remaps =
-            tensile_shim::planning::page_remaps(false, tensile_shim::config::HostFrames::Units);
-        return Ok(tensile_shim::planning::cost_model(None, remaps));
+        return Ok((CostModel::default(), Some(RemapModel::h100(swapped))));
     };
     let mut cost = CostModel::default();
     let values: Vec<f64> = text
@@ -108,7 +125,7 @@ fn cost_model(text: Option<&str>) -> Result<CostModel, String> {
     cost.h2d_gbps = h2d;
     cost.d2h_gbps = d2h;
     cost.bidir_gbps = both;
-    Ok(cost)
+    Ok((cost, None))
 }
 
 /// How often the loop runs when there is nothing to read.
@@ -134,7 +151,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             args.idle_exit
         ));
     }
-    let cost = cost_model(args.plan_gbps.as_deref())?;
+    let cost = cost_model(args.plan_gbps.as_deref(), args.swapped)?;
     let (room, room_problem) = match &args.plan_room {
         Some(v) => (
             parse_room(v).map_err(|why| format!("--plan-room {v}: {why}"))?,

@@ -2,7 +2,7 @@
 //! it is: the analyzer's online learner in production, a scripted double in tests.
 
 use tensile_analyzer::online::{Learner, LearnerOptions, LearnerState};
-use tensile_analyzer::CostModel;
+use tensile_analyzer::{CostModel, RemapModel};
 use tensile_protocol::ExecPlan;
 use tensile_trace::Record;
 
@@ -53,12 +53,18 @@ pub struct LearnerPlanner {
 }
 
 impl LearnerPlanner {
-    /// A learner for a job asking for `budget_bytes`, pricing copies with `cost`, planning in
-    /// the job's pages of `page_bytes` ([`tensile_protocol::JobSnapshot::page`]), its plans
-    /// leaving `room` of the grant free.
-    pub fn new(budget_bytes: u64, cost: CostModel, page_bytes: u64, room: f64) -> LearnerPlanner {
+    /// A learner for a job asking for `budget_bytes`, pricing copies with `cost` and the
+    /// remaps of the pages moved with `remaps`, planning in the job's pages of `page_bytes`
+    /// ([`tensile_protocol::JobSnapshot::page`]), its plans leaving `room` of the grant free.
+    pub fn new(
+        budget_bytes: u64,
+        (cost, remaps): (CostModel, Option<RemapModel>),
+        page_bytes: u64,
+        room: f64,
+    ) -> LearnerPlanner {
         let mut options = LearnerOptions::for_budget(budget_bytes.max(1));
         options.cost = cost;
+        options.remaps = remaps;
         options.page_bytes = page_bytes;
         options.room = room;
         LearnerPlanner {
@@ -131,7 +137,12 @@ mod tests {
 
     #[test]
     fn a_learner_that_panics_is_replaced_and_counted_and_the_planner_goes_on() {
-        let mut p = LearnerPlanner::new(64 << 20, CostModel::default(), DEFAULT_PAGE_BYTES, 0.0);
+        let mut p = LearnerPlanner::new(
+            64 << 20,
+            (CostModel::default(), None),
+            DEFAULT_PAGE_BYTES,
+            0.0,
+        );
         p.push(&Record::Alloc(Alloc {
             t_ns: 1,
             stream: 0,

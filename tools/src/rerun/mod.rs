@@ -26,12 +26,15 @@ use std::process::{Command, ExitCode, Stdio};
 use serde_json::{json, Value};
 use tensile_analyzer::bound::BoundOptions;
 use tensile_analyzer::cost::{format_bytes, parse_size};
-use tensile_analyzer::cycle::MoveUnits;
+use tensile_analyzer::cycle::{Cycle, MoveUnits};
 use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::model::Trace;
 use tensile_analyzer::online::{budgets_to_try, room_from_env};
 use tensile_analyzer::search::SearchOptions;
-use tensile_analyzer::{analyze, evaluate_many_with, Analysis, Budget, CostModel, PolicyKind};
+use tensile_analyzer::{
+    analyze, evaluate_many_with, Analysis, Budget, CostModel, PageRemapCost, PolicyKind,
+    RemapModel, SHIM_MAX_UNIT_PAGES, SHIM_PLAN_UNIT_PAGES,
+};
 use tensile_trace::{Reader, Record, Stats};
 
 use crate::workdir::{run_echoing, WorkDir};
@@ -724,6 +727,41 @@ impl Session {
     }
 }
 
+/// What each policy's prediction prices moves at: the card's copy rates slowed by the
+/// remaps of pages in units as that policy's run cuts them (the manager's own units of up to
+/// 32 pages under LRU, at most 8 under a plan), with the remap cost per page and the pages per
+/// unit it came from.
+struct PolicyCosts {
+    lru: CostModel,
+    plan: CostModel,
+    lru_remap: (PageRemapCost, f64),
+    plan_remap: (PageRemapCost, f64),
+}
+
+impl PolicyCosts {
+    fn new(cycle: &Cycle, copies: CostModel, remaps: RemapModel) -> PolicyCosts {
+        let remap = |max_unit_pages| {
+            let per_unit = cycle.pages_per_unit(CARD_PAGE_BYTES, max_unit_pages);
+            (remaps.per_page(per_unit, CARD_PAGE_BYTES), per_unit)
+        };
+        let lru_remap = remap(SHIM_MAX_UNIT_PAGES);
+        let plan_remap = remap(SHIM_PLAN_UNIT_PAGES);
+        PolicyCosts {
+            lru: copies.with_page_remaps(lru_remap.0),
+            plan: copies.with_page_remaps(plan_remap.0),
+            lru_remap,
+            plan_remap,
+        }
+    }
+
+    fn of(&self, policy: PolicyKind) -> &CostModel {
+        match policy {
+            PolicyKind::Plan => &self.plan,
+            _ => &self.lru,
+        }
+    }
+}
+
 /// `tensile replay`'s prediction for each policy (`None` where it has none), on the cycle at
 /// the played sizes (the trace's divided by `scale`, in the played page, [`played_page`]),
 /// with copies at the played rates, in the units the library moves (`tensile replay
@@ -736,7 +774,7 @@ fn predict(
     policies: &[PolicyKind],
     budget: u64,
     scale: u64,
-    cost: &CostModel,
+    costs: &PolicyCosts,
     room: f64,
 ) -> Vec<(PolicyKind, Option<Predicted>)> {
     let mut played = analysis
@@ -747,7 +785,7 @@ fn predict(
     for t in &mut played.tensors {
         t.bytes = t.bytes.div_ceil(scale);
     }
-    let played_cost = CostModel {
+    let scaled_cost = |cost: &CostModel| CostModel {
         h2d_gbps: cost.h2d_gbps / scale as f64,
         d2h_gbps: cost.d2h_gbps / scale as f64,
         bidir_gbps: cost.bidir_gbps / scale as f64,
@@ -758,6 +796,7 @@ fn predict(
     policies
         .iter()
         .map(|&policy| {
+            let played_cost = scaled_cost(costs.of(policy));
             let played_budget = budget.div_ceil(scale);
             let budgets = match policy {
                 // As the learner plans.
@@ -823,8 +862,21 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     // runs inherit.
     let config = tensile_shim::config::Config::from_env().0;
     let remaps = tensile_shim::planning::page_remaps(config.swapped_unmapped, config.host_frames);
-    let cost = tensile_shim::planning::cost_model(None, remaps);
-    let analysis = analyze(&trace, &cost).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    let copies = CostModel::default();
+    let analysis =
+        analyze(&trace, &copies).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    // Per page, the calls' per-mapping terms are shared by the pages of a unit: units the size
+    // of this trace's tensors, as each policy's run cuts them (`Cycle::pages_per_unit`).
+    let costs = PolicyCosts::new(&analysis.cycle, copies, remaps);
+    for (policy, (remap, per_unit)) in [("lru", costs.lru_remap), ("plan", costs.plan_remap)] {
+        eprintln!(
+            "tensile rerun: {policy}'s prediction charges remapping {:.1} µs per 2 MiB page in \
+             and {:.1} out (the H100's VMM calls, shared by units of {per_unit:.1} pages on \
+             average)",
+            remap.in_ns as f64 / 1e3,
+            remap.out_ns as f64 / 1e3
+        );
+    }
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
     let budget = match (&args.budget, &card) {
@@ -844,7 +896,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         time_scale: args.time_scale,
         max_slots: Scaling::slots_for_budget((!policies.is_empty()).then_some(scaled_budget)),
     };
-    let script = script::build(&trace, &analysis, &cost, scaling, args.iterations);
+    let script = script::build(&trace, &analysis, &copies, scaling, args.iterations);
     if let Some(dir) = &args.logs {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot make the log directory {}: {e}", dir.display()))?;
@@ -896,7 +948,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         scaled_budget,
         base_env,
         card,
-        cost,
+        cost: costs.plan,
         logs: args.logs.clone(),
     };
 
@@ -911,7 +963,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     } else {
         session.native(&trace)?
     };
-    let runs = predict(&analysis, &policies, budget, scale, &cost, room)
+    let runs = predict(&analysis, &policies, budget, scale, &costs, room)
         .into_iter()
         .map(|(policy, predicted)| session.managed(policy, predicted))
         .collect::<Result<Vec<_>, _>>()?;
@@ -923,6 +975,18 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             "time_scale": args.time_scale,
             "scale": scale,
             "budget_bytes": budget,
+            "remaps": {
+                "lru": {
+                    "in_ns_per_page": costs.lru_remap.0.in_ns,
+                    "out_ns_per_page": costs.lru_remap.0.out_ns,
+                    "pages_per_unit": costs.lru_remap.1,
+                },
+                "plan": {
+                    "in_ns_per_page": costs.plan_remap.0.in_ns,
+                    "out_ns_per_page": costs.plan_remap.0.out_ns,
+                    "pages_per_unit": costs.plan_remap.1,
+                },
+            },
             "native_step_ns": native_step_ns,
             "native_stamps_checked": native["stamps_checked"].as_u64().unwrap_or(0),
             "compute_ns": analysis.cycle.compute_ns(),

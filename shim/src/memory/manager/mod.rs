@@ -249,7 +249,7 @@ struct PinStall {
 /// brought in together get units of up to this size. Larger units cost fewer VMM calls per
 /// page (per mapping, not per byte: docs/gpu-results.md) but move more at once: a unit
 /// leaves the device only whole.
-pub const MAX_UNIT_PAGES: usize = 32;
+pub const MAX_UNIT_PAGES: usize = tensile_analyzer::SHIM_MAX_UNIT_PAGES as usize;
 
 /// How many times one operation may release the lock to wait for swap-out copies before it
 /// waits with the lock held (each wait is followed by a retry from the start).
