@@ -144,6 +144,10 @@ struct State {
 /// The fake driver. Cheap to share: wrap it in an `Arc` and hand clones to the manager.
 pub struct FakeDriver {
     state: Mutex<State>,
+    /// While closed (`Some(false)`), `cuMemUnmap` waits for [`Self::open_unmaps`] before it
+    /// does anything: for tests of what other threads can do meanwhile.
+    unmap_gate: Mutex<Option<bool>>,
+    unmap_gate_changed: std::sync::Condvar,
 }
 
 impl FakeDriver {
@@ -168,6 +172,36 @@ impl FakeDriver {
                 device_peak: 0,
                 host_used: 0,
             }),
+            unmap_gate: Mutex::new(None),
+            unmap_gate_changed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Makes every `cuMemUnmap` from now on wait, before doing anything, until
+    /// [`Self::open_unmaps`]; [`Self::unmaps_waiting`] says whether one is waiting.
+    pub fn close_unmaps(&self) {
+        *self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(false);
+    }
+
+    /// Lets the waiting and later `cuMemUnmap`s through.
+    pub fn open_unmaps(&self) {
+        *self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.unmap_gate_changed.notify_all();
+    }
+
+    /// Whether a `cuMemUnmap` is waiting at the closed gate.
+    pub fn unmaps_waiting(&self) -> bool {
+        *self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner()) == Some(true)
+    }
+
+    fn pass_unmap_gate(&self) {
+        let mut gate = self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner());
+        while gate.is_some() {
+            *gate = Some(true);
+            gate = self
+                .unmap_gate_changed
+                .wait(gate)
+                .unwrap_or_else(|e| e.into_inner());
         }
     }
 
@@ -617,6 +651,7 @@ impl Driver for FakeDriver {
     }
 
     fn mem_unmap(&self, ptr: CUdeviceptr, size: usize) -> Result<(), CUresult> {
+        self.pass_unmap_gate();
         let mut s = self.lock();
         s.enter(FakeCall::Unmap)?;
         // The driver documents that the range must be *the* range that was mapped (it

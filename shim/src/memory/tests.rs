@@ -406,6 +406,60 @@ fn the_background_grower_fills_the_host_pool_ahead_of_need() {
 }
 
 #[test]
+fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() {
+    use std::sync::mpsc::channel;
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let (a, b) = (mm.alloc(PAGE, None).unwrap(), mm.alloc(PAGE, None).unwrap());
+    write(fake, mm, s, a, pattern(1, PAGE));
+    write(fake, mm, s, b, pattern(2, PAGE));
+    assert_eq!(mm.start_swap_out(&[(b, PAGE)]).unwrap(), 1);
+    // B's copy out has landed; completing it unmaps its device unit, which the fake holds
+    // (and lets go if an assertion fails, so that the test fails rather than hangs).
+    struct OpenOnDrop<'a>(&'a FakeDriver);
+    impl Drop for OpenOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.open_unmaps();
+        }
+    }
+    fake.close_unmaps();
+    std::thread::scope(|scope| {
+        let _open = OpenOnDrop(fake);
+        let maintenance = scope.spawn(move || mm.maintain());
+        while !fake.unmaps_waiting() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The remap is under way, the lock free: a launch on resident data goes on.
+        let (done, resident) = channel();
+        scope.spawn(move || {
+            write(fake, mm, s, a, pattern(3, PAGE));
+            done.send(()).unwrap();
+        });
+        assert!(
+            resident.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "a launch on resident data waited behind the completion's VMM calls"
+        );
+        // An access to B waits for the commit (its address may be unmapped now).
+        let (got, b_read) = channel();
+        scope.spawn(move || {
+            let r = read(fake, mm, s, b, PAGE);
+            got.send(r.get()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(b_read.try_recv().is_err(), "B was accessed mid-remap");
+        fake.open_unmaps();
+        maintenance.join().unwrap().unwrap();
+        let data = b_read.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(data.as_deref(), Some(&pattern(2, PAGE)[..]));
+    });
+    let r = read(fake, mm, s, a, PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(3, PAGE)[..]));
+    assert!(mm.stats().pages_evicted >= 1);
+    assert_consistent(fake, mm);
+}
+
+#[test]
 fn dropping_the_manager_returns_everything() {
     let (fake, mm) = setup(4, 64, Progress::Immediate);
     let s = Stream(0);

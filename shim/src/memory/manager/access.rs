@@ -193,6 +193,12 @@ impl Inner {
         let mut bring_in: Vec<usize> = Vec::new();
         let mut leaving: Vec<usize> = Vec::new();
         for p in t.runs.iter().flat_map(|&(a, b)| a..=b) {
+            if self.completing.contains(&p) {
+                // Its swap-out is being completed without the lock (its address may be
+                // unmapped right now): wait for the commit, then bring it back.
+                self.remap_stall = true;
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
             match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::ToDevice { event, .. }) => waits.push(event),
                 Some(ResidencyState::ToHost { .. }) => leaving.push(p),

@@ -112,8 +112,8 @@ impl Inner {
     ///
     /// Gives none, and the pages are backed by host memory as before, when the allocation is
     /// over half the budget or room cannot be made without waiting for other threads' pins.
-    /// `Err` only when copies out are in flight and the caller should wait for them
-    /// ([`Self::acquire_device_frames`]).
+    /// `Err` only when copies out are in flight or landed and the caller should wait for them
+    /// or complete them ([`Self::acquire_device_frames`]).
     pub(super) fn device_frames_for_new(
         &mut self,
         pages: &[usize],
@@ -124,7 +124,11 @@ impl Inner {
         }
         match self.for_demand(Demand::Allocation, |s| s.acquire_device_frames(pages)) {
             Ok(frames) => Ok(frames),
-            Err(e) if !self.copy_waits.is_empty() => Err(e),
+            // Frames are on their way: the caller waits for them (or completes the swap-outs
+            // that free them) without the lock and tries again.
+            Err(e) if !self.copy_waits.is_empty() || self.completion_wanted || self.remap_stall => {
+                Err(e)
+            }
             Err(e) => {
                 tracing::debug!(code = e, "no device room for a new allocation: host-backed");
                 self.pin_stall = None;

@@ -57,6 +57,9 @@ impl MemoryManager {
                     e.pins
                 ));
             }
+            if s.completing.contains(&p) && !matches!(e.state, ResidencyState::ToHost { .. }) {
+                return Err(format!("page {p} is completing but not ToHost"));
+            }
             match e.state {
                 ResidencyState::Unbacked => {}
                 ResidencyState::Device(d) => own_dev(d, "page")?,

@@ -117,6 +117,26 @@ impl Inner {
                 continue; // dead pages were dropped without a copy
             }
             if !self.outgoing.is_empty() {
+                if self.outgoing.iter().all(|p| self.completing.contains(p)) {
+                    // Every frame on its way is being completed by another thread without
+                    // the lock: wait for its commit.
+                    self.remap_stall = true;
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                if self.unlocked_copy_waits_left > 0 {
+                    // Let the caller complete the swap-outs (their VMM calls) without the
+                    // lock, first waiting for the copies out unless some have landed, then
+                    // start over.
+                    self.unlocked_copy_waits_left -= 1;
+                    let events = self.outgoing_events();
+                    let driver = self.driver.clone();
+                    let landed = events
+                        .iter()
+                        .any(|&e| driver.event_query(e).unwrap_or(false));
+                    self.copy_waits = if landed { Vec::new() } else { events };
+                    self.completion_wanted = true;
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
                 // Copies out that have finished give their frames now.
                 self.poll()?;
                 if self.dev.available() >= k {
@@ -128,11 +148,6 @@ impl Inner {
                     if rounds <= 4 {
                         continue;
                     }
-                } else if self.unlocked_copy_waits_left > 0 {
-                    // The rest is in flight: let the caller wait for it without the lock.
-                    self.unlocked_copy_waits_left -= 1;
-                    self.copy_waits = self.outgoing_events();
-                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
             }
             rounds += 1;

@@ -25,13 +25,15 @@
 //!
 //! # Locking
 //! One mutex around all state. The hot path (everything already resident) takes it once,
-//! makes no driver call and allocates one small vector for the ticket. Swapping happens with
+//! makes no driver call and allocates one small vector for the ticket. Swaps are started with
 //! the lock held; the host pool has its own lock, taken after this one, and its grower thread
 //! never takes this one. Waits are made *without* the lock, each bounded, and the operation
 //! starts over after them (`MemoryManager::waiting_for_pins`): for pages pinned by other
 //! threads' calls in flight (an operation that finds every evictable page pinned gives back
 //! what it took and waits on `pins_released`), for swap-out copies to land (`copy_waits`),
-//! and for the budget to grow (`budget_stall`).
+//! for another thread's completion of swap-outs (`remap_stall`) and for the budget to grow
+//! (`budget_stall`). The VMM calls that complete swap-outs are made without the lock too
+//! (`completion.rs`, `MemoryManager::complete`).
 //!
 //! # Files
 //! This file holds the public front ([`MemoryManager`]: the lock, and the waits made without
@@ -46,6 +48,7 @@
 //! | `access.rs` | `prepare_access` / `note_access_done`, pins, capture pins |
 //! | `eviction.rs` | finding device frames: cheap ones, LRU or advised victims, the reserve |
 //! | `swap.rs` | the copies to and from the host, their events, `poll` and waits |
+//! | `completion.rs` | completing landed swap-outs (their VMM calls) without the lock |
 //! | `verbs.rs` | swap out, prefetch and budget changes for a planned policy |
 //! | `audit.rs` | the bookkeeping check tests run |
 
@@ -69,6 +72,7 @@ mod access;
 mod allocation;
 mod audit;
 mod backing;
+mod completion;
 mod eviction;
 mod swap;
 mod units;
@@ -189,6 +193,9 @@ struct Inner {
     spare_events: Vec<Event>,
     /// Pages in `ToHost` / `ToDevice`.
     outgoing: BTreeSet<usize>,
+    /// `ToHost` pages (of `outgoing`) whose swap-out is being completed without the lock
+    /// (`completion.rs`): nothing may remap them or cancel their swap-out meanwhile.
+    completing: BTreeSet<usize>,
     incoming: BTreeSet<usize>,
     /// Host frames of cancelled swap-outs, free once the copy into them completed.
     deferred_host: Vec<(HostFrame, Event)>,
@@ -227,6 +234,13 @@ struct Inner {
     /// in flight: the caller gives back what it took, releases the lock, waits for these
     /// copies' events and retries.
     copy_waits: Vec<Event>,
+    /// Set when the frames an operation needs come from swap-outs that have landed (or are
+    /// about to): the caller completes them without the lock ([`MemoryManager::complete`])
+    /// and retries.
+    completion_wanted: bool,
+    /// Set when an operation needs pages whose swap-out another thread is completing without
+    /// the lock: the caller releases the lock, waits for that commit and retries.
+    remap_stall: bool,
     /// Which pages to evict first, when a policy that knows the future says so.
     advice: Option<Arc<dyn EvictionAdvice>>,
     /// How many more times the current operation may wait for copies without the lock;
@@ -344,6 +358,7 @@ impl MemoryManager {
             copy_event_refs: HashMap::new(),
             spare_events: Vec::new(),
             outgoing: BTreeSet::new(),
+            completing: BTreeSet::new(),
             incoming: BTreeSet::new(),
             deferred_host: Vec::new(),
             dead_device: BTreeSet::new(),
@@ -358,6 +373,8 @@ impl MemoryManager {
             budget_waits: 0,
             pin_waiters: 0,
             copy_waits: Vec::new(),
+            completion_wanted: false,
+            remap_stall: false,
             advice: None,
             unlocked_copy_waits_left: 0,
             max_unit_pages: MAX_UNIT_PAGES,
@@ -541,6 +558,8 @@ impl MemoryManager {
             s.pin_stall = None;
             s.budget_stall = None;
             s.copy_waits.clear();
+            s.completion_wanted = false;
+            s.remap_stall = false;
             let result = op(&mut s);
             let waits = std::mem::take(&mut s.copy_waits);
             let err = match result {
@@ -550,19 +569,34 @@ impl MemoryManager {
                 }
                 Err(e) => e,
             };
-            if !waits.is_empty() {
+            if !waits.is_empty() || s.completion_wanted {
                 // Frames are on their way out: wait for those copies without the lock, so
-                // threads whose data is resident go on meanwhile; then start over. A failed
-                // wait is seen again (and reported) by the retry's completion of the swaps.
-                let driver = s.driver.clone();
-                drop(s);
-                for ev in waits {
-                    if let Err(e) = driver.event_synchronize(ev) {
-                        tracing::debug!(code = e, "waiting for a swap-out copy failed");
+                // threads whose data is resident go on meanwhile, complete the swap-outs
+                // (their VMM calls also without it), then start over. A failed wait is seen
+                // again (and reported) by the retry's completion of the swaps.
+                if !waits.is_empty() {
+                    let driver = s.driver.clone();
+                    drop(s);
+                    for ev in waits {
+                        if let Err(e) = driver.event_synchronize(ev) {
+                            tracing::debug!(code = e, "waiting for a swap-out copy failed");
+                        }
                     }
+                    s = self.lock();
                 }
-                s = self.lock();
+                s = self.complete(s);
                 continue;
+            }
+            if s.remap_stall {
+                // Another thread is completing the swap-out of pages this operation needs:
+                // its commit wakes us (bounded like a wait for pins).
+                let now = Instant::now();
+                let wait = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
+                let end = *deadline.get_or_insert(now + wait);
+                if now < end {
+                    s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(2)));
+                    continue;
+                }
             }
             if let Some(needed) = s.budget_stall.take() {
                 // The budget is a grant that may grow: wait for `set_budget` (which
@@ -604,6 +638,29 @@ impl MemoryManager {
             // completing and the maintenance thread, which do not signal.
             s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(2)));
         }
+    }
+
+    /// Completes the swap-outs that have landed, their VMM calls made without the lock
+    /// (`completion.rs`); returns the lock taken again. Wakes the threads waiting for pages
+    /// that were completing, or for frames.
+    fn complete<'a>(&'a self, mut s: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+        let completions = match s.begin_completions(usize::MAX) {
+            Ok(c) if !c.is_empty() => c,
+            Ok(_) => return s,
+            Err(e) => {
+                tracing::debug!(code = e, "polling swap-outs failed");
+                return s;
+            }
+        };
+        let driver = s.driver.clone();
+        drop(s);
+        let outcome = completions.run(&*driver);
+        let mut s = self.lock();
+        s.commit_completions(completions, outcome);
+        if s.pin_waiters > 0 {
+            self.pins_released.notify_all();
+        }
+        s
     }
 
     /// Releases the lock until pins drop, memory is freed or the budget changes (all of which
@@ -718,9 +775,15 @@ impl MemoryManager {
         self.lock().failures.summary()
     }
 
-    /// Completes whatever swaps have finished (cheap; callers may call it when idle).
+    /// Completes whatever swaps have finished (cheap; callers may call it when idle). The
+    /// VMM calls that complete swap-outs are made without the lock.
     pub fn poll(&self) -> Result<(), CUresult> {
-        self.lock().poll()
+        let mut s = self.lock();
+        let driver = s.driver.clone();
+        s.fences.flush(&*driver)?;
+        s.poll_with(false)?;
+        let _s = self.complete(s);
+        Ok(())
     }
 
     /// [`Self::poll`], then evicts idle pages ahead of need so that `free_reserve_pages`
@@ -728,7 +791,12 @@ impl MemoryManager {
     /// a background thread of the interposer may call it periodically. `prepare_access` does
     /// the same after each on-demand swap.
     pub fn maintain(&self) -> Result<(), CUresult> {
-        self.lock().keep_reserve(true)
+        let mut s = self.lock();
+        let driver = s.driver.clone();
+        s.fences.flush(&*driver)?;
+        s.poll_with(false)?;
+        let mut s = self.complete(s);
+        s.keep_reserve(false)
     }
 
     /// Residency of the page holding `addr` (for tests and diagnostics).

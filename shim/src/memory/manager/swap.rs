@@ -473,7 +473,8 @@ impl Inner {
         // pinned.
         let mut done_to = 0;
         for p in outgoing {
-            if p < done_to {
+            if p < done_to || self.completing.contains(&p) {
+                // Another thread completes these without the lock (`completion.rs`).
                 continue;
             }
             let Some((a, n)) = self.unit_span(p) else {

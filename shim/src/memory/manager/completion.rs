@@ -1,0 +1,242 @@
+//! Completing swap-outs without the lock: the VMM calls that end a swap-out (the device
+//! unit's unmap, its pages' host frames mapped at their addresses, the access call) cost 40
+//! to 360 µs each on the H100, and every launch takes the manager's lock. So they are decided
+//! under the lock ([`Inner::begin_completions`]: which units have landed, what to map), made
+//! without it ([`Completions::run`]) and their outcome committed under it again
+//! ([`Inner::commit_completions`]). Meanwhile the units' pages are *completing*: still
+//! `ToHost` in the table (in `outgoing`), but nothing may remap them or cancel their
+//! swap-out (their address may be unmapped at any moment), so an access to one waits for the
+//! commit (`remap_stall`) and eviction, polling and the other completions leave them alone.
+
+use tensile_driver_abi::{CUdeviceptr, CUresult};
+
+use crate::memory::driver::{Driver, Event, PhysHandle};
+use crate::memory::page::ResidencyState;
+
+use super::{runs, Inner};
+
+/// One device unit whose swap-out copies have landed, to be completed.
+#[derive(Debug)]
+struct UnitCompletion {
+    /// First page and pages.
+    first: usize,
+    pages: usize,
+    /// Host allocations to map once the unit is unmapped: address, bytes, allocation (a host
+    /// unit once, whole, or a single frame).
+    host_maps: Vec<(CUdeviceptr, usize, PhysHandle)>,
+}
+
+/// Swap-outs being completed without the lock (see the module docs).
+#[derive(Debug)]
+pub(super) struct Completions {
+    units: Vec<UnitCompletion>,
+    base: CUdeviceptr,
+    page: usize,
+    device: i32,
+    host_mapped: bool,
+}
+
+/// What [`Completions::run`] managed: the first `unmapped` units lost their device mapping;
+/// `mapped` is whether their host frames were mapped at their addresses (if not, their pages
+/// are left unmapped, their data safe in the host frames, and mapped again later).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CompletionOutcome {
+    unmapped: usize,
+    mapped: bool,
+    error: Option<CUresult>,
+}
+
+impl Completions {
+    pub(super) fn is_empty(&self) -> bool {
+        self.units.is_empty()
+    }
+
+    fn va(&self, page: usize) -> CUdeviceptr {
+        self.base + (page * self.page) as u64
+    }
+
+    /// Makes the driver calls, in the order that keeps the pages consistent at every failure:
+    /// each unit unmapped whole (a failure stops there: that unit and the rest stay `ToHost`),
+    /// then the host frames of the units unmapped mapped and given access (a failure undoes
+    /// its own maps). Called without the manager's lock.
+    pub(super) fn run(&self, driver: &dyn Driver) -> CompletionOutcome {
+        let mut outcome = CompletionOutcome {
+            unmapped: 0,
+            mapped: true,
+            error: None,
+        };
+        for u in &self.units {
+            if let Err(e) = driver.mem_unmap(self.va(u.first), u.pages * self.page) {
+                outcome.error = Some(e);
+                break;
+            }
+            outcome.unmapped += 1;
+        }
+        if !self.host_mapped || outcome.unmapped == 0 {
+            return outcome;
+        }
+        let done = &self.units[..outcome.unmapped];
+        let mut mapped: Vec<(CUdeviceptr, usize)> = Vec::new();
+        let mut failed = None;
+        for &(va, bytes, handle) in done.iter().flat_map(|u| &u.host_maps) {
+            if let Err(e) = driver.mem_map(va, bytes, 0, handle) {
+                failed = Some(e);
+                break;
+            }
+            mapped.push((va, bytes));
+        }
+        if failed.is_none() {
+            let pages: Vec<usize> = done
+                .iter()
+                .flat_map(|u| u.first..u.first + u.pages)
+                .collect();
+            for (a, b) in runs(&pages) {
+                let bytes = (b - a + 1) * self.page;
+                if let Err(e) = driver.mem_set_access(self.va(a), bytes, self.device) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            for (va, bytes) in mapped {
+                let _ = driver.mem_unmap(va, bytes);
+            }
+            outcome.mapped = false;
+            outcome.error = outcome.error.or(Some(e));
+        }
+        outcome
+    }
+}
+
+impl Inner {
+    /// Finds the swap-outs whose copies have landed (every page of the unit `ToHost`, its
+    /// copy's event complete, unpinned, not completing already), marks their pages
+    /// completing and says what completing them takes. At most `max_units` units.
+    pub(super) fn begin_completions(&mut self, max_units: usize) -> Result<Completions, CUresult> {
+        let mut done: std::collections::HashMap<Event, bool> = std::collections::HashMap::new();
+        let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
+        let mut units: Vec<UnitCompletion> = Vec::new();
+        let mut done_to = 0;
+        let mut failed = None;
+        for p in outgoing {
+            if units.len() >= max_units {
+                break;
+            }
+            if p < done_to || self.completing.contains(&p) {
+                continue;
+            }
+            let Some((a, n)) = self.unit_span(p) else {
+                continue;
+            };
+            done_to = a + n;
+            let mut landed = true;
+            for q in a..a + n {
+                let event = match self.pages.get(q).filter(|e| e.pins == 0).map(|e| e.state) {
+                    Some(ResidencyState::ToHost { event, .. }) if !self.completing.contains(&q) => {
+                        event
+                    }
+                    _ => {
+                        landed = false;
+                        break;
+                    }
+                };
+                let d = match done.get(&event) {
+                    Some(&d) => d,
+                    None => match self.driver.event_query(event) {
+                        Ok(d) => *done.entry(event).or_insert(d),
+                        Err(e) => {
+                            failed = Some(e);
+                            false
+                        }
+                    },
+                };
+                if !d {
+                    landed = false;
+                    break;
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
+            if !landed {
+                continue;
+            }
+            let mut host_maps = Vec::new();
+            for q in a..a + n {
+                let Some(ResidencyState::ToHost { host, .. }) = self.pages.get(q).map(|e| e.state)
+                else {
+                    continue;
+                };
+                let (first, k) = self.host.unit_of(host);
+                if host == first {
+                    host_maps.push((self.va(q), k * self.page, self.host.location(host).0));
+                }
+            }
+            self.completing.extend(a..a + n);
+            units.push(UnitCompletion {
+                first: a,
+                pages: n,
+                host_maps,
+            });
+        }
+        let completions = Completions {
+            units,
+            base: self.base,
+            page: self.page,
+            device: self.cfg.device,
+            host_mapped: self.cfg.host_mapped,
+        };
+        match failed {
+            // What was marked is still completed by the caller; the error is seen again.
+            Some(e) if completions.is_empty() => Err(e),
+            _ => Ok(completions),
+        }
+    }
+
+    /// Commits what [`Completions::run`] did: the units unmapped end their swap-outs (their
+    /// device frames are free, their pages `Host`), the others stay `ToHost` to be completed
+    /// later; none is completing any more.
+    pub(super) fn commit_completions(&mut self, c: Completions, outcome: CompletionOutcome) {
+        for (i, u) in c.units.iter().enumerate() {
+            let span = u.first..u.first + u.pages;
+            for q in span.clone() {
+                self.completing.remove(&q);
+            }
+            if i >= outcome.unmapped {
+                continue;
+            }
+            for q in span {
+                let event = match self.pages.get(q).map(|e| e.state) {
+                    Some(ResidencyState::ToHost { event, .. }) => event,
+                    _ => {
+                        debug_assert!(false, "page {q} left ToHost while completing");
+                        continue;
+                    }
+                };
+                match self.pages.finish_swap_out(q, |_| true) {
+                    Ok(d) => {
+                        self.outgoing.remove(&q);
+                        // A freed page that left with its unit holds no device frame any more.
+                        self.dead_device.remove(&q);
+                        if !outcome.mapped || !self.cfg.host_mapped {
+                            self.unmapped_host.insert(q);
+                        }
+                        self.dev.give(d);
+                        self.unref_event(event);
+                    }
+                    Err(e) => debug_assert!(false, "completing page {q}: {e:?}"),
+                }
+            }
+        }
+        if let Some(e) = outcome.error {
+            tracing::debug!(
+                code = e,
+                "completing swap-outs failed part way; retried later"
+            );
+        }
+        if !outcome.mapped {
+            self.remap_host();
+        }
+    }
+}
