@@ -460,6 +460,48 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
 }
 
 #[test]
+fn a_completion_that_fails_part_way_loses_nothing_and_is_finished_later() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let s = Stream(0);
+    let bufs: Vec<CUdeviceptr> = (0..3).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &b) in bufs.iter().enumerate() {
+        write(&fake, &mm, s, b, pattern(40 + i as u8, PAGE));
+    }
+    let leaving =
+        |mm: &MemoryManager, b| matches!(mm.residency(b), Some(ResidencyState::ToHost { .. }));
+    let gone = |mm: &MemoryManager, b| matches!(mm.residency(b), Some(ResidencyState::Host(_)));
+    // The first unit's unmap fails: no unit completes; all stay on their way out.
+    assert_eq!(
+        mm.start_swap_out(&[(bufs[1], PAGE), (bufs[2], PAGE)])
+            .unwrap(),
+        2
+    );
+    fake.fail_next(FakeCall::Unmap, CUDA_ERROR_UNKNOWN);
+    mm.poll().unwrap();
+    assert!(leaving(&mm, bufs[1]) && leaving(&mm, bufs[2]));
+    mm.audit().unwrap();
+    // The next poll completes them.
+    mm.poll().unwrap();
+    assert!(gone(&mm, bufs[1]) && gone(&mm, bufs[2]));
+    // A host mapping fails: the unit is off the device, its page left unmapped (its data in
+    // the host frame) and mapped again by the commit's retry.
+    assert_eq!(mm.start_swap_out(&[(bufs[0], PAGE)]).unwrap(), 1);
+    fake.fail_next(FakeCall::Map, CUDA_ERROR_UNKNOWN);
+    mm.poll().unwrap();
+    assert!(gone(&mm, bufs[0]));
+    mm.audit().unwrap();
+    for (i, &b) in bufs.iter().enumerate() {
+        let r = read(&fake, &mm, s, b, PAGE);
+        assert_eq!(
+            r.get().as_deref(),
+            Some(&pattern(40 + i as u8, PAGE)[..]),
+            "buffer {i}"
+        );
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
 fn dropping_the_manager_returns_everything() {
     let (fake, mm) = setup(4, 64, Progress::Immediate);
     let s = Stream(0);

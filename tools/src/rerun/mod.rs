@@ -868,15 +868,6 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     // Per page, the calls' per-mapping terms are shared by the pages of a unit: units the size
     // of this trace's tensors, as each policy's run cuts them (`Cycle::pages_per_unit`).
     let costs = PolicyCosts::new(&analysis.cycle, copies, remaps);
-    for (policy, (remap, per_unit)) in [("lru", costs.lru_remap), ("plan", costs.plan_remap)] {
-        eprintln!(
-            "tensile rerun: {policy}'s prediction charges remapping {:.1} µs per 2 MiB page in \
-             and {:.1} out (the H100's VMM calls, shared by units of {per_unit:.1} pages on \
-             average)",
-            remap.in_ns as f64 / 1e3,
-            remap.out_ns as f64 / 1e3
-        );
-    }
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
     let budget = match (&args.budget, &card) {
@@ -956,6 +947,15 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let (room, problem) = room_from_env(|k| std::env::var(k).ok());
     if let Some(problem) = problem {
         return Err(problem);
+    }
+    for (policy, (remap, per_unit)) in [("lru", costs.lru_remap), ("plan", costs.plan_remap)] {
+        eprintln!(
+            "tensile rerun: {policy}'s prediction charges remapping {:.1} µs per 2 MiB page in \
+             and {:.1} out (the H100's VMM calls, shared by units of {per_unit:.1} pages on \
+             average)",
+            remap.in_ns as f64 / 1e3,
+            remap.out_ns as f64 / 1e3
+        );
     }
     let (native_step_ns, native) = if session.card.is_some() {
         eprintln!("tensile rerun: --card: no native run");
