@@ -3,7 +3,7 @@
 //! The manager never calls the CUDA driver directly: it talks to a [`Driver`], so that the
 //! same code runs on the real driver (the interposition layer implements the trait over the
 //! real function pointers), on the simulated GPU ([`super::cuda::DlDriver`]) and on the
-//! in-memory [`super::fake::FakeDriver`] used by the unit and property tests.
+//! in-memory `super::fake::FakeDriver` used by the unit and property tests.
 //!
 //! This is deliberately the *smallest* set of operations the manager uses, not a general
 //! driver binding. Every method returns the driver's own result code on failure, so the

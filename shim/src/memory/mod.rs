@@ -5,7 +5,7 @@
 //! allocating calls, `prepare_access` + `note_access_done` around every launch, copy and
 //! memset that touches arena memory, `mem_get_info` for `cuMemGetInfo`. Everything the
 //! manager asks of the driver goes through the [`Driver`] trait, so it is tested on the
-//! in-memory [`fake::FakeDriver`] and on the simulated GPU ([`cuda::DlDriver`]).
+//! in-memory `fake::FakeDriver` (tests only) and on the simulated GPU ([`cuda::DlDriver`]).
 //!
 //! Not here (yet): the hooks themselves, PyTorch specifics, the planned (non-LRU) policy,
 //! pinning of IPC-exported or peer-mapped memory. See `docs/memory.md`.
@@ -15,7 +15,7 @@
 //! | [`advice`] | which pages to evict first, from a policy that knows the future |
 //! | [`budget`] | parsing `TENSILE_DEVICE_MEMORY` / `TENSILE_HOST_MEMORY` |
 //! | [`driver`] | the driver operations the manager needs |
-//! | [`fake`] | an in-memory driver for tests |
+//! | `fake` | an in-memory driver for tests (built for tests only) |
 //! | [`cuda`] | the trait over a dynamically loaded `libcuda.so.1` |
 //! | [`table`] | the trait over a table of the driver's function pointers |
 //! | [`page`] | the per-page residency state machine and page table |
@@ -34,6 +34,8 @@ pub mod cuda;
 pub mod driver;
 pub mod extent;
 pub mod failures;
+/// Test-only: not in the library's production build.
+#[cfg(test)]
 pub mod fake;
 pub mod fences;
 pub mod frames;
