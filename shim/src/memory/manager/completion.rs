@@ -112,17 +112,14 @@ impl Completions {
 impl Inner {
     /// Finds the swap-outs whose copies have landed (every page of the unit `ToHost`, its
     /// copy's event complete, unpinned, not completing already), marks their pages
-    /// completing and says what completing them takes. At most `max_units` units.
-    pub(super) fn begin_completions(&mut self, max_units: usize) -> Result<Completions, CUresult> {
+    /// completing and says what completing them takes.
+    pub(super) fn begin_completions(&mut self) -> Result<Completions, CUresult> {
         let mut done: std::collections::HashMap<Event, bool> = std::collections::HashMap::new();
         let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
         let mut units: Vec<UnitCompletion> = Vec::new();
         let mut done_to = 0;
         let mut failed = None;
         for p in outgoing {
-            if units.len() >= max_units {
-                break;
-            }
             if p < done_to || self.completing.contains(&p) {
                 continue;
             }

@@ -644,7 +644,7 @@ impl MemoryManager {
     /// (`completion.rs`); returns the lock taken again. Wakes the threads waiting for pages
     /// that were completing, or for frames.
     fn complete<'a>(&'a self, mut s: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
-        let completions = match s.begin_completions(usize::MAX) {
+        let completions = match s.begin_completions() {
             Ok(c) if !c.is_empty() => c,
             Ok(_) => return s,
             Err(e) => {
