@@ -144,7 +144,9 @@ impl ManagerConfig {
             device_budget,
             grow_bytes: 16 * page,
             host_cap,
-            host_chunk_bytes: 256 * MIB,
+            // Small chunks: a thread that finds the pool empty waits for the grower's chunk
+            // (with the manager's lock held), about 8 ms for 32 MiB on the H100.
+            host_chunk_bytes: 32 * MIB,
             numa_node: 0,
             host_background: true,
             evict_batch: 8,
@@ -321,7 +323,8 @@ impl MemoryManager {
                 numa_node: cfg.numa_node,
                 cap_bytes: cfg.host_cap,
                 chunk_bytes: cfg.host_chunk_bytes.max(page),
-                low_water_frames: (cfg.host_chunk_bytes / page / 4).max(1),
+                // Two chunks ahead (64 MiB by default).
+                low_water_frames: (cfg.host_chunk_bytes / page * 2).max(1),
                 background: cfg.host_background,
             },
         );
