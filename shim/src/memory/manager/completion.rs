@@ -46,6 +46,13 @@ pub(super) struct CompletionOutcome {
     error: Option<CUresult>,
 }
 
+impl CompletionOutcome {
+    /// The first driver error the calls met, if any.
+    pub(super) fn error(&self) -> Option<CUresult> {
+        self.error
+    }
+}
+
 impl Completions {
     pub(super) fn is_empty(&self) -> bool {
         self.units.is_empty()

@@ -465,86 +465,14 @@ impl Inner {
         if !complete_outgoing {
             return Ok(());
         }
-        // Swap-outs: remap to host in one batch.
-        let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
-        let mut finished: Vec<(usize, DevFrame, Event)> = Vec::new();
-        let mut failed: Option<CUresult> = None;
-        // A unit is unmapped whole, once every page of it has been copied out and none is
-        // pinned.
-        let mut done_to = 0;
-        for p in outgoing {
-            if p < done_to || self.completing.contains(&p) {
-                // Another thread completes these without the lock (`completion.rs`).
-                continue;
-            }
-            let Some((a, n)) = self.unit_span(p) else {
-                continue;
-            };
-            done_to = a + n;
-            let mut events: Vec<Event> = Vec::with_capacity(n);
-            for q in a..a + n {
-                let Some(ResidencyState::ToHost { event, .. }) =
-                    self.pages.get(q).filter(|e| e.pins == 0).map(|e| e.state)
-                else {
-                    break;
-                };
-                match query(event) {
-                    Ok(true) => events.push(event),
-                    Ok(false) => break,
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            if failed.is_some() {
-                break;
-            }
-            if events.len() != n {
-                continue;
-            }
-            // Unmap the device unit before the state says Host, so a failure leaves the
-            // pages as they were (and the units finished so far are still completed below).
-            if let Err(e) = self.driver.mem_unmap(self.va(a), n * self.page) {
-                failed = Some(e);
-                break;
-            }
-            for (q, event) in (a..a + n).zip(events) {
-                match self.pages.finish_swap_out(q, |_| true) {
-                    Ok(d) => finished.push((q, d, event)),
-                    Err(e) => debug_assert!(false, "{e:?}"),
-                }
-            }
-        }
-        if !finished.is_empty() {
-            // If this fails the data is still safe in the host frames; the pages are noted
-            // as unmapped and mapped again later (or brought in on their next access).
-            // Without host mappings they stay unmapped until they come back.
-            let mapped = if self.cfg.host_mapped {
-                let plan: Vec<(usize, Frame)> = finished
-                    .iter()
-                    .filter_map(|&(p, _, _)| match self.pages.get(p).map(|e| e.state) {
-                        Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
-                        _ => None,
-                    })
-                    .collect();
-                self.map_batch(&plan)
-            } else {
-                Ok(())
-            };
-            for (p, d, ev) in finished {
-                self.outgoing.remove(&p);
-                // A freed page that left with its unit holds no device frame any more.
-                self.dead_device.remove(&p);
-                if mapped.is_err() || !self.cfg.host_mapped {
-                    self.unmapped_host.insert(p);
-                }
-                self.dev.give(d);
-                self.unref_event(ev);
-            }
-            mapped?;
-        }
+        // Swap-outs: completed here with the lock held (the callers that can release it use
+        // `MemoryManager::complete`, which makes the same calls without it).
+        let completions = self.begin_completions()?;
+        let driver = self.driver.clone();
+        let outcome = completions.run(&*driver);
+        self.commit_completions(completions, outcome);
+        // Pages a failed call left unmapped, here or before.
         self.remap_host();
-        failed.map_or(Ok(()), Err)
+        outcome.error().map_or(Ok(()), Err)
     }
 }
