@@ -573,12 +573,13 @@ impl Learner {
     /// ([`Cycle::pages_per_unit`], [`SHIM_PLAN_UNIT_PAGES`]).
     pub fn cost_for(&self, cycle: &Cycle) -> CostModel {
         let page = self.options.page_bytes;
-        let per_unit = cycle.pages_per_unit(page, SHIM_PLAN_UNIT_PAGES);
         match self.options.remaps {
-            Some(m) => self
-                .options
-                .cost
-                .with_page_remaps(m.per_page(per_unit, page)),
+            Some(m) => {
+                let per_unit = cycle.pages_per_unit(page, SHIM_PLAN_UNIT_PAGES);
+                self.options
+                    .cost
+                    .with_page_remaps(m.per_page(per_unit, page))
+            }
             None => self.options.cost,
         }
     }

@@ -29,6 +29,8 @@ use tensile_protocol::{
     Admission, Command, CoordinatorSegment, Corruption, Delivery, Geometry, JobSnapshot,
     SegmentError,
 };
+use tensile_shim::config::PlanBandwidths;
+use tensile_shim::planning::plan_costs;
 
 use floor::FloorTracker;
 use grants::{Claim, Standing};
@@ -103,29 +105,34 @@ fn cost_model(
     text: Option<&str>,
     swapped: SwappedMapping,
 ) -> Result<(CostModel, Option<RemapModel>), String> {
-    let Some(text) = text else {
-        return Ok((CostModel::default(), Some(RemapModel::h100(swapped))));
+    let told = match text {
+        None => None,
+        Some(text) => {
+            let values: Vec<f64> = text
+                .split(',')
+                .map(|v| {
+                    v.trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|x| x.is_finite() && *x > 0.0)
+                })
+                .collect::<Option<_>>()
+                .ok_or_else(|| {
+                    format!("--plan-gbps {text}: expected three positive numbers of GB/s")
+                })?;
+            let [to_device, to_host, both] = values[..] else {
+                return Err(format!(
+                    "--plan-gbps {text}: expected three numbers (to the device, to the host, both)"
+                ));
+            };
+            Some(PlanBandwidths {
+                to_device,
+                to_host,
+                both,
+            })
+        }
     };
-    let mut cost = CostModel::default();
-    let values: Vec<f64> = text
-        .split(',')
-        .map(|v| {
-            v.trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|x| x.is_finite() && *x > 0.0)
-        })
-        .collect::<Option<_>>()
-        .ok_or_else(|| format!("--plan-gbps {text}: expected three positive numbers of GB/s"))?;
-    let [h2d, d2h, both] = values[..] else {
-        return Err(format!(
-            "--plan-gbps {text}: expected three numbers (to the device, to the host, both)"
-        ));
-    };
-    cost.h2d_gbps = h2d;
-    cost.d2h_gbps = d2h;
-    cost.bidir_gbps = both;
-    Ok((cost, None))
+    Ok(plan_costs(told, RemapModel::h100(swapped)))
 }
 
 /// How often the loop runs when there is nothing to read.

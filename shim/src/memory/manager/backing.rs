@@ -5,6 +5,7 @@
 
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
 
+use crate::memory::driver::{Driver, PhysHandle};
 use crate::memory::failures::{human_bytes, FailureCause};
 use crate::memory::frames::{DevFrame, HostFrame, HostPoolError};
 use crate::memory::page::{Frame, PageEntry, ResidencyState};
@@ -28,8 +29,7 @@ impl Inner {
         let page = self.page;
         let mut pages: Vec<usize> = plan.iter().map(|&(p, _)| p).collect();
         pages.sort_unstable();
-        let mut mapped: Vec<(CUdeviceptr, usize)> = Vec::new();
-        let mut err = None;
+        let mut maps: Vec<(CUdeviceptr, usize, PhysHandle)> = Vec::new();
         for &(p, f) in plan {
             let (h, bytes) = match f {
                 Frame::Device(d) if d.offset != 0 => continue,
@@ -59,32 +59,13 @@ impl Inner {
                     (self.host.location(hf).0, n * page)
                 }
             };
-            if let Err(e) = self.driver.mem_map(self.va(p), bytes, 0, h) {
-                err = Some(e);
-                break;
-            }
-            mapped.push((self.va(p), bytes));
+            maps.push((self.va(p), bytes, h));
         }
-        if err.is_none() {
-            for (a, b) in runs(&pages) {
-                if let Err(e) =
-                    self.driver
-                        .mem_set_access(self.va(a), (b - a + 1) * page, self.cfg.device)
-                {
-                    err = Some(e);
-                    break;
-                }
-            }
-        }
-        match err {
-            None => Ok(()),
-            Some(e) => {
-                for (va, bytes) in mapped {
-                    let _ = self.driver.mem_unmap(va, bytes);
-                }
-                Err(e)
-            }
-        }
+        let access: Vec<(CUdeviceptr, usize)> = runs(&pages)
+            .into_iter()
+            .map(|(a, b)| (self.va(a), (b - a + 1) * page))
+            .collect();
+        map_and_give_access(&*self.driver, &maps, &access, self.cfg.device)
     }
 
     /// Removes the host mappings of `pages` (all `Host`). Every page whose mapping this
@@ -278,5 +259,40 @@ impl Inner {
         }
         let _ = d.stream_destroy(self.swap_in_stream);
         let _ = d.stream_destroy(self.swap_out_stream);
+    }
+}
+
+/// Maps each `(address, bytes, allocation)` whole, then gives the device access to each
+/// `(address, bytes)` range (one call may span several mappings); on failure undoes its own
+/// maps. Touches no manager state, so it serves callers without the lock too
+/// (`completion.rs`).
+pub(super) fn map_and_give_access(
+    driver: &dyn Driver,
+    maps: &[(CUdeviceptr, usize, PhysHandle)],
+    access: &[(CUdeviceptr, usize)],
+    device: i32,
+) -> Result<(), CUresult> {
+    let mut mapped: Vec<(CUdeviceptr, usize)> = Vec::with_capacity(maps.len());
+    let mut err = None;
+    for &(va, bytes, handle) in maps {
+        if let Err(e) = driver.mem_map(va, bytes, 0, handle) {
+            err = Some(e);
+            break;
+        }
+        mapped.push((va, bytes));
+    }
+    if err.is_none() {
+        err = access
+            .iter()
+            .find_map(|&(va, bytes)| driver.mem_set_access(va, bytes, device).err());
+    }
+    match err {
+        None => Ok(()),
+        Some(e) => {
+            for (va, bytes) in mapped {
+                let _ = driver.mem_unmap(va, bytes);
+            }
+            Err(e)
+        }
     }
 }

@@ -13,6 +13,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult};
 use crate::memory::driver::{Driver, Event, PhysHandle};
 use crate::memory::page::ResidencyState;
 
+use super::backing::map_and_give_access;
 use super::{runs, Inner};
 
 /// One device unit whose swap-out copies have landed, to be completed.
@@ -83,32 +84,19 @@ impl Completions {
             return outcome;
         }
         let done = &self.units[..outcome.unmapped];
-        let mut mapped: Vec<(CUdeviceptr, usize)> = Vec::new();
-        let mut failed = None;
-        for &(va, bytes, handle) in done.iter().flat_map(|u| &u.host_maps) {
-            if let Err(e) = driver.mem_map(va, bytes, 0, handle) {
-                failed = Some(e);
-                break;
-            }
-            mapped.push((va, bytes));
-        }
-        if failed.is_none() {
-            let pages: Vec<usize> = done
-                .iter()
-                .flat_map(|u| u.first..u.first + u.pages)
-                .collect();
-            for (a, b) in runs(&pages) {
-                let bytes = (b - a + 1) * self.page;
-                if let Err(e) = driver.mem_set_access(self.va(a), bytes, self.device) {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        if let Some(e) = failed {
-            for (va, bytes) in mapped {
-                let _ = driver.mem_unmap(va, bytes);
-            }
+        let maps: Vec<(CUdeviceptr, usize, PhysHandle)> = done
+            .iter()
+            .flat_map(|u| u.host_maps.iter().copied())
+            .collect();
+        let pages: Vec<usize> = done
+            .iter()
+            .flat_map(|u| u.first..u.first + u.pages)
+            .collect();
+        let access: Vec<(CUdeviceptr, usize)> = runs(&pages)
+            .into_iter()
+            .map(|(a, b)| (self.va(a), (b - a + 1) * self.page))
+            .collect();
+        if let Err(e) = map_and_give_access(driver, &maps, &access, self.device) {
             outcome.mapped = false;
             outcome.error = outcome.error.or(Some(e));
         }
@@ -148,7 +136,10 @@ impl Inner {
                 let d = match done.get(&event) {
                     Some(&d) => d,
                     None => match self.driver.event_query(event) {
-                        Ok(d) => *done.entry(event).or_insert(d),
+                        Ok(d) => {
+                            done.insert(event, d);
+                            d
+                        }
                         Err(e) => {
                             failed = Some(e);
                             false

@@ -117,7 +117,8 @@ impl Inner {
                 continue; // dead pages were dropped without a copy
             }
             if !self.outgoing.is_empty() {
-                if self.outgoing.iter().all(|p| self.completing.contains(p)) {
+                // (`completing` is a part of `outgoing`.)
+                if self.completing.len() == self.outgoing.len() {
                     // Every frame on its way is being completed by another thread without
                     // the lock: wait for its commit.
                     self.remap_stall = true;

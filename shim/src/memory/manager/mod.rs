@@ -781,12 +781,16 @@ impl MemoryManager {
     /// Completes whatever swaps have finished (cheap; callers may call it when idle). The
     /// VMM calls that complete swap-outs are made without the lock.
     pub fn poll(&self) -> Result<(), CUresult> {
+        self.polled().map(drop)
+    }
+
+    /// [`Self::poll`], returning the lock taken.
+    fn polled(&self) -> Result<MutexGuard<'_, Inner>, CUresult> {
         let mut s = self.lock();
         let driver = s.driver.clone();
         s.fences.flush(&*driver)?;
         s.poll_with(false)?;
-        let _s = self.complete(s);
-        Ok(())
+        Ok(self.complete(s))
     }
 
     /// [`Self::poll`], then evicts idle pages ahead of need so that `free_reserve_pages`
@@ -794,12 +798,7 @@ impl MemoryManager {
     /// a background thread of the interposer may call it periodically. `prepare_access` does
     /// the same after each on-demand swap.
     pub fn maintain(&self) -> Result<(), CUresult> {
-        let mut s = self.lock();
-        let driver = s.driver.clone();
-        s.fences.flush(&*driver)?;
-        s.poll_with(false)?;
-        let mut s = self.complete(s);
-        s.keep_reserve(false)
+        self.polled()?.keep_reserve(false)
     }
 
     /// Residency of the page holding `addr` (for tests and diagnostics).
