@@ -144,10 +144,10 @@ struct State {
 /// The fake driver. Cheap to share: wrap it in an `Arc` and hand clones to the manager.
 pub struct FakeDriver {
     state: Mutex<State>,
-    /// While closed (`Some(false)`), `cuMemUnmap` waits for [`Self::open_unmaps`] before it
-    /// does anything: for tests of what other threads can do meanwhile.
-    unmap_gate: Mutex<Option<bool>>,
-    unmap_gate_changed: std::sync::Condvar,
+    /// Calls held at a closed gate ([`Self::close_gate`]), with whether one is waiting there:
+    /// for tests of what other threads can do meanwhile.
+    gates: Mutex<HashMap<FakeCall, bool>>,
+    gates_changed: std::sync::Condvar,
 }
 
 impl FakeDriver {
@@ -172,35 +172,47 @@ impl FakeDriver {
                 device_peak: 0,
                 host_used: 0,
             }),
-            unmap_gate: Mutex::new(None),
-            unmap_gate_changed: std::sync::Condvar::new(),
+            gates: Mutex::new(HashMap::new()),
+            gates_changed: std::sync::Condvar::new(),
         }
     }
 
-    /// Makes every `cuMemUnmap` from now on wait, before doing anything, until
-    /// [`Self::open_unmaps`]; [`Self::unmaps_waiting`] says whether one is waiting.
-    pub fn close_unmaps(&self) {
-        *self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner()) = Some(false);
+    /// Makes every call of this kind from now on wait, before doing anything, until
+    /// [`Self::open_gate`]; [`Self::waiting_at`] says whether one is waiting. Implemented for
+    /// `cuMemUnmap` and `cuEventSynchronize`.
+    pub fn close_gate(&self, call: FakeCall) {
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(call, false);
     }
 
-    /// Lets the waiting and later `cuMemUnmap`s through.
-    pub fn open_unmaps(&self) {
-        *self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.unmap_gate_changed.notify_all();
+    /// Lets the waiting and later calls of this kind through.
+    pub fn open_gate(&self, call: FakeCall) {
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&call);
+        self.gates_changed.notify_all();
     }
 
-    /// Whether a `cuMemUnmap` is waiting at the closed gate.
-    pub fn unmaps_waiting(&self) -> bool {
-        *self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner()) == Some(true)
+    /// Whether a call of this kind is waiting at its closed gate.
+    pub fn waiting_at(&self, call: FakeCall) -> bool {
+        self.gates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&call)
+            .copied()
+            .unwrap_or(false)
     }
 
-    fn pass_unmap_gate(&self) {
-        let mut gate = self.unmap_gate.lock().unwrap_or_else(|e| e.into_inner());
-        while gate.is_some() {
-            *gate = Some(true);
-            gate = self
-                .unmap_gate_changed
-                .wait(gate)
+    fn pass_gate(&self, call: FakeCall) {
+        let mut gates = self.gates.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(waiting) = gates.get_mut(&call) {
+            *waiting = true;
+            gates = self
+                .gates_changed
+                .wait(gates)
                 .unwrap_or_else(|e| e.into_inner());
         }
     }
@@ -651,7 +663,7 @@ impl Driver for FakeDriver {
     }
 
     fn mem_unmap(&self, ptr: CUdeviceptr, size: usize) -> Result<(), CUresult> {
-        self.pass_unmap_gate();
+        self.pass_gate(FakeCall::Unmap);
         let mut s = self.lock();
         s.enter(FakeCall::Unmap)?;
         // The driver documents that the range must be *the* range that was mapped (it
@@ -839,6 +851,7 @@ impl Driver for FakeDriver {
     }
 
     fn event_synchronize(&self, event: Event) -> Result<(), CUresult> {
+        self.pass_gate(FakeCall::EventSynchronize);
         let mut s = self.lock();
         s.enter(FakeCall::EventSynchronize)?;
         let done = |st: &State| {

@@ -420,14 +420,14 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
     struct OpenOnDrop<'a>(&'a FakeDriver);
     impl Drop for OpenOnDrop<'_> {
         fn drop(&mut self) {
-            self.0.open_unmaps();
+            self.0.open_gate(FakeCall::Unmap);
         }
     }
-    fake.close_unmaps();
+    fake.close_gate(FakeCall::Unmap);
     std::thread::scope(|scope| {
         let _open = OpenOnDrop(fake);
         let maintenance = scope.spawn(move || mm.maintain());
-        while !fake.unmaps_waiting() {
+        while !fake.waiting_at(FakeCall::Unmap) {
             std::thread::sleep(Duration::from_millis(1));
         }
         // The remap is under way, the lock free: a launch on resident data goes on.
@@ -448,7 +448,7 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
         });
         std::thread::sleep(Duration::from_millis(50));
         assert!(b_read.try_recv().is_err(), "B was accessed mid-remap");
-        fake.open_unmaps();
+        fake.open_gate(FakeCall::Unmap);
         maintenance.join().unwrap().unwrap();
         let data = b_read.recv_timeout(Duration::from_secs(10)).unwrap();
         assert_eq!(data.as_deref(), Some(&pattern(2, PAGE)[..]));
@@ -456,6 +456,164 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
     let r = read(fake, mm, s, a, PAGE);
     assert_eq!(r.get().as_deref(), Some(&pattern(3, PAGE)[..]));
     assert!(mm.stats().pages_evicted >= 1);
+    assert_consistent(fake, mm);
+}
+
+#[test]
+fn a_swap_in_is_remapped_without_the_lock_and_its_pages_wait_for_the_commit() {
+    use std::sync::mpsc::channel;
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let (a, b) = (mm.alloc(PAGE, None).unwrap(), mm.alloc(PAGE, None).unwrap());
+    write(fake, mm, s, a, pattern(1, PAGE));
+    write(fake, mm, s, b, pattern(2, PAGE));
+    assert_eq!(mm.start_swap_out(&[(b, PAGE)]).unwrap(), 1);
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(b), Some(ResidencyState::Host(_))));
+    // Bringing B back first removes its host mapping, which the fake holds (and lets go if
+    // an assertion fails, so that the test fails rather than hangs).
+    struct OpenOnDrop<'a>(&'a FakeDriver);
+    impl Drop for OpenOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.open_gate(FakeCall::Unmap);
+        }
+    }
+    fake.close_gate(FakeCall::Unmap);
+    std::thread::scope(|scope| {
+        let _open = OpenOnDrop(fake);
+        let (first, first_read) = channel();
+        scope.spawn(move || {
+            let r = read(fake, mm, s, b, PAGE);
+            first.send(r.get()).unwrap();
+        });
+        while !fake.waiting_at(FakeCall::Unmap) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The remap is under way, the lock free: a launch on resident data goes on.
+        let (done, resident) = channel();
+        scope.spawn(move || {
+            write(fake, mm, s, a, pattern(3, PAGE));
+            done.send(()).unwrap();
+        });
+        assert!(
+            resident.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "a launch on resident data waited behind a swap-in's VMM calls"
+        );
+        // Another access to B waits for the commit (its address may be unmapped now).
+        let (second, second_read) = channel();
+        scope.spawn(move || {
+            let r = read(fake, mm, s, b, PAGE);
+            second.send(r.get()).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(first_read.try_recv().is_err() && second_read.try_recv().is_err());
+        fake.open_gate(FakeCall::Unmap);
+        for got in [first_read, second_read] {
+            let data = got.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(data.as_deref(), Some(&pattern(2, PAGE)[..]));
+        }
+    });
+    let r = read(fake, mm, s, a, PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(3, PAGE)[..]));
+    let st = mm.stats();
+    assert_eq!(st.pages_swapped_in, 1, "B came in once");
+    assert_eq!(st.stalled_launches, 1);
+    assert_consistent(fake, mm);
+}
+
+#[test]
+fn a_swap_in_whose_driver_calls_fail_loses_nothing_and_is_made_later() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let s = Stream(0);
+    let b = mm.alloc(2 * PAGE, None).unwrap();
+    write(&fake, &mm, s, b, pattern(50, 2 * PAGE));
+    let on_host = |mm: &MemoryManager| {
+        [b, b + PAGE as u64]
+            .iter()
+            .all(|&p| matches!(mm.residency(p), Some(ResidencyState::Host(_))))
+    };
+    // Each call of the swap-in fails once in turn: the access fails with the driver's error,
+    // the pages stay on the host with their bytes, still mapped there (read through the host
+    // mapping, as an access nobody foresaw would), and the next access brings them in.
+    for call in [
+        FakeCall::Unmap,
+        FakeCall::Map,
+        FakeCall::SetAccess,
+        FakeCall::Memcpy,
+        FakeCall::EventRecord,
+    ] {
+        assert_eq!(mm.start_swap_out(&[(b, 2 * PAGE)]).unwrap(), 2);
+        mm.poll().unwrap();
+        assert!(on_host(&mm), "{call:?}: swapped out");
+        fake.fail_next(call, CUDA_ERROR_UNKNOWN);
+        let err = mm.prepare_access(s, &[(b, 2 * PAGE)]).unwrap_err();
+        assert_eq!(err, CUDA_ERROR_UNKNOWN, "{call:?}");
+        assert!(on_host(&mm), "{call:?}: left on the host");
+        mm.audit().unwrap();
+        let direct = fake.app_read(s, b, 2 * PAGE).unwrap();
+        assert_eq!(
+            direct.get().as_deref(),
+            Some(&pattern(50, 2 * PAGE)[..]),
+            "{call:?}"
+        );
+        let r = read(&fake, &mm, s, b, 2 * PAGE);
+        assert_eq!(
+            r.get().as_deref(),
+            Some(&pattern(50, 2 * PAGE)[..]),
+            "{call:?}"
+        );
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn an_eviction_waits_for_a_dead_units_work_without_the_lock() {
+    use std::sync::mpsc::channel;
+    let (fake, mm) = setup(2, 64, Progress::Manual);
+    let (fake, mm) = (&*fake, &mm);
+    let (s, other) = (Stream(0), Stream(1));
+    let (a, b) = (mm.alloc(PAGE, None).unwrap(), mm.alloc(PAGE, None).unwrap());
+    write(fake, mm, s, a, pattern(1, PAGE));
+    write(fake, mm, s, b, pattern(2, PAGE));
+    // A is freed with its write still queued: its frame is the cheapest to take (no copy),
+    // once that write has run. Taking it means waiting for the application's work.
+    mm.free(a, Some(s)).unwrap();
+    struct OpenOnDrop<'a>(&'a FakeDriver);
+    impl Drop for OpenOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.open_gate(FakeCall::EventSynchronize);
+        }
+    }
+    fake.close_gate(FakeCall::EventSynchronize);
+    std::thread::scope(|scope| {
+        let _open = OpenOnDrop(fake);
+        let (placed, new_alloc) = channel();
+        scope.spawn(move || placed.send(mm.alloc(PAGE, Some(other))).unwrap());
+        while !fake.waiting_at(FakeCall::EventSynchronize) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The wait is made without the lock: the manager answers meanwhile.
+        let (done, answered) = channel();
+        scope.spawn(move || done.send(mm.residency(b)).unwrap());
+        let b_state = answered.recv_timeout(Duration::from_secs(5));
+        assert!(
+            matches!(b_state, Ok(Some(ResidencyState::Device(_)))),
+            "the manager waited for the application's work with its lock held: {b_state:?}"
+        );
+        fake.open_gate(FakeCall::EventSynchronize);
+        let c = new_alloc
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        assert!(matches!(mm.residency(c), Some(ResidencyState::Device(_))));
+    });
+    // B stayed where it was, its bytes intact; A's frame went without a copy.
+    assert_eq!(mm.stats().pages_evicted, 0);
+    let r = read(fake, mm, s, b, PAGE);
+    fake.run_all();
+    assert_eq!(r.get().as_deref(), Some(&pattern(2, PAGE)[..]));
+    fake.run_all();
     assert_consistent(fake, mm);
 }
 

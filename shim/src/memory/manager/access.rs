@@ -53,14 +53,18 @@ impl Inner {
         match self.make_resident(&ticket, false) {
             Ok(stalled) => {
                 if stalled {
-                    self.stats.stalled_launches += 1;
+                    // (An access whose pages came in without the lock was counted when they
+                    // were committed, with the time that took.)
+                    if self.op_arrived_pages == 0 {
+                        self.stats.stalled_launches += 1;
+                    }
                     self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
                 }
                 self.open_tickets += 1;
                 Ok(ticket)
             }
             Err(e) => {
-                self.unpin(&ticket);
+                self.unpin_unless_arriving(&ticket);
                 Err(e)
             }
         }
@@ -120,7 +124,7 @@ impl Inner {
         let resident = self.pin_pages(&ticket);
         if !resident {
             if let Err(e) = self.make_resident(&ticket, true) {
-                self.unpin(&ticket);
+                self.unpin_unless_arriving(&ticket);
                 return Err(e);
             }
         }
@@ -149,6 +153,16 @@ impl Inner {
         }
     }
 
+    /// Undoes a failed access's pins; but while a swap-in it decided is pending (`arrival.rs`)
+    /// they stay, handed to that swap-in, which releases them at its commit: its other pages,
+    /// already on the device, are not evicted while it runs without the lock.
+    pub(super) fn unpin_unless_arriving(&mut self, t: &AccessTicket) {
+        match self.arrival.as_mut() {
+            Some(a) => a.hold_pins(&t.runs),
+            None => self.unpin(t),
+        }
+    }
+
     pub(super) fn unpin(&mut self, t: &AccessTicket) {
         for &(a, b) in &t.runs {
             for p in a..=b {
@@ -168,6 +182,18 @@ impl Inner {
         t: &AccessTicket,
         host_waits: bool,
     ) -> Result<bool, CUresult> {
+        if !(self.completing.is_empty() && self.arriving.is_empty())
+            && t.runs
+                .iter()
+                .flat_map(|&(a, b)| a..=b)
+                .any(|p| self.completing.contains(&p) || self.arriving.contains(&p))
+        {
+            // Another thread is remapping some of these pages without the lock (completing
+            // their swap-out, or bringing them in): their addresses may be unmapped right
+            // now. Wait for its commit, then look again.
+            self.remap_stall = true;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         // What must be on the device at once: the pages touched, and the rest of their units.
         let mut touched = self.access_footprint(t);
         if touched > self.dev.budget_frames() {
@@ -193,12 +219,6 @@ impl Inner {
         let mut bring_in: Vec<usize> = Vec::new();
         let mut leaving: Vec<usize> = Vec::new();
         for p in t.runs.iter().flat_map(|&(a, b)| a..=b) {
-            if self.completing.contains(&p) {
-                // Its swap-out is being completed without the lock (its address may be
-                // unmapped right now): wait for the commit, then bring it back.
-                self.remap_stall = true;
-                return Err(CUDA_ERROR_OUT_OF_MEMORY);
-            }
             match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::ToDevice { event, .. }) => waits.push(event),
                 Some(ResidencyState::ToHost { .. }) => leaving.push(p),
@@ -226,10 +246,17 @@ impl Inner {
             let bring_in =
                 self.whole_host_units(bring_in, |e| matches!(e.state, ResidencyState::Host(_)));
             let frames = self.acquire_device_frames(&bring_in)?;
-            waits.push(self.swap_in(&bring_in, frames)?);
             if self.demand == Demand::Access {
                 self.stats.pages_in_on_demand += bring_in.len() as u64;
             }
+            if self.unlocked_rounds_left > 0 {
+                // The remap and the copies are made by the caller without the lock
+                // (`arrival.rs`), which then starts this access over.
+                self.unlocked_rounds_left -= 1;
+                self.begin_arrival(&bring_in, frames)?;
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
+            waits.push(self.swap_in(&bring_in, frames)?);
         }
         waits.sort_unstable();
         waits.dedup();

@@ -193,7 +193,7 @@ impl Inner {
             e.live == 0 && matches!(e.state, ResidencyState::Host(_)) && e.is_idle(&completed)
         };
         let stale: Vec<usize> = (first..=last)
-            .filter(|&p| self.pages.get(p).is_some_and(dead_idle))
+            .filter(|&p| self.pages.get(p).is_some_and(dead_idle) && !self.arriving.contains(&p))
             .collect();
         // Whole host units only (their pages beyond the allocation too): a unit is unmapped
         // whole.

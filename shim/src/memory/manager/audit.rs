@@ -28,6 +28,9 @@ impl MemoryManager {
         for d in s.dev.free_list() {
             own_dev(d, "free list")?;
         }
+        for &d in &s.arriving_frames {
+            own_dev(d, "arriving")?;
+        }
         let mut host_own = |h: HostFrame, who: &str| {
             if host.insert(h) {
                 Ok(())
@@ -59,6 +62,9 @@ impl MemoryManager {
             }
             if s.completing.contains(&p) && !matches!(e.state, ResidencyState::ToHost { .. }) {
                 return Err(format!("page {p} is completing but not ToHost"));
+            }
+            if s.arriving.contains(&p) && !matches!(e.state, ResidencyState::Host(_)) {
+                return Err(format!("page {p} is arriving but not Host"));
             }
             match e.state {
                 ResidencyState::Unbacked => {}

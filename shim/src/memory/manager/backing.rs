@@ -123,7 +123,7 @@ impl Inner {
         let dead: Vec<usize> = self
             .pages
             .iter()
-            .filter(|(_, e)| dead_idle(e))
+            .filter(|&(p, e)| dead_idle(e) && !self.arriving.contains(&p))
             .map(|(p, _)| p)
             .collect();
         // Whole host units only: a unit is unmapped whole.
@@ -202,16 +202,21 @@ impl Inner {
         if self.unmapped_host.is_empty() || !self.cfg.host_mapped {
             return;
         }
+        // Pages arriving are being remapped to the device by another thread (`arrival.rs`).
         let plan: Vec<(usize, Frame)> = self
             .unmapped_host
             .iter()
+            .filter(|&p| !self.arriving.contains(p))
             .filter_map(|&p| match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::Host(h)) => Some((p, Frame::Host(h))),
                 _ => None,
             })
             .collect();
         match self.map_batch(&plan) {
-            Ok(()) => self.unmapped_host.clear(),
+            Ok(()) => {
+                let arriving = &self.arriving;
+                self.unmapped_host.retain(|p| arriving.contains(p));
+            }
             Err(e) => tracing::error!(
                 code = e,
                 pages = plan.len(),

@@ -6,6 +6,7 @@
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
 use crate::memory::advice::NextUse;
+use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, DevicePool};
 use crate::memory::page::{PageEntry, ResidencyState, Use};
 use crate::memory::stats::Demand;
@@ -124,11 +125,11 @@ impl Inner {
                     self.remap_stall = true;
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
-                if self.unlocked_copy_waits_left > 0 {
+                if self.unlocked_rounds_left > 0 {
                     // Let the caller complete the swap-outs (their VMM calls) without the
                     // lock, first waiting for the copies out unless some have landed, then
                     // start over.
-                    self.unlocked_copy_waits_left -= 1;
+                    self.unlocked_rounds_left -= 1;
                     let events = self.outgoing_events();
                     let driver = self.driver.clone();
                     let landed = events
@@ -172,10 +173,18 @@ impl Inner {
         self.fences.poll_all(&*self.driver)?;
         let mut candidates = self.eviction_candidates();
         if candidates.len() < need && !self.incoming.is_empty() {
-            // Pages still arriving hold frames too: let them land, then they can leave.
+            // Pages still arriving hold frames too: let them land, then they can leave. The
+            // caller waits for their copies without the lock if it may, and starts over.
+            if self.unlocked_rounds_left > 0 {
+                self.unlocked_rounds_left -= 1;
+                self.copy_waits = self.incoming_events();
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
             self.wait_incoming()?;
             candidates = self.eviction_candidates();
         }
+        // Fences of dead units still in use, to wait for without the lock.
+        let mut fence_waits: Vec<Event> = Vec::new();
         // In rank order (oldest first, or needed last first when an adviser knows the future:
         // `eviction_candidates`), idle and busy alike: a hot page that happens to be idle right
         // now stays, a colder page still used by queued work leaves once that work is done. A
@@ -220,8 +229,19 @@ impl Inner {
                 busy_victims.extend(unit);
                 continue;
             }
-            // A dead unit is dropped, not copied, and a drop needs it idle: wait for it.
+            // A dead unit is dropped, not copied, and a drop needs it idle: wait for it (on
+            // the application's work), without the lock if the caller may.
             let uses: Vec<Use> = entries.iter().flat_map(|e| e.uses.clone()).collect();
+            if self.unlocked_rounds_left > 0 {
+                for u in uses {
+                    let driver = self.driver.clone();
+                    let slot = u.stream_slot as usize;
+                    if let Some(ev) = self.fences.event_after(&*driver, slot, u.seq)? {
+                        fence_waits.push(ev);
+                    }
+                }
+                continue;
+            }
             for u in uses {
                 self.fences
                     .wait(&*self.driver, u.stream_slot as usize, u.seq)?;
@@ -230,6 +250,16 @@ impl Inner {
             if self.span_all((a, n), |e| e.is_idle(completed)) {
                 idle_victims.extend(unit);
             }
+        }
+        if idle_victims.len() < need && !fence_waits.is_empty() {
+            // Short of idle pages, and dead units would do once their work is done (dropped,
+            // with no copy, where a busy unit's frames come only after its work and a copy):
+            // the caller waits for that work without the lock and starts over.
+            self.unlocked_rounds_left -= 1;
+            fence_waits.sort_unstable();
+            fence_waits.dedup();
+            self.copy_waits = fence_waits;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let idle_need = need.min(idle_victims.len());
         let busy_need = need - idle_need;

@@ -63,13 +63,14 @@ use super::advice::EvictionAdvice;
 use super::driver::{Driver, Event, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
-use super::frames::{DevicePool, HostFrame, HostPool, HostPoolConfig};
+use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig};
 use super::page::{PageTable, ResidencyState};
 use super::stats::{Demand, MemoryStats};
 use super::suballoc::Suballocator;
 
 mod access;
 mod allocation;
+mod arrival;
 mod audit;
 mod backing;
 mod completion;
@@ -245,9 +246,21 @@ struct Inner {
     remap_stall: bool,
     /// Which pages to evict first, when a policy that knows the future says so.
     advice: Option<Arc<dyn EvictionAdvice>>,
-    /// How many more times the current operation may wait for copies without the lock;
-    /// after that it waits with the lock held (bounds the retries).
-    unlocked_copy_waits_left: u32,
+    /// How many more times the current operation may release the lock to wait (for copies,
+    /// fences) or to make VMM calls without it, then start over; after that it does them with
+    /// the lock held (bounds the retries). Zero outside [`MemoryManager::waiting_for_pins`].
+    unlocked_rounds_left: u32,
+    /// `Host` pages whose swap-in is being remapped without the lock (`arrival.rs`): nothing
+    /// may remap, drop or re-host them meanwhile.
+    arriving: BTreeSet<usize>,
+    /// The device frames those swap-ins hold (owned by their [`arrival::Arrival`]; kept here
+    /// for the audit).
+    arriving_frames: Vec<DevFrame>,
+    /// Set when an operation decided a swap-in for its caller to make without the lock
+    /// ([`MemoryManager::arrive`]), then start it over.
+    arrival: Option<arrival::Arrival>,
+    /// Pages the current operation's arrivals brought in (a prefetch counts them).
+    op_arrived_pages: usize,
     /// The most pages a unit made now may have ([`MAX_UNIT_PAGES`] unless a plan asks for
     /// fewer: [`MemoryManager::set_max_unit_pages`]).
     max_unit_pages: usize,
@@ -267,9 +280,10 @@ struct PinStall {
 /// leaves the device only whole.
 pub const MAX_UNIT_PAGES: usize = tensile_analyzer::SHIM_MAX_UNIT_PAGES as usize;
 
-/// How many times one operation may release the lock to wait for swap-out copies before it
-/// waits with the lock held (each wait is followed by a retry from the start).
-const UNLOCKED_COPY_WAITS: u32 = 16;
+/// How many times one operation may release the lock to wait for copies or fences, or to
+/// make a swap's VMM calls, before it does so with the lock held (each round is followed by
+/// a retry from the start).
+const UNLOCKED_ROUNDS: u32 = 16;
 
 /// The default of [`ManagerConfig::advice_sample`].
 pub const ADVICE_SAMPLE: usize = 1024;
@@ -379,7 +393,11 @@ impl MemoryManager {
             completion_wanted: false,
             remap_stall: false,
             advice: None,
-            unlocked_copy_waits_left: 0,
+            unlocked_rounds_left: 0,
+            arriving: BTreeSet::new(),
+            arriving_frames: Vec::new(),
+            arrival: None,
+            op_arrived_pages: 0,
             max_unit_pages: MAX_UNIT_PAGES,
             demand: Demand::Access,
         };
@@ -555,7 +573,8 @@ impl MemoryManager {
     ) -> Result<T, CUresult> {
         let mut s = self.lock();
         let mut deadline: Option<Instant> = None;
-        s.unlocked_copy_waits_left = UNLOCKED_COPY_WAITS;
+        s.unlocked_rounds_left = UNLOCKED_ROUNDS;
+        s.op_arrived_pages = 0;
         let mut budget_deadline: Option<Instant> = None;
         loop {
             s.pin_stall = None;
@@ -565,27 +584,49 @@ impl MemoryManager {
             s.remap_stall = false;
             let result = op(&mut s);
             let waits = std::mem::take(&mut s.copy_waits);
+            if let Some(arrival) = s.arrival.take() {
+                // The operation decided a swap-in: its VMM calls and copies are made without
+                // the lock, then the operation starts over with the lock held from the
+                // commit, and finds the pages on their way in.
+                debug_assert!(
+                    result.is_err(),
+                    "an operation left an arrival and succeeded"
+                );
+                let failed;
+                (s, failed) = self.arrive(s, arrival);
+                if let Some(e) = failed {
+                    // As the swap-in made with the lock held would: the access fails with
+                    // the driver's error, its pages still on the host.
+                    s.unlocked_rounds_left = 0;
+                    return Err(e);
+                }
+                continue;
+            }
             let err = match result {
                 Ok(v) => {
-                    s.unlocked_copy_waits_left = 0;
+                    s.unlocked_rounds_left = 0;
                     return Ok(v);
                 }
                 Err(e) => e,
             };
             if !waits.is_empty() || s.completion_wanted {
-                // Frames are on their way out: wait for those copies without the lock, so
-                // threads whose data is resident go on meanwhile, complete the swap-outs
-                // (their VMM calls also without it), then start over. A failed wait is seen
-                // again (and reported) by the retry's completion of the swaps.
+                // Frames are on their way out, or pages on their way in, or the work a dead
+                // unit waits for is queued: wait for those events without the lock, so
+                // threads whose data is resident go on meanwhile, finish the swaps (the
+                // swap-outs' VMM calls also without it), then start over. A failed wait is
+                // seen again (and reported) by the retry's polling of the swaps.
                 if !waits.is_empty() {
                     let driver = s.driver.clone();
                     drop(s);
                     for ev in waits {
                         if let Err(e) = driver.event_synchronize(ev) {
-                            tracing::debug!(code = e, "waiting for a swap-out copy failed");
+                            tracing::debug!(code = e, "waiting for a copy or fence failed");
                         }
                     }
                     s = self.lock();
+                    if let Err(e) = s.poll_with(false) {
+                        tracing::debug!(code = e, "polling swap-ins failed");
+                    }
                 }
                 s = self.complete(s);
                 continue;
@@ -627,7 +668,7 @@ impl MemoryManager {
                 continue;
             }
             let Some(stall) = s.pin_stall.take() else {
-                s.unlocked_copy_waits_left = 0;
+                s.unlocked_rounds_left = 0;
                 return Err(err);
             };
             let now = Instant::now();
@@ -664,6 +705,25 @@ impl MemoryManager {
             self.pins_released.notify_all();
         }
         s
+    }
+
+    /// Makes the driver calls of a swap-in decided under the lock without it (`arrival.rs`);
+    /// returns the lock taken again, the swap-in committed, and the driver error that stopped
+    /// it, if one did. Wakes the threads waiting for the pages that were arriving.
+    fn arrive<'a>(
+        &'a self,
+        s: MutexGuard<'a, Inner>,
+        arrival: arrival::Arrival,
+    ) -> (MutexGuard<'a, Inner>, Option<CUresult>) {
+        let driver = s.driver.clone();
+        drop(s);
+        let outcome = arrival.run(&*driver);
+        let mut s = self.lock();
+        s.commit_arrival(arrival, outcome);
+        if s.pin_waiters > 0 {
+            self.pins_released.notify_all();
+        }
+        (s, outcome.error())
     }
 
     /// Releases the lock until pins drop, memory is freed or the budget changes (all of which

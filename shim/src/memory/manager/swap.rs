@@ -2,7 +2,7 @@
 //! their events, completing finished swaps (`poll`) and waiting for those in flight.
 //! Copies are ordered on the device wherever possible; the host waits are here too.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 
 use tensile_driver_abi::{CUdeviceptr, CUresult};
 
@@ -338,24 +338,10 @@ impl Inner {
 
     /// Waits for the swap-ins in flight and completes them.
     pub(super) fn wait_incoming(&mut self) -> Result<(), CUresult> {
-        self.wait_swaps(&self.incoming, |state| match state {
-            ResidencyState::ToDevice { event, .. } => Some(event),
-            _ => None,
-        })?;
-        self.poll()
-    }
-
-    /// Waits for the events of the swaps in flight of `pages` (the `incoming` or `outgoing`
-    /// set; `event` gives the event of a page still in that swap), each event once.
-    pub(super) fn wait_swaps(
-        &self,
-        pages: &BTreeSet<usize>,
-        event: impl Fn(ResidencyState) -> Option<Event>,
-    ) -> Result<(), CUresult> {
-        for ev in self.swap_events(pages.iter().copied(), event) {
+        for ev in self.incoming_events() {
             self.driver.event_synchronize(ev)?;
         }
-        Ok(())
+        self.poll()
     }
 
     /// Undoes a swap-out batch that could not be queued completely: the pages stay `Device`;
@@ -368,6 +354,14 @@ impl Inner {
             self.host.give(h);
         }
         self.spare_events.push(ev);
+    }
+
+    /// The events of the swap-ins in flight, each once.
+    pub(super) fn incoming_events(&self) -> Vec<Event> {
+        self.swap_events(self.incoming.iter().copied(), |state| match state {
+            ResidencyState::ToDevice { event, .. } => Some(event),
+            _ => None,
+        })
     }
 
     /// The events of the swap-outs in flight, each once.
@@ -396,10 +390,9 @@ impl Inner {
 
     /// Waits for the swap-outs in flight and completes them.
     pub(super) fn wait_outgoing(&mut self) -> Result<(), CUresult> {
-        self.wait_swaps(&self.outgoing, |state| match state {
-            ResidencyState::ToHost { event, .. } => Some(event),
-            _ => None,
-        })?;
+        for ev in self.outgoing_events() {
+            self.driver.event_synchronize(ev)?;
+        }
         self.poll()
     }
 

@@ -178,7 +178,8 @@ impl Inner {
             })
             .count();
         if coming == 0 {
-            return Ok(0);
+            // (Or none left: those of an earlier round came in without the lock.)
+            return Ok(self.op_arrived_pages);
         }
         // A ticket on the manager's own swap-in stream: the copies in are queued there and
         // the first access waits for them on its own stream, as for any page `ToDevice`.
@@ -189,8 +190,8 @@ impl Inner {
         };
         let _resident = self.pin_pages(&ticket);
         let r = self.for_demand(Demand::Prefetch, |s| s.make_resident(&ticket, false));
-        self.unpin(&ticket);
-        r.map(|_| coming)
+        self.unpin_unless_arriving(&ticket);
+        r.map(|_| coming + self.op_arrived_pages)
     }
 
     pub(super) fn set_budget(&mut self, frames: usize) -> Result<(), CUresult> {
@@ -200,7 +201,9 @@ impl Inner {
         // is pinned) is followed by the check only.
         let mut last = false;
         for round in 0..=8 {
-            self.poll()?;
+            // Landed swap-outs are completed by the caller without the lock where it may
+            // (below), else here.
+            self.poll_with(self.unlocked_rounds_left == 0)?;
             let over = self.dev.in_use().saturating_sub(frames);
             if over == 0 {
                 // Frames over the budget go back to the driver, for other jobs on the card.
@@ -218,6 +221,14 @@ impl Inner {
             if self.outgoing.is_empty() {
                 last = true;
                 continue;
+            }
+            if self.unlocked_rounds_left > 0 {
+                // The caller waits for the copies out and completes them without the lock,
+                // then starts over (launches of other threads go on meanwhile).
+                self.unlocked_rounds_left -= 1;
+                self.copy_waits = self.outgoing_events();
+                self.completion_wanted = true;
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
             self.wait_outgoing()?;
         }
