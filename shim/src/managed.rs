@@ -425,8 +425,9 @@ fn start_maintenance(m: &'static Managed) {
     let spawned = std::thread::Builder::new()
         .name("tensile-maintain".into())
         .spawn(move || {
-            // A panic here must not take the application down; the thread just ends.
-            let _ = std::panic::catch_unwind(|| maintain_loop(m));
+            // A panic here must not take the application down; the thread just ends. (The
+            // manager's state stays usable after one: its lock recovers from poisoning.)
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| maintain_loop(m)));
             RUNNING.store(false, Ordering::Release);
         });
     if let Err(e) = spawned {

@@ -179,7 +179,7 @@ impl FakeDriver {
 
     /// Makes every call of this kind from now on wait, before doing anything, until
     /// [`Self::open_gate`]; [`Self::waiting_at`] says whether one is waiting. Implemented for
-    /// `cuMemUnmap` and `cuEventSynchronize`.
+    /// `cuMemUnmap`, `cuEventSynchronize` and `cuMemCreate` of host memory.
     pub fn close_gate(&self, call: FakeCall) {
         self.gates
             .lock()
@@ -569,8 +569,11 @@ impl Driver for FakeDriver {
     }
 
     fn mem_create(&self, size: usize, location: PhysLocation) -> Result<PhysHandle, CUresult> {
-        let mut s = self.lock();
         let device = matches!(location, PhysLocation::Device(_));
+        if !device {
+            self.pass_gate(FakeCall::CreateHost);
+        }
+        let mut s = self.lock();
         s.enter(if device {
             FakeCall::CreateDevice
         } else {

@@ -421,6 +421,74 @@ pub enum HostPoolError {
     Driver(CUresult),
 }
 
+/// The part of the host pool that pins memory, for a thread that holds none of the
+/// manager's locks ([`HostPool::refill_handle`]): an operation that finds no free frame or
+/// host unit lets go of the manager's lock, has this make one, and starts over.
+#[derive(Clone)]
+pub struct HostPoolRefill(Arc<HostShared>);
+
+impl HostPoolRefill {
+    /// Returns once a single frame is free or the pool cannot grow: waits for the grower's
+    /// chunk, or grows the pool itself.
+    pub fn frames(&self) {
+        let sh = &self.0;
+        let mut s = sh.lock();
+        loop {
+            if !s.free.is_empty() {
+                return;
+            }
+            if s.growing {
+                s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            if s.window_free_pages(sh.window_pages()) == 0 && !sh.release_one_free_unit(&mut s) {
+                return;
+            }
+            s.growing = true;
+            drop(s);
+            let r = sh.grow_one();
+            s = sh.lock();
+            s.growing = false;
+            sh.changed.notify_all();
+            if let Err(e) = r {
+                tracing::debug!(code = e, "growing the pinned host pool failed");
+                return;
+            }
+        }
+    }
+
+    /// Makes a free host unit of `pages` frames, for the next [`HostPool::take_free_unit`]
+    /// of that size (none if the window has no room or the driver refuses: the operation
+    /// then takes single frames).
+    pub fn unit(&self, pages: usize) {
+        let Some(n) = u32::try_from(pages).ok().filter(|&n| n > 1) else {
+            return;
+        };
+        let sh = &self.0;
+        let mut s = sh.lock();
+        while s.growing {
+            s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        if s.free_units.get(&n).is_some_and(|v| !v.is_empty()) {
+            return;
+        }
+        s.growing = true;
+        drop(s);
+        let r = sh.create_unit(n);
+        let mut s = sh.lock();
+        s.growing = false;
+        match r {
+            Ok(Some(first)) => {
+                s.unit_owned.remove(&first);
+                s.free_units.entry(n).or_default().push(first);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(code = e, pages, "creating a host unit failed"),
+        }
+        sh.changed.notify_all();
+    }
+}
+
 /// The pinned host pool. Dropping it stops the grower; [`HostPool::release_all`] frees memory.
 ///
 /// Single frames (one allocation per page) are grown ahead of need in chunks; *host units*
@@ -658,6 +726,50 @@ impl HostPool {
             None
         };
         Ok(Self { shared, grower })
+    }
+
+    /// A handle through which a thread holding none of the manager's locks makes what
+    /// [`Self::try_take`] and [`Self::take_free_unit`] could not give (growing the pool pins
+    /// memory: about 0.5 ms per page on the H100).
+    pub fn refill_handle(&self) -> HostPoolRefill {
+        HostPoolRefill(self.shared.clone())
+    }
+
+    /// A free single host frame, without waiting or growing the pool here: `Ok(None)` when
+    /// none is free but the pool can grow (the grower is asked to; [`HostPoolRefill::frames`]
+    /// makes sure of it), `Err` when the cap is reached and nothing can be released.
+    pub fn try_take(&self) -> Result<Option<HostFrame>, HostPoolError> {
+        let sh = &self.shared;
+        let mut s = sh.lock();
+        let can_grow = sh.window_pages() > 0
+            && (s.window_free_pages(sh.window_pages()) > 0 || !s.free_units.is_empty());
+        if let Some(f) = s.free.pop_first() {
+            if s.free.len() < sh.config.low_water_frames && sh.config.background && can_grow {
+                s.want_grow = true;
+                sh.changed.notify_all();
+            }
+            return Ok(Some(f));
+        }
+        if !can_grow && !s.growing {
+            return Err(HostPoolError::CapReached {
+                cap_bytes: sh.window_bytes,
+            });
+        }
+        if sh.config.background {
+            s.want_grow = true;
+            sh.changed.notify_all();
+        }
+        Ok(None)
+    }
+
+    /// A free host unit of `pages` frames (its first), never making one.
+    pub fn take_free_unit(&self, pages: usize) -> Option<HostFrame> {
+        let n = u32::try_from(pages).ok().filter(|&n| n > 1)?;
+        let mut s = self.shared.lock();
+        let first = s.free_units.get_mut(&n).and_then(Vec::pop)?;
+        s.free_units.retain(|_, v| !v.is_empty());
+        s.unit_owned.insert(first, n);
+        Some(HostFrame(first))
     }
 
     /// A free single host frame; grows the pool synchronously only if it is empty.

@@ -618,6 +618,57 @@ fn an_eviction_waits_for_a_dead_units_work_without_the_lock() {
 }
 
 #[test]
+fn host_memory_is_pinned_without_the_lock() {
+    use std::sync::mpsc::channel;
+    // No grower: the pool is empty until an eviction needs it.
+    let (fake, mm) = setup(2, 64, Progress::Immediate);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let (a, b) = (mm.alloc(PAGE, None).unwrap(), mm.alloc(PAGE, None).unwrap());
+    write(fake, mm, s, a, pattern(1, PAGE));
+    write(fake, mm, s, b, pattern(2, PAGE));
+    assert_eq!(mm.host_pool_state().0, 0);
+    struct OpenOnDrop<'a>(&'a FakeDriver);
+    impl Drop for OpenOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.open_gate(FakeCall::CreateHost);
+        }
+    }
+    fake.close_gate(FakeCall::CreateHost);
+    std::thread::scope(|scope| {
+        let _open = OpenOnDrop(fake);
+        // A third page evicts A, whose copy out needs a host frame: the pool grows.
+        let (placed, third) = channel();
+        scope.spawn(move || placed.send(mm.alloc(PAGE, None)).unwrap());
+        while !fake.waiting_at(FakeCall::CreateHost) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The pinning is under way, the lock free: a launch on resident data goes on.
+        let (done, resident) = channel();
+        scope.spawn(move || {
+            write(fake, mm, s, b, pattern(3, PAGE));
+            done.send(()).unwrap();
+        });
+        assert!(
+            resident.recv_timeout(Duration::from_secs(5)).is_ok(),
+            "a launch on resident data waited behind the host pool's growth"
+        );
+        fake.open_gate(FakeCall::CreateHost);
+        let c = third
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+            .unwrap();
+        write(fake, mm, s, c, pattern(4, PAGE));
+    });
+    assert!(mm.host_pool_state().0 > 0);
+    for (p, seed) in [(a, 1), (b, 3)] {
+        let r = read(fake, mm, s, p, PAGE);
+        assert_eq!(r.get().as_deref(), Some(&pattern(seed, PAGE)[..]));
+    }
+    assert_consistent(fake, mm);
+}
+
+#[test]
 fn a_completion_that_fails_part_way_loses_nothing_and_is_finished_later() {
     let (fake, mm) = setup(8, 64, Progress::Immediate);
     let s = Stream(0);

@@ -126,9 +126,7 @@ impl Inner {
             Ok(frames) => Ok(frames),
             // Frames are on their way: the caller waits for them (or completes the swap-outs
             // that free them) without the lock and tries again.
-            Err(e) if !self.copy_waits.is_empty() || self.completion_wanted || self.remap_stall => {
-                Err(e)
-            }
+            Err(e) if self.wants_unlocked_round() => Err(e),
             Err(e) => {
                 tracing::debug!(code = e, "no device room for a new allocation: host-backed");
                 self.pin_stall = None;

@@ -3,14 +3,16 @@
 //! and releasing everything at shutdown. Mechanism only: which frames to take is decided
 //! by the callers (allocation, eviction, swapping).
 
-use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
+use tensile_driver_abi::{
+    CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
+};
 
 use crate::memory::driver::{Driver, PhysHandle};
 use crate::memory::failures::{human_bytes, FailureCause};
 use crate::memory::frames::{DevFrame, HostFrame, HostPoolError};
 use crate::memory::page::{Frame, PageEntry, ResidencyState};
 
-use super::{runs, Inner};
+use super::{runs, HostWant, Inner};
 
 impl Inner {
     pub(super) fn give_frame(&mut self, f: Frame) {
@@ -89,6 +91,19 @@ impl Inner {
     }
 
     pub(super) fn take_host(&mut self) -> Result<HostFrame, CUresult> {
+        if self.unlocked_rounds_left > 0 {
+            match self.host.try_take() {
+                Ok(Some(h)) => return Ok(h),
+                Ok(None) => {
+                    // None free yet: the caller has the pool grow without the lock.
+                    self.unlocked_rounds_left -= 1;
+                    self.host_wanted = Some(HostWant::Frames);
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                // At the cap: dead pages' frames, below, or the failure.
+                Err(_) => {}
+            }
+        }
         match self.host.take() {
             Ok(h) => Ok(h),
             Err(first) => {
@@ -113,6 +128,22 @@ impl Inner {
                 })
             }
         }
+    }
+
+    /// A host unit of `pages` frames (its first) for pages leaving the device together: a
+    /// free one, else one pinned now, without the lock where the caller may release it
+    /// (`None`, `host_wanted` set: the caller starts over once it is made) and with it
+    /// otherwise (`None` if it cannot be had: the caller takes single frames).
+    pub(super) fn take_host_unit(&mut self, pages: usize) -> Option<HostFrame> {
+        if let Some(first) = self.host.take_free_unit(pages) {
+            return Some(first);
+        }
+        if self.unlocked_rounds_left > 0 {
+            self.unlocked_rounds_left -= 1;
+            self.host_wanted = Some(HostWant::Unit(pages));
+            return None;
+        }
+        self.host.take_unit(pages)
     }
 
     pub(super) fn reclaim_dead_host(&mut self) -> Result<bool, CUresult> {

@@ -63,7 +63,7 @@ use super::advice::EvictionAdvice;
 use super::driver::{Driver, Event, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
-use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig};
+use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolRefill};
 use super::page::{PageTable, ResidencyState};
 use super::stats::{Demand, MemoryStats};
 use super::suballoc::Suballocator;
@@ -261,11 +261,23 @@ struct Inner {
     arrival: Option<arrival::Arrival>,
     /// Pages the current operation's arrivals brought in (a prefetch counts them).
     op_arrived_pages: usize,
+    /// Set when an operation found no free host frame or host unit: the caller has the pool
+    /// make it without the lock ([`HostPoolRefill`]) and starts over.
+    host_wanted: Option<HostWant>,
     /// The most pages a unit made now may have ([`MAX_UNIT_PAGES`] unless a plan asks for
     /// fewer: [`MemoryManager::set_max_unit_pages`]).
     max_unit_pages: usize,
     /// What the frames being found now are for (counted in `stats.evicted_for`).
     demand: Demand,
+}
+
+/// What the host pool is asked to make without the manager's lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HostWant {
+    /// A free single frame (the pool grows by a chunk).
+    Frames,
+    /// A free host unit of this many pages.
+    Unit(usize),
 }
 
 /// What blocked an eviction: frames wanted while every resident page was pinned.
@@ -317,6 +329,8 @@ pub struct MemoryManager {
     /// included), where the stall counters see only swap-ins.
     lock_waits: [AtomicU64; 2],
     lock_wait_ns: [AtomicU64; 2],
+    /// The host pool's pinning, made without the lock ([`HostWant`]).
+    host_refill: HostPoolRefill,
 }
 
 impl MemoryManager {
@@ -359,6 +373,7 @@ impl MemoryManager {
                 return Err(e);
             }
         };
+        let host_refill = host.refill_handle();
         let inner = Inner {
             driver,
             cfg,
@@ -398,6 +413,7 @@ impl MemoryManager {
             arriving_frames: Vec::new(),
             arrival: None,
             op_arrived_pages: 0,
+            host_wanted: None,
             max_unit_pages: MAX_UNIT_PAGES,
             demand: Demand::Access,
         };
@@ -410,6 +426,7 @@ impl MemoryManager {
             page,
             lock_waits: [AtomicU64::new(0), AtomicU64::new(0)],
             lock_wait_ns: [AtomicU64::new(0), AtomicU64::new(0)],
+            host_refill,
         })
     }
 
@@ -582,6 +599,7 @@ impl MemoryManager {
             s.copy_waits.clear();
             s.completion_wanted = false;
             s.remap_stall = false;
+            s.host_wanted = None;
             let result = op(&mut s);
             let waits = std::mem::take(&mut s.copy_waits);
             if let Some(arrival) = s.arrival.take() {
@@ -609,6 +627,14 @@ impl MemoryManager {
                 }
                 Err(e) => e,
             };
+            if let Some(want) = s.host_wanted.take() {
+                // No free host frame or unit: the pool pins one without the lock (about
+                // 0.5 ms a page), then the operation starts over.
+                drop(s);
+                self.provide_host(want);
+                s = self.lock();
+                continue;
+            }
             if !waits.is_empty() || s.completion_wanted {
                 // Frames are on their way out, or pages on their way in, or the work a dead
                 // unit waits for is queued: wait for those events without the lock, so
@@ -705,6 +731,14 @@ impl MemoryManager {
             self.pins_released.notify_all();
         }
         s
+    }
+
+    /// Has the host pool make what an operation found missing; called without the lock.
+    fn provide_host(&self, want: HostWant) {
+        match want {
+            HostWant::Frames => self.host_refill.frames(),
+            HostWant::Unit(pages) => self.host_refill.unit(pages),
+        }
     }
 
     /// Makes the driver calls of a swap-in decided under the lock without it (`arrival.rs`);
@@ -858,7 +892,22 @@ impl MemoryManager {
     /// a background thread of the interposer may call it periodically. `prepare_access` does
     /// the same after each on-demand swap.
     pub fn maintain(&self) -> Result<(), CUresult> {
-        self.polled()?.keep_reserve(false)
+        let mut s = self.polled()?;
+        // Host memory the evictions want pinned is pinned without the lock, and they are
+        // made again (a few times at most: pinning runs at about 0.5 ms a page).
+        for _ in 0..4 {
+            s.unlocked_rounds_left = 1;
+            s.host_wanted = None;
+            let r = s.keep_reserve(false);
+            s.unlocked_rounds_left = 0;
+            let Some(want) = s.host_wanted.take() else {
+                return r;
+            };
+            drop(s);
+            self.provide_host(want);
+            s = self.lock();
+        }
+        Ok(())
     }
 
     /// Residency of the page holding `addr` (for tests and diagnostics).
@@ -910,6 +959,16 @@ impl Inner {
     /// times native (docs/gpu-results.md).
     fn pages_may_move(&self) -> bool {
         self.stats.pages_evicted > 0 || self.dev.available() <= self.cfg.free_reserve_pages
+    }
+
+    /// Whether the operation stopped to have its caller wait or make driver calls without
+    /// the lock, and start it over (`MemoryManager::waiting_for_pins`).
+    fn wants_unlocked_round(&self) -> bool {
+        !self.copy_waits.is_empty()
+            || self.completion_wanted
+            || self.remap_stall
+            || self.host_wanted.is_some()
+            || self.arrival.is_some()
     }
 
     /// Runs `f` with its evictions counted as for `demand`.

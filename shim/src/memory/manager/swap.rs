@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use tensile_driver_abi::{CUdeviceptr, CUresult};
+use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
 use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, HostFrame};
@@ -244,9 +244,14 @@ impl Inner {
                 let piece = q..q + k;
                 q += k;
                 if by_units && k > 1 {
-                    if let Some(first) = self.host.take_unit(k) {
+                    if let Some(first) = self.take_host_unit(k) {
                         frames.extend(piece.zip((first.0..).map(HostFrame)));
                         continue;
+                    }
+                    if self.host_wanted.is_some() {
+                        // The unit is pinned without the lock, then the caller starts over.
+                        failed = Some(CUDA_ERROR_OUT_OF_MEMORY);
+                        break;
                     }
                 }
                 for r in piece {
