@@ -261,6 +261,13 @@ impl Inner {
         waits.sort_unstable();
         waits.dedup();
         let stalled = !waits.is_empty();
+        if host_waits && stalled && self.unlocked_rounds_left > 0 {
+            // The copies in are waited for on the host without the lock, then the access
+            // starts over and finds the pages landed.
+            self.unlocked_rounds_left -= 1;
+            self.copy_waits = waits;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         for ev in waits {
             if host_waits {
                 self.driver.event_synchronize(ev)?;

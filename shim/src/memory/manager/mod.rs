@@ -31,9 +31,10 @@
 //! starts over after them (`MemoryManager::waiting_for_pins`): for pages pinned by other
 //! threads' calls in flight (an operation that finds every evictable page pinned gives back
 //! what it took and waits on `pins_released`), for swap-out copies to land (`copy_waits`),
-//! for another thread's completion of swap-outs (`remap_stall`) and for the budget to grow
-//! (`budget_stall`). The VMM calls that complete swap-outs are made without the lock too
-//! (`completion.rs`, `MemoryManager::complete`).
+//! for another thread's remap of pages it needs (`remap_stall`) and for the budget to grow
+//! (`budget_stall`). The VMM calls that complete swap-outs (`completion.rs`,
+//! `MemoryManager::complete`) and those of swap-ins (`arrival.rs`, `MemoryManager::arrive`),
+//! and host memory pinned for swap-outs (`host_wanted`), are made without the lock too.
 //!
 //! # Files
 //! This file holds the public front ([`MemoryManager`]: the lock, and the waits made without
@@ -49,6 +50,7 @@
 //! | `eviction.rs` | finding device frames: cheap ones, LRU or advised victims, the reserve |
 //! | `swap.rs` | the copies to and from the host, their events, `poll` and waits |
 //! | `completion.rs` | completing landed swap-outs (their VMM calls) without the lock |
+//! | `arrival.rs` | swap-ins (their VMM calls, copies and event) without the lock |
 //! | `verbs.rs` | swap out, prefetch and budget changes for a planned policy |
 //! | `audit.rs` | the bookkeeping check tests run |
 
