@@ -328,6 +328,8 @@ struct HostState {
     window_used: u32,
     growing: bool,
     want_grow: bool,
+    /// Sizes of host units asked of the grower ([`HostPool::request_unit`]).
+    wanted_units: Vec<u32>,
     shutdown: bool,
     last_error: Option<CUresult>,
 }
@@ -667,11 +669,34 @@ impl HostShared {
     fn grower_loop(self: Arc<Self>) {
         let mut s = self.lock();
         loop {
-            while !s.shutdown && (!s.want_grow || s.growing) {
+            while !s.shutdown
+                && ((!s.want_grow && s.wanted_units.is_empty()) || s.growing)
+            {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
             if s.shutdown {
                 return;
+            }
+            // Host units asked for first: an eviction ahead of need waits for one.
+            if let Some(n) = s.wanted_units.pop() {
+                if s.free_units.get(&n).is_some_and(|v| !v.is_empty()) {
+                    continue;
+                }
+                s.growing = true;
+                drop(s);
+                let made = self.create_unit(n);
+                s = self.lock();
+                s.growing = false;
+                match made {
+                    Ok(Some(first)) => {
+                        s.unit_owned.remove(&first);
+                        s.free_units.entry(n).or_default().push(first);
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::debug!(code = e, pages = n, "creating a host unit failed"),
+                }
+                self.changed.notify_all();
+                continue;
             }
             s.want_grow = false;
             s.growing = true;
@@ -710,6 +735,7 @@ impl HostPool {
                 window_used: 0,
                 growing: false,
                 want_grow: config.background && window_bytes > 0,
+                wanted_units: Vec::new(),
                 shutdown: false,
                 last_error: None,
             }),
@@ -760,6 +786,29 @@ impl HostPool {
             sh.changed.notify_all();
         }
         Ok(None)
+    }
+
+    /// Whether the pool grows on a background thread.
+    pub fn grows_in_background(&self) -> bool {
+        self.shared.config.background
+    }
+
+    /// Asks the grower for a free host unit of `pages` frames (for the next
+    /// [`Self::take_free_unit`] of that size); false if there is no grower.
+    pub fn request_unit(&self, pages: usize) -> bool {
+        let sh = &self.shared;
+        let Some(n) = u32::try_from(pages).ok().filter(|&n| n > 1) else {
+            return false;
+        };
+        if !sh.config.background {
+            return false;
+        }
+        let mut s = sh.lock();
+        if !s.wanted_units.contains(&n) {
+            s.wanted_units.push(n);
+            sh.changed.notify_all();
+        }
+        true
     }
 
     /// A free host unit of `pages` frames (its first), never making one.

@@ -1,8 +1,9 @@
 //! Swap statistics of one process, as the manager counts them.
 //!
 //! `stall_ns` is host time spent inside `prepare_access` calls that had to bring pages in or
-//! wait for memory (the launch could not be queued before that); the extra time the GPU
-//! spends waiting on the swap-in event is not measured here.
+//! wait for them (the launch could not be queued before that), from the call to its return:
+//! the waits and driver calls made without the manager's lock on the way included. The extra
+//! time the GPU spends waiting on the swap-in event is not measured here.
 
 /// Counters kept by the memory manager.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

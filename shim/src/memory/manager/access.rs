@@ -3,7 +3,7 @@
 //! `note_access_done` turns the pins into recorded uses; pins for captured graphs; the
 //! out-of-memory failures an access can end in.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
@@ -49,17 +49,11 @@ impl Inner {
             self.open_tickets += 1;
             return Ok(ticket);
         }
-        let t0 = Instant::now();
         match self.make_resident(&ticket, false) {
             Ok(stalled) => {
-                if stalled {
-                    // (An access whose pages came in without the lock was counted when they
-                    // were committed, with the time that took.)
-                    if self.op_arrived_pages == 0 {
-                        self.stats.stalled_launches += 1;
-                    }
-                    self.stats.stall_ns += t0.elapsed().as_nanos() as u64;
-                }
+                // Counted, with the whole call's time, when it returns
+                // (`MemoryManager::waiting_for_pins`).
+                self.op_stalled |= stalled;
                 self.open_tickets += 1;
                 Ok(ticket)
             }

@@ -247,7 +247,7 @@ impl Inner {
             }
             let f = match self.take_device_cheap() {
                 Ok(Some(d)) => Frame::Device(d),
-                Ok(None) => match self.take_host() {
+                Ok(None) => match self.take_host(false) {
                     Ok(h) => Frame::Host(h),
                     Err(e) => {
                         result = Err(e);

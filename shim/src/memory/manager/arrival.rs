@@ -21,8 +21,6 @@
 //! landed) when it looks again and it waits for their copy on its stream like for any page
 //! coming in.
 
-use std::time::Instant;
-
 use tensile_driver_abi::{CUdeviceptr, CUresult};
 
 use crate::memory::driver::{Driver, Event, PhysHandle, Stream};
@@ -52,9 +50,7 @@ pub(super) struct Arrival {
     page: usize,
     device: i32,
     stream: Stream,
-    /// When it was decided, and whether an access waits for it (its remap is then part of
-    /// that access's stall).
-    started: Instant,
+    /// Whether an access waits for it (a stall).
     on_demand: bool,
     /// Page runs (inclusive) the operation that decided it keeps pinned until the commit.
     pinned: Vec<(usize, usize)>,
@@ -192,7 +188,6 @@ impl Inner {
             page: self.page,
             device: self.cfg.device,
             stream: self.swap_in_stream,
-            started: Instant::now(),
             on_demand: self.demand == Demand::Access,
             pinned: Vec::new(),
         });
@@ -237,13 +232,9 @@ impl Inner {
         self.ref_event(a.event, a.pages.len() as u32);
         self.stats.bytes_to_device += (a.pages.len() * self.page) as u64;
         self.stats.pages_swapped_in += a.pages.len() as u64;
-        if a.on_demand {
-            // One stalled access, however many rounds it took.
-            if self.op_arrived_pages == 0 {
-                self.stats.stalled_launches += 1;
-            }
-            self.stats.stall_ns += a.started.elapsed().as_nanos() as u64;
-        }
+        // The access that wanted the pages stalled (counted when it returns), even if they
+        // have landed by the time it looks again.
+        self.op_stalled |= a.on_demand;
         self.op_arrived_pages += a.pages.len();
         self.note_resident();
         self.remap_host();

@@ -14,6 +14,16 @@ use crate::memory::page::{Frame, PageEntry, ResidencyState};
 
 use super::{runs, HostWant, Inner};
 
+/// What [`Inner::take_host_unit`] found.
+pub(super) enum HostUnit {
+    /// A unit: its first frame.
+    Got(HostFrame),
+    /// None to be had: take single frames.
+    Singles,
+    /// None now: stop the eviction there (it is being made).
+    Stop,
+}
+
 impl Inner {
     pub(super) fn give_frame(&mut self, f: Frame) {
         match f {
@@ -90,12 +100,17 @@ impl Inner {
         self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(resident as u64);
     }
 
-    pub(super) fn take_host(&mut self) -> Result<HostFrame, CUresult> {
-        if self.unlocked_rounds_left > 0 {
+    /// A free host frame. `optional`: for an eviction ahead of need, which rather stops
+    /// than waits for the pool's grower.
+    pub(super) fn take_host(&mut self, optional: bool) -> Result<HostFrame, CUresult> {
+        let stop_if_none = optional && self.host.grows_in_background();
+        if self.unlocked_rounds_left > 0 || stop_if_none {
             match self.host.try_take() {
                 Ok(Some(h)) => return Ok(h),
+                // None free yet: the grower was asked for more.
+                Ok(None) if stop_if_none => return Err(CUDA_ERROR_OUT_OF_MEMORY),
                 Ok(None) => {
-                    // None free yet: the caller has the pool grow without the lock.
+                    // The caller has the pool grow without the lock.
                     self.unlocked_rounds_left -= 1;
                     self.host_wanted = Some(HostWant::Frames);
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -130,20 +145,27 @@ impl Inner {
         }
     }
 
-    /// A host unit of `pages` frames (its first) for pages leaving the device together: a
-    /// free one, else one pinned now, without the lock where the caller may release it
-    /// (`None`, `host_wanted` set: the caller starts over once it is made) and with it
-    /// otherwise (`None` if it cannot be had: the caller takes single frames).
-    pub(super) fn take_host_unit(&mut self, pages: usize) -> Option<HostFrame> {
+    /// A host unit of `pages` frames for pages leaving the device together: a free one;
+    /// else, for an eviction ahead of need (`optional`), the pool's grower is asked for one
+    /// and the eviction stops there; else one pinned now, without the lock where the caller
+    /// may release it (`host_wanted` set: the operation stops and its caller starts it over
+    /// once the unit is made) and with it otherwise (single frames if it cannot be had).
+    pub(super) fn take_host_unit(&mut self, pages: usize, optional: bool) -> HostUnit {
         if let Some(first) = self.host.take_free_unit(pages) {
-            return Some(first);
+            return HostUnit::Got(first);
+        }
+        if optional && self.host.request_unit(pages) {
+            return HostUnit::Stop;
         }
         if self.unlocked_rounds_left > 0 {
             self.unlocked_rounds_left -= 1;
             self.host_wanted = Some(HostWant::Unit(pages));
-            return None;
+            return HostUnit::Stop;
         }
-        self.host.take_unit(pages)
+        match self.host.take_unit(pages) {
+            Some(first) => HostUnit::Got(first),
+            None => HostUnit::Singles,
+        }
     }
 
     pub(super) fn reclaim_dead_host(&mut self) -> Result<bool, CUresult> {

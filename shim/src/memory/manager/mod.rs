@@ -263,6 +263,9 @@ struct Inner {
     arrival: Option<arrival::Arrival>,
     /// Pages the current operation's arrivals brought in (a prefetch counts them).
     op_arrived_pages: usize,
+    /// Whether the current operation is an access that had to bring pages in or wait for
+    /// them: a stalled launch, counted with the whole call's time when it returns.
+    op_stalled: bool,
     /// Set when an operation found no free host frame or host unit: the caller has the pool
     /// make it without the lock ([`HostPoolRefill`]) and starts over.
     host_wanted: Option<HostWant>,
@@ -271,6 +274,18 @@ struct Inner {
     max_unit_pages: usize,
     /// What the frames being found now are for (counted in `stats.evicted_for`).
     demand: Demand,
+}
+
+/// An operation's state across its rounds in [`MemoryManager::waiting_for_pins`], kept by
+/// the facade and lent to `Inner` while the operation runs (`enter_op`, `leave_op`).
+#[derive(Clone, Copy, Debug, Default)]
+struct OpState {
+    /// See [`Inner::unlocked_rounds_left`].
+    unlocked_rounds_left: u32,
+    /// See [`Inner::op_arrived_pages`].
+    arrived_pages: usize,
+    /// See [`Inner::op_stalled`].
+    stalled: bool,
 }
 
 /// What the host pool is asked to make without the manager's lock.
@@ -415,6 +430,7 @@ impl MemoryManager {
             arriving_frames: Vec::new(),
             arrival: None,
             op_arrived_pages: 0,
+            op_stalled: false,
             host_wanted: None,
             max_unit_pages: MAX_UNIT_PAGES,
             demand: Demand::Access,
@@ -590,10 +606,15 @@ impl MemoryManager {
         &self,
         mut op: impl FnMut(&mut Inner) -> Result<T, CUresult>,
     ) -> Result<T, CUresult> {
+        let started = Instant::now();
         let mut s = self.lock();
         let mut deadline: Option<Instant> = None;
-        s.unlocked_rounds_left = UNLOCKED_ROUNDS;
-        s.op_arrived_pages = 0;
+        // This operation's own state across its rounds: other threads' operations run on the
+        // same `Inner` whenever the lock is released between them.
+        let mut op_state = OpState {
+            unlocked_rounds_left: UNLOCKED_ROUNDS,
+            ..OpState::default()
+        };
         let mut budget_deadline: Option<Instant> = None;
         loop {
             s.pin_stall = None;
@@ -602,7 +623,9 @@ impl MemoryManager {
             s.completion_wanted = false;
             s.remap_stall = false;
             s.host_wanted = None;
+            s.enter_op(op_state);
             let result = op(&mut s);
+            op_state = s.leave_op();
             let waits = std::mem::take(&mut s.copy_waits);
             if let Some(arrival) = s.arrival.take() {
                 // The operation decided a swap-in: its VMM calls and copies are made without
@@ -613,18 +636,22 @@ impl MemoryManager {
                     "an operation left an arrival and succeeded"
                 );
                 let failed;
-                (s, failed) = self.arrive(s, arrival);
+                (s, failed) = self.arrive(s, arrival, &mut op_state);
                 if let Some(e) = failed {
                     // As the swap-in made with the lock held would: the access fails with
                     // the driver's error, its pages still on the host.
-                    s.unlocked_rounds_left = 0;
                     return Err(e);
                 }
                 continue;
             }
             let err = match result {
                 Ok(v) => {
-                    s.unlocked_rounds_left = 0;
+                    if op_state.stalled {
+                        // From the call to here: the copies in and any waits made without
+                        // the lock on the way.
+                        s.stats.stalled_launches += 1;
+                        s.stats.stall_ns += started.elapsed().as_nanos() as u64;
+                    }
                     return Ok(v);
                 }
                 Err(e) => e,
@@ -696,7 +723,6 @@ impl MemoryManager {
                 continue;
             }
             let Some(stall) = s.pin_stall.take() else {
-                s.unlocked_rounds_left = 0;
                 return Err(err);
             };
             let now = Instant::now();
@@ -750,12 +776,15 @@ impl MemoryManager {
         &'a self,
         s: MutexGuard<'a, Inner>,
         arrival: arrival::Arrival,
+        op_state: &mut OpState,
     ) -> (MutexGuard<'a, Inner>, Option<CUresult>) {
         let driver = s.driver.clone();
         drop(s);
         let outcome = arrival.run(&*driver);
         let mut s = self.lock();
+        s.enter_op(*op_state);
         s.commit_arrival(arrival, outcome);
+        *op_state = s.leave_op();
         if s.pin_waiters > 0 {
             self.pins_released.notify_all();
         }
@@ -961,6 +990,25 @@ impl Inner {
     /// times native (docs/gpu-results.md).
     fn pages_may_move(&self) -> bool {
         self.stats.pages_evicted > 0 || self.dev.available() <= self.cfg.free_reserve_pages
+    }
+
+    /// Lends an operation its state for one round (with the lock held).
+    fn enter_op(&mut self, st: OpState) {
+        self.unlocked_rounds_left = st.unlocked_rounds_left;
+        self.op_arrived_pages = st.arrived_pages;
+        self.op_stalled = st.stalled;
+    }
+
+    /// Takes the operation's state back at the end of a round, leaving none behind for
+    /// whatever runs next without [`MemoryManager::waiting_for_pins`].
+    fn leave_op(&mut self) -> OpState {
+        let st = OpState {
+            unlocked_rounds_left: self.unlocked_rounds_left,
+            arrived_pages: self.op_arrived_pages,
+            stalled: self.op_stalled,
+        };
+        self.enter_op(OpState::default());
+        st
     }
 
     /// Whether the operation stopped to have its caller wait or make driver calls without

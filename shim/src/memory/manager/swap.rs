@@ -10,6 +10,7 @@ use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, HostFrame};
 use crate::memory::page::{Frame, ResidencyState, Use};
 
+use super::backing::HostUnit;
 use super::{coalesce, Inner, SwapOrder};
 
 impl Inner {
@@ -243,19 +244,24 @@ impl Inner {
             for k in pieces {
                 let piece = q..q + k;
                 q += k;
+                // Past the victims needed, the eviction is ahead of need: it stops rather
+                // than wait for host memory.
+                let optional = copy.len() + frames.len() >= need;
                 if by_units && k > 1 {
-                    if let Some(first) = self.take_host_unit(k) {
-                        frames.extend(piece.zip((first.0..).map(HostFrame)));
-                        continue;
-                    }
-                    if self.host_wanted.is_some() {
-                        // The unit is pinned without the lock, then the caller starts over.
-                        failed = Some(CUDA_ERROR_OUT_OF_MEMORY);
-                        break;
+                    match self.take_host_unit(k, optional) {
+                        HostUnit::Got(first) => {
+                            frames.extend(piece.zip((first.0..).map(HostFrame)));
+                            continue;
+                        }
+                        HostUnit::Singles => {}
+                        HostUnit::Stop => {
+                            failed = Some(CUDA_ERROR_OUT_OF_MEMORY);
+                            break;
+                        }
                     }
                 }
                 for r in piece {
-                    match self.take_host() {
+                    match self.take_host(optional) {
                         Ok(h) => frames.push((r, h)),
                         Err(e) => {
                             failed = Some(e);

@@ -209,7 +209,7 @@ impl Inner {
             }
         };
         for _ in 0..n {
-            match self.take_host() {
+            match self.take_host(false) {
                 Ok(h) => singles.push(h),
                 Err(e) => {
                     give_back(self, singles);
