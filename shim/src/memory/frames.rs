@@ -669,9 +669,7 @@ impl HostShared {
     fn grower_loop(self: Arc<Self>) {
         let mut s = self.lock();
         loop {
-            while !s.shutdown
-                && ((!s.want_grow && s.wanted_units.is_empty()) || s.growing)
-            {
+            while !s.shutdown && ((!s.want_grow && s.wanted_units.is_empty()) || s.growing) {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
             if s.shutdown {
