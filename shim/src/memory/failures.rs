@@ -17,14 +17,18 @@ pub enum FailureCause {
     PinnedByCalls,
     /// The arena's address space has no hole large enough.
     Fragmentation,
+    /// None of the above: the manager's own state kept a request waiting too long, or a
+    /// request failed for want of memory without a cause recorded. A bug, reported as one.
+    Internal,
 }
 
 impl FailureCause {
-    const ALL: [FailureCause; 4] = [
+    const ALL: [FailureCause; 5] = [
         FailureCause::Budget,
         FailureCause::HostPool,
         FailureCause::PinnedByCalls,
         FailureCause::Fragmentation,
+        FailureCause::Internal,
     ];
 
     fn index(self) -> usize {
@@ -39,6 +43,7 @@ impl fmt::Display for FailureCause {
             FailureCause::HostPool => "host pool",
             FailureCause::PinnedByCalls => "pages pinned by in-flight calls",
             FailureCause::Fragmentation => "arena fragmentation",
+            FailureCause::Internal => "manager's own state (a bug: please report it)",
         })
     }
 }
@@ -46,7 +51,7 @@ impl fmt::Display for FailureCause {
 /// Failure counts by cause, and the log-once rule.
 #[derive(Debug, Default)]
 pub struct FailureLog {
-    counts: [u64; 4],
+    counts: [u64; 5],
 }
 
 impl FailureLog {
@@ -64,6 +69,11 @@ impl FailureLog {
             tracing::debug!("tensile: out of memory ({cause}): {what}");
         }
         CUDA_ERROR_OUT_OF_MEMORY
+    }
+
+    /// Failures so far, all causes together.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
     }
 
     /// Failures so far, by cause (causes with none left out).

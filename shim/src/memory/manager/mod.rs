@@ -59,7 +59,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
+use tensile_driver_abi::{
+    CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
+};
 
 use super::advice::EvictionAdvice;
 use super::driver::{Driver, Event, Stream};
@@ -608,6 +610,7 @@ impl MemoryManager {
     ) -> Result<T, CUresult> {
         let started = Instant::now();
         let mut s = self.lock();
+        let failures_before = s.failures.total();
         let mut deadline: Option<Instant> = None;
         // This operation's own state across its rounds: other threads' operations run on the
         // same `Inner` whenever the lock is released between them.
@@ -687,7 +690,7 @@ impl MemoryManager {
                 continue;
             }
             if s.remap_stall {
-                // Another thread is completing the swap-out of pages this operation needs:
+                // Another thread is remapping pages this operation needs without the lock:
                 // its commit wakes us (bounded like a wait for pins).
                 let now = Instant::now();
                 let wait = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
@@ -696,6 +699,13 @@ impl MemoryManager {
                     s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(2)));
                     continue;
                 }
+                return Err(s.failures.record(
+                    FailureCause::Internal,
+                    format_args!(
+                        "pages this call needs stayed in another thread's remap for {:.1} s",
+                        wait.as_secs_f64()
+                    ),
+                ));
             }
             if let Some(needed) = s.budget_stall.take() {
                 // The budget is a grant that may grow: wait for `set_budget` (which
@@ -723,6 +733,19 @@ impl MemoryManager {
                 continue;
             }
             let Some(stall) = s.pin_stall.take() else {
+                if err == CUDA_ERROR_OUT_OF_MEMORY && s.failures.total() == failures_before {
+                    // Every out-of-memory the manager makes has its cause recorded; one
+                    // without is the driver's own or a round's signal that escaped (a bug,
+                    // as one did while these rounds were built): say so rather than fail the
+                    // application's call unexplained.
+                    return Err(s.failures.record(
+                        FailureCause::Internal,
+                        format_args!(
+                            "a call failed for want of memory with no cause recorded by the \
+                             manager (a driver call's own out-of-memory, or a bug)"
+                        ),
+                    ));
+                }
                 return Err(err);
             };
             let now = Instant::now();

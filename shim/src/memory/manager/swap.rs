@@ -239,14 +239,14 @@ impl Inner {
                 vec![n]
             };
             let mut frames: Vec<(usize, HostFrame)> = Vec::with_capacity(n);
+            // A unit past the victims needed is evicted ahead of need: it stops rather than
+            // wait for host memory. (Whole units: the check on failure below is the same.)
+            let optional = copy.len() >= need;
             let mut failed = None;
             let mut q = a;
             for k in pieces {
                 let piece = q..q + k;
                 q += k;
-                // Past the victims needed, the eviction is ahead of need: it stops rather
-                // than wait for host memory.
-                let optional = copy.len() + frames.len() >= need;
                 if by_units && k > 1 {
                     match self.take_host_unit(k, optional) {
                         HostUnit::Got(first) => {
