@@ -433,29 +433,8 @@ impl HostPoolRefill {
     /// Returns once a single frame is free or the pool cannot grow: waits for the grower's
     /// chunk, or grows the pool itself.
     pub fn frames(&self) {
-        let sh = &self.0;
-        let mut s = sh.lock();
-        loop {
-            if !s.free.is_empty() {
-                return;
-            }
-            if s.growing {
-                s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            if s.window_free_pages(sh.window_pages()) == 0 && !sh.release_one_free_unit(&mut s) {
-                return;
-            }
-            s.growing = true;
-            drop(s);
-            let r = sh.grow_one();
-            s = sh.lock();
-            s.growing = false;
-            sh.changed.notify_all();
-            if let Err(e) = r {
-                tracing::debug!(code = e, "growing the pinned host pool failed");
-                return;
-            }
+        if let Err(e) = self.0.until_frame_free(self.0.lock()) {
+            tracing::debug!(?e, "no host frame to be had");
         }
     }
 
@@ -463,31 +442,9 @@ impl HostPoolRefill {
     /// of that size (none if the window has no room or the driver refuses: the operation
     /// then takes single frames).
     pub fn unit(&self, pages: usize) {
-        let Some(n) = u32::try_from(pages).ok().filter(|&n| n > 1) else {
-            return;
-        };
-        let sh = &self.0;
-        let mut s = sh.lock();
-        while s.growing {
-            s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = u32::try_from(pages).ok().filter(|&n| n > 1) {
+            drop(self.0.make_free_unit(self.0.lock(), n));
         }
-        if s.free_units.get(&n).is_some_and(|v| !v.is_empty()) {
-            return;
-        }
-        s.growing = true;
-        drop(s);
-        let r = sh.create_unit(n);
-        let mut s = sh.lock();
-        s.growing = false;
-        match r {
-            Ok(Some(first)) => {
-                s.unit_owned.remove(&first);
-                s.free_units.entry(n).or_default().push(first);
-            }
-            Ok(None) => {}
-            Err(e) => tracing::debug!(code = e, pages, "creating a host unit failed"),
-        }
-        sh.changed.notify_all();
     }
 }
 
@@ -554,6 +511,68 @@ impl HostShared {
                 Err(e)
             }
         }
+    }
+
+    /// Returns (with the lock) once a single frame is free: waits for a growth in flight, or
+    /// grows the pool by a chunk (the lock released meanwhile). `Err` when the cap is reached
+    /// and nothing can be released, or the driver refuses.
+    fn until_frame_free<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, HostState>,
+    ) -> Result<MutexGuard<'a, HostState>, HostPoolError> {
+        loop {
+            if !s.free.is_empty() {
+                return Ok(s);
+            }
+            if s.growing {
+                s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
+            }
+            if s.window_free_pages(self.window_pages()) == 0 && !self.release_one_free_unit(&mut s)
+            {
+                return Err(HostPoolError::CapReached {
+                    cap_bytes: self.window_bytes,
+                });
+            }
+            s.growing = true;
+            drop(s);
+            let r = self.grow_one();
+            s = self.lock();
+            s.growing = false;
+            self.changed.notify_all();
+            r.map_err(HostPoolError::Driver)?;
+        }
+    }
+
+    /// Makes a free host unit of `n` pages unless one is free already (waiting for a growth
+    /// in flight first; the lock released while pinning). None is made if the window has no
+    /// room or the driver refuses: whoever wanted it takes single frames.
+    fn make_free_unit<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, HostState>,
+        n: u32,
+    ) -> MutexGuard<'a, HostState> {
+        while s.growing {
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        if s.free_units.get(&n).is_some_and(|v| !v.is_empty()) {
+            return s;
+        }
+        s.growing = true;
+        drop(s);
+        let made = self.create_unit(n);
+        let mut s = self.lock();
+        s.growing = false;
+        match made {
+            Ok(Some(first)) => {
+                s.unit_owned.remove(&first);
+                s.free_units.entry(n).or_default().push(first);
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(code = e, pages = n, "creating a host unit failed"),
+        }
+        self.changed.notify_all();
+        s
     }
 
     /// Creates one host unit of `pages` pages mapped into the window; its first frame.
@@ -677,23 +696,7 @@ impl HostShared {
             }
             // Host units asked for first: an eviction ahead of need waits for one.
             if let Some(n) = s.wanted_units.pop() {
-                if s.free_units.get(&n).is_some_and(|v| !v.is_empty()) {
-                    continue;
-                }
-                s.growing = true;
-                drop(s);
-                let made = self.create_unit(n);
-                s = self.lock();
-                s.growing = false;
-                match made {
-                    Ok(Some(first)) => {
-                        s.unit_owned.remove(&first);
-                        s.free_units.entry(n).or_default().push(first);
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::debug!(code = e, pages = n, "creating a host unit failed"),
-                }
-                self.changed.notify_all();
+                s = self.make_free_unit(s, n);
                 continue;
             }
             s.want_grow = false;
@@ -822,37 +825,16 @@ impl HostPool {
     /// A free single host frame; grows the pool synchronously only if it is empty.
     pub fn take(&self) -> Result<HostFrame, HostPoolError> {
         let sh = &self.shared;
-        let mut s = sh.lock();
-        loop {
-            if let Some(f) = s.free.pop_first() {
-                if s.free.len() < sh.config.low_water_frames
-                    && sh.config.background
-                    && s.window_free_pages(sh.window_pages()) > 0
-                {
-                    s.want_grow = true;
-                    sh.changed.notify_all();
-                }
-                return Ok(f);
-            }
-            if s.growing {
-                s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
-                continue;
-            }
-            if s.window_free_pages(sh.window_pages()) == 0 && !sh.release_one_free_unit(&mut s) {
-                return Err(HostPoolError::CapReached {
-                    cap_bytes: sh.window_bytes,
-                });
-            }
-            s.growing = true;
-            drop(s);
-            let r = sh.grow_one();
-            s = sh.lock();
-            s.growing = false;
+        let mut s = sh.until_frame_free(sh.lock())?;
+        let f = s.free.pop_first().expect("a frame is free");
+        if s.free.len() < sh.config.low_water_frames
+            && sh.config.background
+            && s.window_free_pages(sh.window_pages()) > 0
+        {
+            s.want_grow = true;
             sh.changed.notify_all();
-            if let Err(e) = r {
-                return Err(HostPoolError::Driver(e));
-            }
         }
+        Ok(f)
     }
 
     /// A host unit of `pages` frames (its first; the others follow it): a free one of that
@@ -860,31 +842,13 @@ impl HostPool {
     /// `None` when none can be had (no room under the cap, or the driver refused): the caller
     /// then takes single frames.
     pub fn take_unit(&self, pages: usize) -> Option<HostFrame> {
+        if let Some(first) = self.take_free_unit(pages) {
+            return Some(first);
+        }
         let n = u32::try_from(pages).ok().filter(|&n| n > 1)?;
-        let sh = &self.shared;
-        let mut s = sh.lock();
-        if let Some(first) = s.free_units.get_mut(&n).and_then(Vec::pop) {
-            s.free_units.retain(|_, v| !v.is_empty());
-            s.unit_owned.insert(first, n);
-            return Some(HostFrame(first));
-        }
-        while s.growing {
-            s = sh.changed.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-        s.growing = true;
-        drop(s);
-        let r = sh.create_unit(n);
-        let mut s = sh.lock();
-        s.growing = false;
-        sh.changed.notify_all();
-        drop(s);
-        match r {
-            Ok(first) => first.map(HostFrame),
-            Err(e) => {
-                tracing::debug!(code = e, pages, "creating a host unit failed");
-                None
-            }
-        }
+        drop(self.shared.make_free_unit(self.shared.lock(), n));
+        // (Only the manager takes frames, under its own lock: what was made is still free.)
+        self.take_free_unit(pages)
     }
 
     /// Gives a page's frame back: a single frame is free at once; a unit once every frame

@@ -405,6 +405,48 @@ fn the_background_grower_fills_the_host_pool_ahead_of_need() {
     assert_consistent(&fake, &mm);
 }
 
+/// Opens a gate of the fake driver when dropped, so that a failed assertion fails the test
+/// instead of leaving a call held at the gate.
+struct GateOpener<'a>(&'a FakeDriver, FakeCall);
+
+impl Drop for GateOpener<'_> {
+    fn drop(&mut self) {
+        self.0.open_gate(self.1);
+    }
+}
+
+/// Holds every `call` of the fake from now on at its gate, until the opener is dropped or
+/// the gate opened. (Make it inside a thread scope: a failed assertion then drops it before
+/// the scope joins the threads it holds.)
+fn close_gate(fake: &FakeDriver, call: FakeCall) -> GateOpener<'_> {
+    fake.close_gate(call);
+    GateOpener(fake, call)
+}
+
+fn wait_at_gate(fake: &FakeDriver, call: FakeCall) {
+    while !fake.waiting_at(call) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Runs `f` on another thread of `scope` and asserts it finishes within 5 s: it did not wait
+/// behind whatever is held at a gate (`what` says what it would have waited for).
+fn assert_goes_on<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    what: &str,
+    f: impl FnOnce() + Send + 'scope,
+) {
+    let (done, finished) = std::sync::mpsc::channel();
+    scope.spawn(move || {
+        f();
+        done.send(()).unwrap();
+    });
+    assert!(
+        finished.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "{what}"
+    );
+}
+
 #[test]
 fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() {
     use std::sync::mpsc::channel;
@@ -417,28 +459,18 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
     assert_eq!(mm.start_swap_out(&[(b, PAGE)]).unwrap(), 1);
     // B's copy out has landed; completing it unmaps its device unit, which the fake holds
     // (and lets go if an assertion fails, so that the test fails rather than hangs).
-    struct OpenOnDrop<'a>(&'a FakeDriver);
-    impl Drop for OpenOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.open_gate(FakeCall::Unmap);
-        }
-    }
-    fake.close_gate(FakeCall::Unmap);
     std::thread::scope(|scope| {
-        let _open = OpenOnDrop(fake);
+        // Opened again when the scope ends, before it joins the threads held at the gate.
+        let _open = close_gate(fake, FakeCall::Unmap);
         let maintenance = scope.spawn(move || mm.maintain());
-        while !fake.waiting_at(FakeCall::Unmap) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_at_gate(fake, FakeCall::Unmap);
         // The remap is under way, the lock free: a launch on resident data goes on.
-        let (done, resident) = channel();
-        scope.spawn(move || {
-            write(fake, mm, s, a, pattern(3, PAGE));
-            done.send(()).unwrap();
-        });
-        assert!(
-            resident.recv_timeout(Duration::from_secs(5)).is_ok(),
-            "a launch on resident data waited behind the completion's VMM calls"
+        assert_goes_on(
+            scope,
+            "a launch on resident data waited behind the completion's VMM calls",
+            move || {
+                write(fake, mm, s, a, pattern(3, PAGE));
+            },
         );
         // An access to B waits for the commit (its address may be unmapped now).
         let (got, b_read) = channel();
@@ -473,32 +505,22 @@ fn a_swap_in_is_remapped_without_the_lock_and_its_pages_wait_for_the_commit() {
     assert!(matches!(mm.residency(b), Some(ResidencyState::Host(_))));
     // Bringing B back first removes its host mapping, which the fake holds (and lets go if
     // an assertion fails, so that the test fails rather than hangs).
-    struct OpenOnDrop<'a>(&'a FakeDriver);
-    impl Drop for OpenOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.open_gate(FakeCall::Unmap);
-        }
-    }
-    fake.close_gate(FakeCall::Unmap);
     std::thread::scope(|scope| {
-        let _open = OpenOnDrop(fake);
+        // Opened again when the scope ends, before it joins the threads held at the gate.
+        let _open = close_gate(fake, FakeCall::Unmap);
         let (first, first_read) = channel();
         scope.spawn(move || {
             let r = read(fake, mm, s, b, PAGE);
             first.send(r.get()).unwrap();
         });
-        while !fake.waiting_at(FakeCall::Unmap) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_at_gate(fake, FakeCall::Unmap);
         // The remap is under way, the lock free: a launch on resident data goes on.
-        let (done, resident) = channel();
-        scope.spawn(move || {
-            write(fake, mm, s, a, pattern(3, PAGE));
-            done.send(()).unwrap();
-        });
-        assert!(
-            resident.recv_timeout(Duration::from_secs(5)).is_ok(),
-            "a launch on resident data waited behind a swap-in's VMM calls"
+        assert_goes_on(
+            scope,
+            "a launch on resident data waited behind a swap-in's VMM calls",
+            move || {
+                write(fake, mm, s, a, pattern(3, PAGE));
+            },
         );
         // Another access to B waits for the commit (its address may be unmapped now).
         let (second, second_read) = channel();
@@ -579,20 +601,12 @@ fn an_eviction_waits_for_a_dead_units_work_without_the_lock() {
     // A is freed with its write still queued: its frame is the cheapest to take (no copy),
     // once that write has run. Taking it means waiting for the application's work.
     mm.free(a, Some(s)).unwrap();
-    struct OpenOnDrop<'a>(&'a FakeDriver);
-    impl Drop for OpenOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.open_gate(FakeCall::EventSynchronize);
-        }
-    }
-    fake.close_gate(FakeCall::EventSynchronize);
     std::thread::scope(|scope| {
-        let _open = OpenOnDrop(fake);
+        // Opened again when the scope ends, before it joins the threads held at the gate.
+        let _open = close_gate(fake, FakeCall::EventSynchronize);
         let (placed, new_alloc) = channel();
         scope.spawn(move || placed.send(mm.alloc(PAGE, Some(other))).unwrap());
-        while !fake.waiting_at(FakeCall::EventSynchronize) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_at_gate(fake, FakeCall::EventSynchronize);
         // The wait is made without the lock: the manager answers meanwhile.
         let (done, answered) = channel();
         scope.spawn(move || done.send(mm.residency(b)).unwrap());
@@ -628,30 +642,20 @@ fn host_memory_is_pinned_without_the_lock() {
     write(fake, mm, s, a, pattern(1, PAGE));
     write(fake, mm, s, b, pattern(2, PAGE));
     assert_eq!(mm.host_pool_state().0, 0);
-    struct OpenOnDrop<'a>(&'a FakeDriver);
-    impl Drop for OpenOnDrop<'_> {
-        fn drop(&mut self) {
-            self.0.open_gate(FakeCall::CreateHost);
-        }
-    }
-    fake.close_gate(FakeCall::CreateHost);
     std::thread::scope(|scope| {
-        let _open = OpenOnDrop(fake);
+        // Opened again when the scope ends, before it joins the threads held at the gate.
+        let _open = close_gate(fake, FakeCall::CreateHost);
         // A third page evicts A, whose copy out needs a host frame: the pool grows.
         let (placed, third) = channel();
         scope.spawn(move || placed.send(mm.alloc(PAGE, None)).unwrap());
-        while !fake.waiting_at(FakeCall::CreateHost) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_at_gate(fake, FakeCall::CreateHost);
         // The pinning is under way, the lock free: a launch on resident data goes on.
-        let (done, resident) = channel();
-        scope.spawn(move || {
-            write(fake, mm, s, b, pattern(3, PAGE));
-            done.send(()).unwrap();
-        });
-        assert!(
-            resident.recv_timeout(Duration::from_secs(5)).is_ok(),
-            "a launch on resident data waited behind the host pool's growth"
+        assert_goes_on(
+            scope,
+            "a launch on resident data waited behind the host pool's growth",
+            move || {
+                write(fake, mm, s, b, pattern(3, PAGE));
+            },
         );
         fake.open_gate(FakeCall::CreateHost);
         let c = third

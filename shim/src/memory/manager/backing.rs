@@ -100,10 +100,10 @@ impl Inner {
         self.stats.peak_resident_bytes = self.stats.peak_resident_bytes.max(resident as u64);
     }
 
-    /// A free host frame. `optional`: for an eviction ahead of need, which rather stops
-    /// than waits for the pool's grower.
-    pub(super) fn take_host(&mut self, optional: bool) -> Result<HostFrame, CUresult> {
-        let stop_if_none = optional && self.host.grows_in_background();
+    /// A free host frame. `ahead`: for an eviction ahead of need, which rather stops than
+    /// waits for the pool's grower.
+    pub(super) fn take_host(&mut self, ahead: bool) -> Result<HostFrame, CUresult> {
+        let stop_if_none = ahead && self.host.grows_in_background();
         if self.unlocked_rounds_left > 0 || stop_if_none {
             match self.host.try_take() {
                 Ok(Some(h)) => return Ok(h),
@@ -146,15 +146,15 @@ impl Inner {
     }
 
     /// A host unit of `pages` frames for pages leaving the device together: a free one;
-    /// else, for an eviction ahead of need (`optional`), the pool's grower is asked for one
-    /// and the eviction stops there; else one pinned now, without the lock where the caller
-    /// may release it (`host_wanted` set: the operation stops and its caller starts it over
-    /// once the unit is made) and with it otherwise (single frames if it cannot be had).
-    pub(super) fn take_host_unit(&mut self, pages: usize, optional: bool) -> HostUnit {
+    /// else, for an eviction ahead of need (`ahead`), the pool's grower is asked for one and
+    /// the eviction stops there; else one pinned now, without the lock where the caller may
+    /// release it (`host_wanted` set: the operation stops and its caller pins the unit and
+    /// starts it over) and with it otherwise (single frames if it cannot be had).
+    pub(super) fn take_host_unit(&mut self, pages: usize, ahead: bool) -> HostUnit {
         if let Some(first) = self.host.take_free_unit(pages) {
             return HostUnit::Got(first);
         }
-        if optional && self.host.request_unit(pages) {
+        if ahead && self.host.request_unit(pages) {
             return HostUnit::Stop;
         }
         if self.unlocked_rounds_left > 0 {

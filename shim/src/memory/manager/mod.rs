@@ -859,7 +859,7 @@ impl MemoryManager {
     /// started leaving; they complete in the background, and an access in the meantime
     /// cancels them at no cost. For a policy that knows what is not needed soon.
     pub fn start_swap_out(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
-        self.lock().start_swap_out(ranges)
+        self.swapping_out(|s| s.start_swap_out(ranges))
     }
 
     /// Starts swapping out the device-resident pages of `ranges` that no call in flight has
@@ -869,7 +869,35 @@ impl MemoryManager {
     /// [`Self::start_swap_out`], an access in the meantime cancels them at no cost. For a
     /// policy that knows a page's last use before its next one (the plan executor).
     pub fn swap_out_after_use(&self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
-        self.lock().swap_out_after_use(ranges)
+        self.swapping_out(|s| s.swap_out_after_use(ranges))
+    }
+
+    /// Runs a swap-out verb (`op` returns the pages it started); when it stopped for host
+    /// memory (a host unit or frames not yet pinned), pins that without the lock and runs it
+    /// again for the rest, a few times at most. Never waits for anything else.
+    fn swapping_out(
+        &self,
+        mut op: impl FnMut(&mut Inner) -> Result<usize, CUresult>,
+    ) -> Result<usize, CUresult> {
+        let mut s = self.lock();
+        let mut op_state = OpState {
+            unlocked_rounds_left: UNLOCKED_ROUNDS,
+            ..OpState::default()
+        };
+        let mut started = 0;
+        loop {
+            s.host_wanted = None;
+            s.enter_op(op_state);
+            let r = op(&mut s);
+            op_state = s.leave_op();
+            started += r?;
+            let Some(want) = s.host_wanted.take() else {
+                return Ok(started);
+            };
+            drop(s);
+            self.provide_host(want);
+            s = self.lock();
+        }
     }
 
     /// Starts bringing the swapped-out pages of `ranges` back to the device (evicting the

@@ -9,6 +9,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, HostFrame};
 use crate::memory::page::{Frame, ResidencyState, Use};
+use crate::memory::stats::Demand;
 
 use super::backing::HostUnit;
 use super::{coalesce, Inner, SwapOrder};
@@ -239,16 +240,17 @@ impl Inner {
                 vec![n]
             };
             let mut frames: Vec<(usize, HostFrame)> = Vec::with_capacity(n);
-            // A unit past the victims needed is evicted ahead of need: it stops rather than
-            // wait for host memory. (Whole units: the check on failure below is the same.)
-            let optional = copy.len() >= need;
+            // A unit past the victims needed of an eviction ahead of need (the free reserve)
+            // stops rather than wait for host memory: the pool's grower is asked for it.
+            // (Whole units: the check on failure below is the same.)
+            let ahead = copy.len() >= need && self.demand == Demand::Reserve;
             let mut failed = None;
             let mut q = a;
             for k in pieces {
                 let piece = q..q + k;
                 q += k;
                 if by_units && k > 1 {
-                    match self.take_host_unit(k, optional) {
+                    match self.take_host_unit(k, ahead) {
                         HostUnit::Got(first) => {
                             frames.extend(piece.zip((first.0..).map(HostFrame)));
                             continue;
@@ -261,7 +263,7 @@ impl Inner {
                     }
                 }
                 for r in piece {
-                    match self.take_host(optional) {
+                    match self.take_host(ahead) {
                         Ok(h) => frames.push((r, h)),
                         Err(e) => {
                             failed = Some(e);
