@@ -268,6 +268,12 @@ struct Inner {
     /// Whether the current operation is an access that had to bring pages in or wait for
     /// them: a stalled launch, counted with the whole call's time when it returns.
     op_stalled: bool,
+    /// Whether the current operation ran before and stopped part way (what it was asked for
+    /// is not counted again).
+    op_rerun: bool,
+    /// Set while `maintain` keeps the free reserve: its evictions have host memory pinned
+    /// (without the lock) rather than stop for it, as the application's threads' do.
+    reserve_pins: bool,
     /// Set when an operation found no free host frame or host unit: the caller has the pool
     /// make it without the lock ([`HostPoolRefill`]) and starts over.
     host_wanted: Option<HostWant>,
@@ -288,6 +294,8 @@ struct OpState {
     arrived_pages: usize,
     /// See [`Inner::op_stalled`].
     stalled: bool,
+    /// See [`Inner::op_rerun`].
+    rerun: bool,
 }
 
 /// What the host pool is asked to make without the manager's lock.
@@ -433,6 +441,8 @@ impl MemoryManager {
             arrival: None,
             op_arrived_pages: 0,
             op_stalled: false,
+            op_rerun: false,
+            reserve_pins: false,
             host_wanted: None,
             max_unit_pages: MAX_UNIT_PAGES,
             demand: Demand::Access,
@@ -897,6 +907,7 @@ impl MemoryManager {
             drop(s);
             self.provide_host(want);
             s = self.lock();
+            op_state.rerun = true;
         }
     }
 
@@ -975,13 +986,15 @@ impl MemoryManager {
     /// the same after each on-demand swap.
     pub fn maintain(&self) -> Result<(), CUresult> {
         let mut s = self.polled()?;
-        // Host memory the evictions want pinned is pinned without the lock, and they are
-        // made again (a few times at most: pinning runs at about 0.5 ms a page).
-        for _ in 0..4 {
+        // Host memory the evictions want pinned is pinned without the lock (this thread can
+        // afford the wait), and they are made again (a bounded number of times).
+        for _ in 0..UNLOCKED_ROUNDS {
             s.unlocked_rounds_left = 1;
+            s.reserve_pins = true;
             s.host_wanted = None;
             let r = s.keep_reserve(false);
             s.unlocked_rounds_left = 0;
+            s.reserve_pins = false;
             let Some(want) = s.host_wanted.take() else {
                 return r;
             };
@@ -1048,6 +1061,7 @@ impl Inner {
         self.unlocked_rounds_left = st.unlocked_rounds_left;
         self.op_arrived_pages = st.arrived_pages;
         self.op_stalled = st.stalled;
+        self.op_rerun = st.rerun;
     }
 
     /// Takes the operation's state back at the end of a round, leaving none behind for
@@ -1057,6 +1071,7 @@ impl Inner {
             unlocked_rounds_left: self.unlocked_rounds_left,
             arrived_pages: self.op_arrived_pages,
             stalled: self.op_stalled,
+            rerun: self.op_rerun,
         };
         self.enter_op(OpState::default());
         st

@@ -240,10 +240,11 @@ impl Inner {
                 vec![n]
             };
             let mut frames: Vec<(usize, HostFrame)> = Vec::with_capacity(n);
-            // A unit past the victims needed of an eviction ahead of need (the free reserve)
-            // stops rather than wait for host memory: the pool's grower is asked for it.
+            // A unit past the victims needed of an eviction ahead of need (the free reserve,
+            // kept by an application's thread) stops rather than wait for host memory: the
+            // pool's grower is asked for it.
             // (Whole units: the check on failure below is the same.)
-            let ahead = copy.len() >= need && self.demand == Demand::Reserve;
+            let ahead = copy.len() >= need && self.demand == Demand::Reserve && !self.reserve_pins;
             let mut failed = None;
             let mut q = a;
             for k in pieces {

@@ -69,12 +69,15 @@ impl Inner {
                     .is_some_and(|e| matches!(e.state, ResidencyState::Device(_)))
             })
             .collect();
-        self.stats.planned_out_named += named.len() as u64;
-        for &p in &victims {
-            if named.binary_search(&p).is_err() {
-                match self.pages.get(p).map(|e| e.live) {
-                    Some(0) => self.stats.planned_out_unnamed_dead += 1,
-                    _ => self.stats.planned_out_unnamed_live += 1,
+        // (Counted once per verb: a rerun after pinning host memory sees the same ranges.)
+        if !self.op_rerun {
+            self.stats.planned_out_named += named.len() as u64;
+            for &p in &victims {
+                if named.binary_search(&p).is_err() {
+                    match self.pages.get(p).map(|e| e.live) {
+                        Some(0) => self.stats.planned_out_unnamed_dead += 1,
+                        _ => self.stats.planned_out_unnamed_live += 1,
+                    }
                 }
             }
         }
