@@ -223,6 +223,8 @@ impl Stage<'_> {
             (&split, p)
         };
         let live = Liveness::of(work_cycle);
+        // The tensor each of the work cycle's pieces was cut from.
+        let tensor_of: Vec<TensorId> = plan.pieces.iter().map(|p| p.tensor).collect();
         // Plans no faster than the best so far are abandoned as soon as that shows.
         let price = |p: &SwapPlan, best: Option<u64>| -> Option<(u64, Vec<OpWait>)> {
             let options = SimOptions {
@@ -295,7 +297,15 @@ impl Stage<'_> {
             // Half the time, aim at where the current plan waits: most of a plan's ops never
             // wait, and a change far from every wait rarely shortens the step.
             if !waits.is_empty() && rng.below(2) == 0 {
-                changed = aim(&mut candidate, &waits, &gaps, &tails, work_cycle, rng);
+                changed = aim(
+                    &mut candidate,
+                    &waits,
+                    &gaps,
+                    &tails,
+                    work_cycle,
+                    &tensor_of,
+                    rng,
+                );
             }
             for _ in 0..count {
                 if changed && rng.below(2) == 0 {
@@ -350,6 +360,7 @@ fn aim(
     gaps: &[Gap],
     tails: &[Gap],
     cycle: &Cycle,
+    tensor_of: &[TensorId],
     rng: &mut Rng,
 ) -> bool {
     let period = plan.period;
@@ -390,6 +401,9 @@ fn aim(
         // Waited for memory to hold what it creates: free some across it.
         if !tails.is_empty() && rng.below(2) == 0 {
             return write_out_tail_across(&mut plan.tail_outs, tails, wait.op, period, rng);
+        }
+        if rng.below(2) == 0 {
+            return postpone_past(&mut plan.evictions, tensor_of, wait.op, period, rng);
         }
         return make_room(
             &mut plan.evictions,
@@ -455,6 +469,55 @@ fn aim(
             true
         }
     }
+}
+
+/// Postpones past op `op` (a position in the cycle, where the plan waited for memory) the
+/// read-back of a piece that is back on the device there but needed only later: of three
+/// drawn, the one needed last, moved to a random op after `op` up to its use; half the time
+/// with every other piece of its tensor read back for the same use by then. A piece read back
+/// long before its use holds memory through every wait in between, and while an op waits for
+/// memory each byte held delays it by that byte's copy out.
+fn postpone_past(
+    evictions: &mut [Eviction],
+    tensor_of: &[TensorId],
+    op: u32,
+    period: u32,
+    rng: &mut Rng,
+) -> bool {
+    // (round trip, unrolled position of `op` between its read-back and its use)
+    let back_early: Vec<(usize, u32)> = evictions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            [op, op + period, op + 2 * period]
+                .into_iter()
+                .find(|&u| e.fetch_unrolled <= u && u + 1 < e.gap_to)
+                .map(|u| (i, u))
+        })
+        .collect();
+    if back_early.is_empty() {
+        return false;
+    }
+    let (i, at) = (0..3)
+        .map(|_| back_early[rng.below(back_early.len() as u64) as usize])
+        .max_by_key(|&(i, u)| evictions[i].gap_to - u)
+        .unwrap_or(back_early[0]);
+    let e = evictions[i];
+    let fetch = at + 1 + rng.below(u64::from(e.gap_to - at)) as u32;
+    if rng.below(2) == 0 {
+        for &(j, u) in &back_early {
+            let other = evictions[j];
+            if tensor_of[other.piece as usize] == tensor_of[e.piece as usize]
+                && (other.gap_from, other.gap_to) == (e.gap_from, e.gap_to)
+                && u == at
+            {
+                set_fetch(&mut evictions[j], fetch, period);
+            }
+        }
+    } else {
+        set_fetch(&mut evictions[i], fetch, period);
+    }
+    true
 }
 
 /// Adds a round trip for a random gap, not evicted yet and of a piece `needed` does not hold,
