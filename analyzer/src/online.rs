@@ -38,11 +38,11 @@ use tensile_trace::Record;
 use crate::bound::{lower_bound_with, BoundOptions};
 use crate::cost::{Budget, CostModel, RemapModel, SHIM_PLAN_UNIT_PAGES};
 use crate::cycle::{Cycle, MoveUnits};
-use crate::exec_plan::convert;
+use crate::exec_plan::{convert, ExecPlanError};
 use crate::import::builder::TraceBuilder;
 use crate::iteration::{allocated_before_ops, detect, Iterations};
 use crate::model::{OpKind, SourceFormat};
-use crate::plan::plan;
+use crate::plan::{plan, SwapPlan};
 use crate::search::{improve, SearchOptions};
 use crate::sim::{simulate, Policy, SimOptions};
 
@@ -603,18 +603,22 @@ impl Learner {
             ..self.options.search
         };
         let improved = if search.time_limit.is_zero() {
-            planned
+            planned.clone()
         } else {
             improve(cycle, &planned, budget, cost, &search).0
         };
-        let conversion = convert(
-            self.window.trace(),
-            cycle,
-            &improved,
-            cost,
-            self.next_version,
-        )
-        .map_err(|e| e.to_string())?;
+        let convert_plan =
+            |p: &SwapPlan| convert(self.window.trace(), cycle, p, cost, self.next_version);
+        let conversion = match convert_plan(&improved) {
+            Ok(c) => c,
+            // The search prices plans on the cycle; as the shim executes one, a round trip whose
+            // write-out and read-back fall at the same launch is left out, and the rest may not
+            // run without it. Then the planner's plan, which the search started from.
+            Err(ExecPlanError::Sim(_)) if improved != planned => {
+                convert_plan(&planned).map_err(|e| e.to_string())?
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         self.next_version += 1;
         Ok(conversion.plan)
     }
