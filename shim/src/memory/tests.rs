@@ -429,6 +429,24 @@ fn wait_at_gate(fake: &FakeDriver, call: FakeCall) {
     }
 }
 
+/// Reads `len` bytes at `ptr` through the manager on another thread of `scope`; the bytes
+/// come on the returned channel once read.
+fn read_on_another_thread<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    fake: &'scope FakeDriver,
+    mm: &'scope MemoryManager,
+    s: Stream,
+    ptr: CUdeviceptr,
+    len: usize,
+) -> std::sync::mpsc::Receiver<Option<Vec<u8>>> {
+    let (got, bytes) = std::sync::mpsc::channel();
+    scope.spawn(move || {
+        let r = read(fake, mm, s, ptr, len);
+        got.send(r.get()).unwrap();
+    });
+    bytes
+}
+
 /// Runs `f` on another thread of `scope` and asserts it finishes within 5 s: it did not wait
 /// behind whatever is held at a gate (`what` says what it would have waited for).
 fn assert_goes_on<'scope>(
@@ -449,7 +467,6 @@ fn assert_goes_on<'scope>(
 
 #[test]
 fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() {
-    use std::sync::mpsc::channel;
     let (fake, mm) = setup(8, 64, Progress::Immediate);
     let (fake, mm) = (&*fake, &mm);
     let s = Stream(0);
@@ -473,11 +490,7 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
             },
         );
         // An access to B waits for the commit (its address may be unmapped now).
-        let (got, b_read) = channel();
-        scope.spawn(move || {
-            let r = read(fake, mm, s, b, PAGE);
-            got.send(r.get()).unwrap();
-        });
+        let b_read = read_on_another_thread(scope, fake, mm, s, b, PAGE);
         std::thread::sleep(Duration::from_millis(50));
         assert!(b_read.try_recv().is_err(), "B was accessed mid-remap");
         fake.open_gate(FakeCall::Unmap);
@@ -493,7 +506,6 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
 
 #[test]
 fn a_swap_in_is_remapped_without_the_lock_and_its_pages_wait_for_the_commit() {
-    use std::sync::mpsc::channel;
     let (fake, mm) = setup(8, 64, Progress::Immediate);
     let (fake, mm) = (&*fake, &mm);
     let s = Stream(0);
@@ -508,11 +520,7 @@ fn a_swap_in_is_remapped_without_the_lock_and_its_pages_wait_for_the_commit() {
     std::thread::scope(|scope| {
         // Opened again when the scope ends, before it joins the threads held at the gate.
         let _open = close_gate(fake, FakeCall::Unmap);
-        let (first, first_read) = channel();
-        scope.spawn(move || {
-            let r = read(fake, mm, s, b, PAGE);
-            first.send(r.get()).unwrap();
-        });
+        let first_read = read_on_another_thread(scope, fake, mm, s, b, PAGE);
         wait_at_gate(fake, FakeCall::Unmap);
         // The remap is under way, the lock free: a launch on resident data goes on.
         assert_goes_on(
@@ -523,11 +531,7 @@ fn a_swap_in_is_remapped_without_the_lock_and_its_pages_wait_for_the_commit() {
             },
         );
         // Another access to B waits for the commit (its address may be unmapped now).
-        let (second, second_read) = channel();
-        scope.spawn(move || {
-            let r = read(fake, mm, s, b, PAGE);
-            second.send(r.get()).unwrap();
-        });
+        let second_read = read_on_another_thread(scope, fake, mm, s, b, PAGE);
         std::thread::sleep(Duration::from_millis(50));
         assert!(first_read.try_recv().is_err() && second_read.try_recv().is_err());
         fake.open_gate(FakeCall::Unmap);
