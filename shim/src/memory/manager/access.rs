@@ -53,7 +53,7 @@ impl Inner {
             Ok(stalled) => {
                 // Counted, with the whole call's time, when it returns
                 // (`MemoryManager::waiting_for_pins`).
-                self.op_stalled |= stalled;
+                self.op.stalled |= stalled;
                 self.open_tickets += 1;
                 Ok(ticket)
             }
@@ -243,10 +243,9 @@ impl Inner {
             if self.demand == Demand::Access {
                 self.stats.pages_in_on_demand += bring_in.len() as u64;
             }
-            if self.unlocked_rounds_left > 0 {
+            if self.unlocked_round() {
                 // The remap and the copies are made by the caller without the lock
                 // (`arrival.rs`), which then starts this access over.
-                self.unlocked_rounds_left -= 1;
                 self.begin_arrival(&bring_in, frames)?;
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
@@ -255,10 +254,9 @@ impl Inner {
         waits.sort_unstable();
         waits.dedup();
         let stalled = !waits.is_empty();
-        if host_waits && stalled && self.unlocked_rounds_left > 0 {
+        if host_waits && stalled && self.unlocked_round() {
             // The copies in are waited for on the host without the lock, then the access
             // starts over and finds the pages landed.
-            self.unlocked_rounds_left -= 1;
             self.copy_waits = waits;
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }

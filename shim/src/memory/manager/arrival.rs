@@ -74,6 +74,11 @@ impl ArrivalOutcome {
 }
 
 impl Arrival {
+    /// The event recorded after the copies in.
+    pub(super) fn event(&self) -> Event {
+        self.event
+    }
+
     /// Keeps the pins of `runs` (inclusive page runs) until the commit.
     pub(super) fn hold_pins(&mut self, runs: &[(usize, usize)]) {
         self.pinned.extend_from_slice(runs);
@@ -234,8 +239,8 @@ impl Inner {
         self.stats.pages_swapped_in += a.pages.len() as u64;
         // The access that wanted the pages stalled (counted when it returns), even if they
         // have landed by the time it looks again.
-        self.op_stalled |= a.on_demand;
-        self.op_arrived_pages += a.pages.len();
+        self.op.stalled |= a.on_demand;
+        self.op.arrived_pages += a.pages.len();
         self.note_resident();
         self.remap_host();
     }

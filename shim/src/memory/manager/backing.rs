@@ -104,14 +104,14 @@ impl Inner {
     /// waits for the pool's grower.
     pub(super) fn take_host(&mut self, ahead: bool) -> Result<HostFrame, CUresult> {
         let stop_if_none = ahead && self.host.grows_in_background();
-        if self.unlocked_rounds_left > 0 || stop_if_none {
+        if self.op.unlocked_rounds_left > 0 || stop_if_none {
             match self.host.try_take() {
                 Ok(Some(h)) => return Ok(h),
                 // None free yet: the grower was asked for more.
                 Ok(None) if stop_if_none => return Err(CUDA_ERROR_OUT_OF_MEMORY),
                 Ok(None) => {
                     // The caller has the pool grow without the lock.
-                    self.unlocked_rounds_left -= 1;
+                    self.op.unlocked_rounds_left -= 1;
                     self.host_wanted = Some(HostWant::Frames);
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
@@ -157,8 +157,7 @@ impl Inner {
         if ahead && self.host.request_unit(pages) {
             return HostUnit::Stop;
         }
-        if self.unlocked_rounds_left > 0 {
-            self.unlocked_rounds_left -= 1;
+        if self.unlocked_round() {
             self.host_wanted = Some(HostWant::Unit(pages));
             return HostUnit::Stop;
         }

@@ -125,11 +125,10 @@ impl Inner {
                     self.remap_stall = true;
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
-                if self.unlocked_rounds_left > 0 {
+                if self.unlocked_round() {
                     // Let the caller complete the swap-outs (their VMM calls) without the
                     // lock, first waiting for the copies out unless some have landed, then
                     // start over.
-                    self.unlocked_rounds_left -= 1;
                     let events = self.outgoing_events();
                     let driver = self.driver.clone();
                     let landed = events
@@ -175,8 +174,7 @@ impl Inner {
         if candidates.len() < need && !self.incoming.is_empty() {
             // Pages still arriving hold frames too: let them land, then they can leave. The
             // caller waits for their copies without the lock if it may, and starts over.
-            if self.unlocked_rounds_left > 0 {
-                self.unlocked_rounds_left -= 1;
+            if self.unlocked_round() {
                 self.copy_waits = self.incoming_events();
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
@@ -232,7 +230,7 @@ impl Inner {
             // A dead unit is dropped, not copied, and a drop needs it idle: wait for it (on
             // the application's work), without the lock if the caller may.
             let uses: Vec<Use> = entries.iter().flat_map(|e| e.uses.clone()).collect();
-            if self.unlocked_rounds_left > 0 {
+            if self.op.unlocked_rounds_left > 0 {
                 for u in uses {
                     let driver = self.driver.clone();
                     let slot = u.stream_slot as usize;
@@ -255,7 +253,7 @@ impl Inner {
             // Short of idle pages, and dead units would do once their work is done (dropped,
             // with no copy, where a busy unit's frames come only after its work and a copy):
             // the caller waits for that work without the lock and starts over.
-            self.unlocked_rounds_left -= 1;
+            self.op.unlocked_rounds_left -= 1;
             fence_waits.sort_unstable();
             fence_waits.dedup();
             self.copy_waits = fence_waits;

@@ -250,10 +250,9 @@ struct Inner {
     remap_stall: bool,
     /// Which pages to evict first, when a policy that knows the future says so.
     advice: Option<Arc<dyn EvictionAdvice>>,
-    /// How many more times the current operation may release the lock to wait (for copies,
-    /// fences) or to make VMM calls without it, then start over; after that it does them with
-    /// the lock held (bounds the retries). Zero outside [`MemoryManager::waiting_for_pins`].
-    unlocked_rounds_left: u32,
+    /// The state of the operation running now ([`OpState`]; the default outside
+    /// [`MemoryManager::waiting_for_pins`] and its like).
+    op: OpState,
     /// `Host` pages whose swap-in is being remapped without the lock (`arrival.rs`): nothing
     /// may remap, drop or re-host them meanwhile.
     arriving: BTreeSet<usize>,
@@ -263,14 +262,6 @@ struct Inner {
     /// Set when an operation decided a swap-in for its caller to make without the lock
     /// ([`MemoryManager::arrive`]), then start it over.
     arrival: Option<arrival::Arrival>,
-    /// Pages the current operation's arrivals brought in (a prefetch counts them).
-    op_arrived_pages: usize,
-    /// Whether the current operation is an access that had to bring pages in or wait for
-    /// them: a stalled launch, counted with the whole call's time when it returns.
-    op_stalled: bool,
-    /// Whether the current operation ran before and stopped part way (what it was asked for
-    /// is not counted again).
-    op_rerun: bool,
     /// Set while `maintain` keeps the free reserve: its evictions have host memory pinned
     /// (without the lock) rather than stop for it, as the application's threads' do.
     reserve_pins: bool,
@@ -284,17 +275,22 @@ struct Inner {
     demand: Demand,
 }
 
-/// An operation's state across its rounds in [`MemoryManager::waiting_for_pins`], kept by
-/// the facade and lent to `Inner` while the operation runs (`enter_op`, `leave_op`).
+/// An operation's state across its rounds in [`MemoryManager::waiting_for_pins`]: kept by
+/// the facade between rounds and lent to `Inner` (`Inner::op`) for each, since other
+/// threads' operations run on the same `Inner` whenever the lock is released between them.
 #[derive(Clone, Copy, Debug, Default)]
 struct OpState {
-    /// See [`Inner::unlocked_rounds_left`].
+    /// How many more times the operation may release the lock to wait (for copies, fences)
+    /// or to make VMM calls without it, then start over; after that it does them with the
+    /// lock held (bounds the retries).
     unlocked_rounds_left: u32,
-    /// See [`Inner::op_arrived_pages`].
+    /// Pages its arrivals brought in (a prefetch counts them).
     arrived_pages: usize,
-    /// See [`Inner::op_stalled`].
+    /// Whether it is an access that had to bring pages in or wait for them: a stalled
+    /// launch, counted with the whole call's time when it returns.
     stalled: bool,
-    /// See [`Inner::op_rerun`].
+    /// Whether it ran before and stopped part way (what it was asked for is not counted
+    /// again).
     rerun: bool,
 }
 
@@ -435,13 +431,10 @@ impl MemoryManager {
             completion_wanted: false,
             remap_stall: false,
             advice: None,
-            unlocked_rounds_left: 0,
+            op: OpState::default(),
             arriving: BTreeSet::new(),
             arriving_frames: Vec::new(),
             arrival: None,
-            op_arrived_pages: 0,
-            op_stalled: false,
-            op_rerun: false,
             reserve_pins: false,
             host_wanted: None,
             max_unit_pages: MAX_UNIT_PAGES,
@@ -636,9 +629,9 @@ impl MemoryManager {
             s.completion_wanted = false;
             s.remap_stall = false;
             s.host_wanted = None;
-            s.enter_op(op_state);
+            s.op = op_state;
             let result = op(&mut s);
-            op_state = s.leave_op();
+            op_state = std::mem::take(&mut s.op);
             let waits = std::mem::take(&mut s.copy_waits);
             if let Some(arrival) = s.arrival.take() {
                 // The operation decided a swap-in: its VMM calls and copies are made without
@@ -815,9 +808,9 @@ impl MemoryManager {
         drop(s);
         let outcome = arrival.run(&*driver);
         let mut s = self.lock();
-        s.enter_op(*op_state);
+        s.op = *op_state;
         s.commit_arrival(arrival, outcome);
-        *op_state = s.leave_op();
+        *op_state = std::mem::take(&mut s.op);
         if s.pin_waiters > 0 {
             self.pins_released.notify_all();
         }
@@ -882,9 +875,10 @@ impl MemoryManager {
         self.swapping_out(|s| s.swap_out_after_use(ranges))
     }
 
-    /// Runs a swap-out verb (`op` returns the pages it started); when it stopped for host
-    /// memory (a host unit or frames not yet pinned), pins that without the lock and runs it
-    /// again for the rest, a few times at most. Never waits for anything else.
+    /// Runs an operation that starts swap-outs (a verb, or `maintain`'s reserve; `op`
+    /// returns the pages it started); when it stopped for host memory (a host unit or frames
+    /// not yet pinned), pins that without the lock and runs it again for the rest, a bounded
+    /// number of times. Never waits for anything else.
     fn swapping_out(
         &self,
         mut op: impl FnMut(&mut Inner) -> Result<usize, CUresult>,
@@ -897,9 +891,9 @@ impl MemoryManager {
         let mut started = 0;
         loop {
             s.host_wanted = None;
-            s.enter_op(op_state);
+            s.op = op_state;
             let r = op(&mut s);
-            op_state = s.leave_op();
+            op_state = std::mem::take(&mut s.op);
             started += r?;
             let Some(want) = s.host_wanted.take() else {
                 return Ok(started);
@@ -985,24 +979,16 @@ impl MemoryManager {
     /// a background thread of the interposer may call it periodically. `prepare_access` does
     /// the same after each on-demand swap.
     pub fn maintain(&self) -> Result<(), CUresult> {
-        let mut s = self.polled()?;
+        drop(self.polled()?);
         // Host memory the evictions want pinned is pinned without the lock (this thread can
-        // afford the wait), and they are made again (a bounded number of times).
-        for _ in 0..UNLOCKED_ROUNDS {
-            s.unlocked_rounds_left = 1;
+        // afford the wait), and they are made again.
+        self.swapping_out(|s| {
             s.reserve_pins = true;
-            s.host_wanted = None;
             let r = s.keep_reserve(false);
-            s.unlocked_rounds_left = 0;
             s.reserve_pins = false;
-            let Some(want) = s.host_wanted.take() else {
-                return r;
-            };
-            drop(s);
-            self.provide_host(want);
-            s = self.lock();
-        }
-        Ok(())
+            r.map(|()| 0)
+        })
+        .map(drop)
     }
 
     /// Residency of the page holding `addr` (for tests and diagnostics).
@@ -1056,25 +1042,14 @@ impl Inner {
         self.stats.pages_evicted > 0 || self.dev.available() <= self.cfg.free_reserve_pages
     }
 
-    /// Lends an operation its state for one round (with the lock held).
-    fn enter_op(&mut self, st: OpState) {
-        self.unlocked_rounds_left = st.unlocked_rounds_left;
-        self.op_arrived_pages = st.arrived_pages;
-        self.op_stalled = st.stalled;
-        self.op_rerun = st.rerun;
-    }
-
-    /// Takes the operation's state back at the end of a round, leaving none behind for
-    /// whatever runs next without [`MemoryManager::waiting_for_pins`].
-    fn leave_op(&mut self) -> OpState {
-        let st = OpState {
-            unlocked_rounds_left: self.unlocked_rounds_left,
-            arrived_pages: self.op_arrived_pages,
-            stalled: self.op_stalled,
-            rerun: self.op_rerun,
-        };
-        self.enter_op(OpState::default());
-        st
+    /// Takes one of the operation's unlocked rounds if it has one left: then it stops, for
+    /// its caller to wait or make driver calls without the lock and start it over.
+    fn unlocked_round(&mut self) -> bool {
+        let left = self.op.unlocked_rounds_left > 0;
+        if left {
+            self.op.unlocked_rounds_left -= 1;
+        }
+        left
     }
 
     /// Whether the operation stopped to have its caller wait or make driver calls without

@@ -8,7 +8,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
 use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, HostFrame};
-use crate::memory::page::{Frame, ResidencyState, Use};
+use crate::memory::page::{ResidencyState, Use};
 use crate::memory::stats::Demand;
 
 use super::backing::HostUnit;
@@ -69,101 +69,25 @@ impl Inner {
         }
     }
 
-    /// Remaps `pages` (all `Host`) to `frames` and queues the copies in; returns the event
-    /// the work that wants them must wait on.
+    /// Remaps `pages` (all `Host`) to `frames` and queues the copies in, with the lock held:
+    /// the same three steps as a swap-in made without it (`arrival.rs`), for an operation
+    /// that has used its unlocked rounds. Returns the event the work that wants them must
+    /// wait on; on failure the pages stay `Host` and the frames go back.
     pub(super) fn swap_in(
         &mut self,
         pages: &[usize],
         frames: Vec<DevFrame>,
     ) -> Result<Event, CUresult> {
-        let page = self.page;
-        // The event first: once pages are remapped, nothing may fail before the copies.
-        let ev = match self.copy_event() {
-            Ok(ev) => ev,
-            Err(e) => {
-                for d in frames {
-                    self.dev.give(d);
-                }
-                return Err(e);
-            }
-        };
-        // Unmap the host frames first; the data stays in them (and in the host window).
-        let mut err = self.unmap_host_pages(pages).err();
-        let plan: Vec<(usize, Frame)> = pages
-            .iter()
-            .zip(&frames)
-            .map(|(&p, &d)| (p, Frame::Device(d)))
-            .collect();
-        if err.is_none() {
-            if let Err(e) = self.map_batch(&plan) {
-                err = Some(e);
-            }
-        }
-        if let Some(e) = err {
-            // Put the host frames back where they were; the pages stay `Host`.
-            self.remap_host();
-            for d in frames {
-                self.dev.give(d);
-            }
-            self.spare_events.push(ev);
-            return Err(e);
-        }
-        let mut copies: Vec<(CUdeviceptr, CUdeviceptr)> = Vec::with_capacity(plan.len());
-        for &(p, _) in &plan {
-            if let Some(ResidencyState::Host(h)) = self.pages.get(p).map(|e| e.state) {
-                copies.push((self.va(p), self.host.window_address(h)));
-            }
-        }
-        for (dst, src, len) in coalesce(&copies, page) {
-            if let Err(e) = self
-                .driver
-                .memcpy_dtod_async(dst, src, len, self.swap_in_stream)
-            {
-                self.restore_host(pages, frames, ev);
-                return Err(e);
-            }
-        }
-        if let Err(e) = self.driver.event_record(ev, self.swap_in_stream) {
-            self.restore_host(pages, frames, ev);
-            return Err(e);
-        }
-        for &(p, f) in &plan {
-            if let Frame::Device(d) = f {
-                let r = self.pages.start_swap_in(p, d, ev);
-                debug_assert!(r.is_ok(), "{r:?}");
-                self.incoming.insert(p);
-                self.unmapped_host.remove(&p);
-            }
-        }
-        self.ref_event(ev, plan.len() as u32);
-        self.stats.bytes_to_device += (plan.len() * page) as u64;
-        self.stats.pages_swapped_in += plan.len() as u64;
-        self.note_resident();
-        // Pages that shared a host run with the ones that came in.
-        self.remap_host();
-        Ok(ev)
-    }
-
-    /// Undoes the remap of a failed swap-in: the pages (still `Host` in the table) get their
-    /// host frames mapped back, and the device frames go back to the pool.
-    ///
-    /// Copies already queued must not run into a remapped range: wait for them first.
-    pub(super) fn restore_host(&mut self, pages: &[usize], frames: Vec<DevFrame>, ev: Event) {
-        if let Err(e) = self.driver.stream_synchronize(self.swap_in_stream) {
-            tracing::error!(code = e, "the swap-in stream failed");
-        }
-        self.spare_events.push(ev);
-        for (&p, &d) in pages.iter().zip(&frames) {
-            if d.offset == 0 {
-                let (_, n) = self.dev.unit(d);
-                let _ = self.driver.mem_unmap(self.va(p), n * self.page);
-            }
-            self.unmapped_host.insert(p);
-        }
-        self.remap_host();
-        for d in frames {
-            self.dev.give(d);
-        }
+        self.begin_arrival(pages, frames)?;
+        let arrival = self
+            .arrival
+            .take()
+            .expect("begin_arrival leaves an arrival");
+        let event = arrival.event();
+        let driver = self.driver.clone();
+        let outcome = arrival.run(&*driver);
+        self.commit_arrival(arrival, outcome);
+        outcome.error().map_or(Ok(event), Err)
     }
 
     /// Makes the swap-out stream wait (on the device) for every recorded, incomplete use of

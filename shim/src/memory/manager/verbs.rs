@@ -70,7 +70,7 @@ impl Inner {
             })
             .collect();
         // (Counted once per verb: a rerun after pinning host memory sees the same ranges.)
-        if !self.op_rerun {
+        if !self.op.rerun {
             self.stats.planned_out_named += named.len() as u64;
             for &p in &victims {
                 if named.binary_search(&p).is_err() {
@@ -182,7 +182,7 @@ impl Inner {
             .count();
         if coming == 0 {
             // (Or none left: those of an earlier round came in without the lock.)
-            return Ok(self.op_arrived_pages);
+            return Ok(self.op.arrived_pages);
         }
         // A ticket on the manager's own swap-in stream: the copies in are queued there and
         // the first access waits for them on its own stream, as for any page `ToDevice`.
@@ -192,9 +192,12 @@ impl Inner {
             runs: runs(&pages),
         };
         let _resident = self.pin_pages(&ticket);
+        // Pages of earlier rounds (a swap-in made here with the lock held counts among
+        // `coming`).
+        let earlier = self.op.arrived_pages;
         let r = self.for_demand(Demand::Prefetch, |s| s.make_resident(&ticket, false));
         self.unpin_unless_arriving(&ticket);
-        r.map(|_| coming + self.op_arrived_pages)
+        r.map(|_| coming + earlier)
     }
 
     pub(super) fn set_budget(&mut self, frames: usize) -> Result<(), CUresult> {
@@ -206,7 +209,7 @@ impl Inner {
         for round in 0..=8 {
             // Landed swap-outs are completed by the caller without the lock where it may
             // (below), else here.
-            self.poll_with(self.unlocked_rounds_left == 0)?;
+            self.poll_with(self.op.unlocked_rounds_left == 0)?;
             let over = self.dev.in_use().saturating_sub(frames);
             if over == 0 {
                 // Frames over the budget go back to the driver, for other jobs on the card.
@@ -225,10 +228,9 @@ impl Inner {
                 last = true;
                 continue;
             }
-            if self.unlocked_rounds_left > 0 {
+            if self.unlocked_round() {
                 // The caller waits for the copies out and completes them without the lock,
                 // then starts over (launches of other threads go on meanwhile).
-                self.unlocked_rounds_left -= 1;
                 self.copy_waits = self.outgoing_events();
                 self.completion_wanted = true;
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
