@@ -16,6 +16,7 @@ mod floor;
 pub mod grants;
 mod log;
 mod planner;
+mod turns;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -239,7 +240,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             .line(&format!("coordinator {}: {problem}", std::process::id()));
     }
     coordinator.reserve_fraction = args.reserve / 100.0;
-    coordinator.turn_length = Duration::from_secs_f64(args.turn);
+    coordinator.turns = turns::Turns::new(Duration::from_secs_f64(args.turn));
     let idle_exit = Duration::from_secs_f64(args.idle_exit);
     let path = coordinator.segment.path();
     coordinator.log.line(&format!(
@@ -329,14 +330,6 @@ impl Job {
     }
 }
 
-/// The jobs that have the card while the others wait (see [`grants::turns`]).
-struct Turn {
-    started: Instant,
-    /// The jobs there were when it started, by slot.
-    members: Vec<u32>,
-    running: Vec<u32>,
-}
-
 /// The least a waiting job is granted: one page.
 const MIN_GRANT: u64 = 2 << 20;
 
@@ -402,9 +395,8 @@ pub struct Coordinator {
     joins: u64,
     /// Fraction of the card never granted.
     reserve_fraction: f64,
-    /// How long a turn lasts when the jobs take turns.
-    turn_length: Duration,
-    turn: Option<Turn>,
+    /// Which jobs have the card when their needs do not fit it together.
+    turns: turns::Turns,
     /// When grants were last decided.
     last_grant: Option<Instant>,
 }
@@ -430,8 +422,7 @@ impl Coordinator {
             last_sweep: None,
             joins: 0,
             reserve_fraction: DEFAULT_RESERVE_PERCENT / 100.0,
-            turn_length: DEFAULT_TURN,
-            turn: None,
+            turns: turns::Turns::new(DEFAULT_TURN),
             last_grant: None,
         }
     }
@@ -655,7 +646,7 @@ impl Coordinator {
                     }
                 })
                 .collect();
-            let running = self.take_turns(now, &order, available, &claims);
+            let running = self.take_turns(now, &order, available, &claims, live);
             // A waiting job keeps its floor (at least a page): its turn starts from there.
             let claims: Vec<Claim> = claims
                 .into_iter()
@@ -772,15 +763,15 @@ impl Coordinator {
         }
     }
 
-    /// Decides which jobs run (see [`grants::turns`]) and tells each job that starts or stops
-    /// waiting. The jobs keep a turn for [`Self::turn_length`], unless jobs come or go or all
-    /// fit again; `order` and `claims` are the jobs by join order.
+    /// Decides which jobs run (see [`turns`]) and tells each job that starts or stops
+    /// waiting; `order` and `claims` are the jobs by join order.
     fn take_turns(
         &mut self,
         now: Instant,
         order: &[u32],
         available: u64,
         claims: &[Claim],
+        live: &BTreeMap<u32, JobSnapshot>,
     ) -> Vec<bool> {
         let elapsed = self
             .last_grant
@@ -792,47 +783,25 @@ impl Coordinator {
                 job.ran_ns += elapsed;
             }
         }
-        let ran: Vec<u64> = order.iter().map(|s| self.jobs[s].ran_ns).collect();
-        let fresh = grants::turns(available, claims, &ran);
-        // The turn goes on while it lasts, the same jobs are there, not all of them fit, and
-        // those that run still do (one job alone always does).
-        let still_fits = |t: &Turn| {
-            let held: u64 = order
-                .iter()
-                .zip(claims)
-                .map(|(s, c)| {
-                    let need = if t.running.contains(s) {
-                        c.need
-                    } else {
-                        c.floor
-                    };
-                    need.min(c.limit)
-                })
-                .sum();
-            t.running.len() == 1 || held <= available
-        };
-        let keep = self.turn.as_ref().filter(|t| {
-            t.members == order
-                && now.saturating_duration_since(t.started) < self.turn_length
-                && fresh.iter().any(|&r| !r)
-                && still_fits(t)
-        });
-        let running: Vec<bool> = match keep {
-            Some(t) => order.iter().map(|s| t.running.contains(s)).collect(),
-            None => {
-                self.turn = Some(Turn {
-                    started: now,
-                    members: order.to_vec(),
-                    running: order
-                        .iter()
-                        .zip(&fresh)
-                        .filter(|(_, &r)| r)
-                        .map(|(&s, _)| s)
-                        .collect(),
-                });
-                fresh
-            }
-        };
+        let contenders: Vec<turns::Contender<'_>> = order
+            .iter()
+            .zip(claims)
+            .map(|(s, claim)| turns::Contender {
+                slot: *s,
+                claim,
+                ran: self.jobs[s].ran_ns,
+                held: live[s].resident_bytes,
+                granted: self.jobs[s].granted,
+            })
+            .collect();
+        let (running, report) = self.turns.decide(now, available, &contenders);
+        if let Some((took, length)) = report.settled {
+            self.log.line(&format!(
+                "a change of turns settled in {:.1} s; turns last {:.0} s",
+                took.as_secs_f64(),
+                length.as_secs_f64()
+            ));
+        }
         let mut changed = Vec::new();
         for (s, &run) in order.iter().zip(&running) {
             let job = self.jobs.get_mut(s).expect("ordered from the jobs");
