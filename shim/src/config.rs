@@ -12,6 +12,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub use tensile_protocol::Priority;
 
@@ -68,6 +69,47 @@ impl Coordinator {
     }
 }
 
+/// How long an access that needs more device memory than this job's grant waits for the
+/// coordinator to grant more before it fails with out of memory (`TENSILE_GRANT_WAIT`:
+/// seconds, or `forever`). A job that shares a card waits while the others give memory back;
+/// one whose largest launch cannot fit beside the others' floors is told so in one line at
+/// once, and then waits this long for them to leave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantWait {
+    For(Duration),
+    Forever,
+}
+
+impl Default for GrantWait {
+    fn default() -> Self {
+        GrantWait::For(Duration::from_secs(30))
+    }
+}
+
+impl GrantWait {
+    /// Parses `SECS` (a number of seconds, 0 or more) or `forever`.
+    pub fn parse(text: &str) -> Result<GrantWait, String> {
+        let t = text.trim();
+        if t.eq_ignore_ascii_case("forever") {
+            return Ok(GrantWait::Forever);
+        }
+        match t.parse::<f64>() {
+            Ok(secs) if secs.is_finite() && secs >= 0.0 && secs < 1e9 => {
+                Ok(GrantWait::For(Duration::from_secs_f64(secs)))
+            }
+            _ => Err("expected a number of seconds (0 or more) or forever".into()),
+        }
+    }
+
+    /// As a bound on a wait: [`Duration::MAX`] for ever.
+    pub fn bound(self) -> Duration {
+        match self {
+            GrantWait::For(d) => d,
+            GrantWait::Forever => Duration::MAX,
+        }
+    }
+}
+
 /// The swap policy (`TENSILE_POLICY`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Policy {
@@ -118,6 +160,9 @@ pub struct Config {
     /// MLP's step on the H200 and cuts GPT-2's by a fifth (docs/gpu-results.md, "Host units");
     /// docs/memory.md.
     pub host_frames: HostFrames,
+    /// `TENSILE_GRANT_WAIT`: how long an access larger than this job's grant waits for it to
+    /// grow (default 30 s).
+    pub grant_wait: GrantWait,
 }
 
 /// How swapped-out pages are held in pinned host memory (`TENSILE_HOST_UNITS`).
@@ -316,6 +361,18 @@ impl Config {
                     value: v,
                     why: "not a priority; expected high, normal or low".into(),
                     fallback: "normal",
+                }),
+            }
+        }
+
+        if let Some(v) = get("TENSILE_GRANT_WAIT").filter(|v| !v.trim().is_empty()) {
+            match GrantWait::parse(&v) {
+                Ok(w) => c.grant_wait = w,
+                Err(why) => problems.push(Problem {
+                    variable: "TENSILE_GRANT_WAIT",
+                    value: v,
+                    why,
+                    fallback: "30",
                 }),
             }
         }
@@ -527,6 +584,34 @@ mod tests {
             line.contains("TENSILE_PRIORITY=\"urgent\"") && line.contains("high, normal or low"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn the_grant_wait_is_seconds_or_forever_and_a_bad_one_named() {
+        assert_eq!(
+            parse(&[]).0.grant_wait,
+            GrantWait::For(Duration::from_secs(30))
+        );
+        for (v, want) in [
+            ("0", GrantWait::For(Duration::ZERO)),
+            (" 2.5 ", GrantWait::For(Duration::from_millis(2500))),
+            ("Forever", GrantWait::Forever),
+        ] {
+            let (c, problems) = parse(&[("TENSILE_GRANT_WAIT", v)]);
+            assert!(problems.is_empty(), "{v}: {problems:?}");
+            assert_eq!(c.grant_wait, want, "{v}");
+        }
+        assert_eq!(GrantWait::Forever.bound(), Duration::MAX);
+        for v in ["-1", "soon", "inf", "NaN"] {
+            let (c, problems) = parse(&[("TENSILE_GRANT_WAIT", v)]);
+            assert_eq!(c.grant_wait, GrantWait::default(), "{v}");
+            assert_eq!(problems.len(), 1, "{v}");
+            let line = problems[0].to_string();
+            assert!(
+                line.contains("TENSILE_GRANT_WAIT") && line.contains("forever"),
+                "{line}"
+            );
+        }
     }
 
     #[test]

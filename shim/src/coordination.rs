@@ -22,7 +22,7 @@ use tensile_trace::Record;
 
 use tensile_protocol::process::monotonic_ns;
 
-use crate::config::PlanBandwidths;
+use crate::config::{GrantWait, PlanBandwidths};
 use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
 use crate::planning::PlanSource;
@@ -59,6 +59,9 @@ pub struct CoordinatorSource {
     /// A grant received and not yet taken by the planning loop.
     grant: Option<u64>,
     said_short: bool,
+    /// How long this job's accesses wait for a grant to grow (`TENSILE_GRANT_WAIT`), said in
+    /// the line that tells it it is short.
+    grant_wait: GrantWait,
     next_rejoin: Instant,
     said_gone: bool,
     said_bad_command: bool,
@@ -71,6 +74,11 @@ pub struct CoordinatorSource {
 }
 
 impl CoordinatorSource {
+    /// How long this job's accesses wait for a grant to grow (`TENSILE_GRANT_WAIT`).
+    pub fn set_grant_wait(&mut self, wait: GrantWait) {
+        self.grant_wait = wait;
+    }
+
     /// Joins coordinator `name`, starting it first if none runs and `start_if_missing`.
     /// `Err` says in one line why no coordinator can be joined.
     ///
@@ -96,6 +104,7 @@ impl CoordinatorSource {
             limit: 0,
             grant: None,
             said_short: false,
+            grant_wait: GrantWait::default(),
             next_rejoin: Instant::now(),
             said_gone: false,
             said_bad_command: false,
@@ -336,11 +345,16 @@ impl PlanSource for CoordinatorSource {
                 tracing::error!(
                     "tensile: this job's largest launch needs {} of device memory, but the \
                      coordinator {:?} can grant it at most {} beside the other jobs on this GPU \
-                     (`tensile status` lists them); launches that need more than the grant fail \
-                     with out of memory until memory is freed",
+                     (`tensile status` lists them); launches that need more than the grant wait \
+                     {} for memory to be freed, then fail with out of memory \
+                     (TENSILE_GRANT_WAIT)",
                     format_size(floor),
                     self.name,
-                    format_size(grantable)
+                    format_size(grantable),
+                    match self.grant_wait {
+                        GrantWait::Forever => "for as long as it takes".to_string(),
+                        GrantWait::For(d) => format!("up to {:.0} s", d.as_secs_f64()),
+                    }
                 );
                 self.said_short = true;
             }

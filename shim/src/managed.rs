@@ -370,7 +370,7 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
         // A grant grows as other jobs give memory back: an access larger than it waits
         // for that (a job just joined gets little until the others have shrunk) rather
         // than failing the application's call.
-        mm.set_budget_wait(GRANT_WAIT);
+        mm.set_budget_wait(config.grant_wait.bound());
     }
     if config.policy == Policy::Plan {
         // While a plan is in effect, what the manager evicts on its own is the page the plan
@@ -401,10 +401,6 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
         card_bytes: total as u64,
     })
 }
-
-/// How long an access larger than this job's grant waits for the grant to grow before it
-/// fails with out of memory (the coordinator has said in one line by then if it cannot).
-const GRANT_WAIT: Duration = Duration::from_secs(30);
 
 /// Whether this job's device budget comes from a coordinator that divides the card among
 /// jobs (and so may shrink while it runs).

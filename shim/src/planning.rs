@@ -150,7 +150,10 @@ pub fn start_for(rt: &'static Runtime) {
             let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
             let costs = (told, remaps.mapping);
             match CoordinatorSource::connect(&name, true, costs, priority, page, state) {
-                Ok(source) => return Box::new(source) as Box<dyn PlanSource>,
+                Ok(mut source) => {
+                    source.set_grant_wait(config.grant_wait);
+                    return Box::new(source) as Box<dyn PlanSource>;
+                }
                 Err(why) => tracing::warn!(
                     "no coordinator ({why}); learning and planning in the process instead"
                 ),

@@ -1707,8 +1707,8 @@ fn an_access_larger_than_a_budget_that_may_grow_waits_for_it_and_loses_nothing()
         mm.prepare_access(s, &[(big, 4 * PAGE)]).err(),
         Some(CUDA_ERROR_OUT_OF_MEMORY)
     );
-    // A grant waits until it grows.
-    mm.set_budget_wait(Duration::from_secs(10));
+    // A grant waits until it grows (here for ever: `TENSILE_GRANT_WAIT=forever`).
+    mm.set_budget_wait(Duration::MAX);
     let grower = {
         let mm = mm.clone();
         std::thread::spawn(move || {

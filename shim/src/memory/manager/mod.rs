@@ -715,19 +715,27 @@ impl MemoryManager {
                 // notifies), up to the configured bound, then fail as a fixed budget would.
                 let now = Instant::now();
                 let end = *budget_deadline.get_or_insert_with(|| {
+                    // `TENSILE_GRANT_WAIT=forever` is `Duration::MAX`: a century will do.
+                    let end = now
+                        .checked_add(s.budget_wait)
+                        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
                     s.budget_waits += 1;
                     if s.budget_waits > 1 {
-                        return now + s.budget_wait;
+                        return end;
                     }
+                    let how_long = if s.budget_wait == Duration::MAX {
+                        "until it does".to_string()
+                    } else {
+                        format!("up to {:.0} s for it", s.budget_wait.as_secs_f64())
+                    };
                     tracing::warn!(
                         "tensile: one access needs {} of device memory at once, more than this \
-                         job's grant of {}; waiting up to {:.0} s for the coordinator to grant \
-                         more (said once)",
+                         job's grant of {}; waiting {how_long} (TENSILE_GRANT_WAIT) for the \
+                         coordinator to grant more (said once)",
                         human_bytes(needed),
                         human_bytes(s.dev.budget_frames() * s.page),
-                        s.budget_wait.as_secs_f64()
                     );
-                    now + s.budget_wait
+                    end
                 });
                 if now >= end {
                     return Err(s.fail_budget(needed));
