@@ -75,13 +75,14 @@ pub struct CoordinatorArgs {
     #[arg(long, value_name = "PERCENT", default_value_t = DEFAULT_RESERVE_PERCENT)]
     pub reserve: f64,
     /// When the jobs' needs do not fit the card together, the ones that fit run and the
-    /// others wait; the jobs change turns after this many seconds (docs/sharing.md).
+    /// others wait; a turn lasts this many seconds, or ten times what a change of turns is
+    /// measured to take if that is longer (at most 300 s; docs/sharing.md).
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TURN.as_secs_f64())]
     pub turn: f64,
 }
 
-/// Default `--turn`: long against what a change of turns costs (the paused jobs' working
-/// sets go out, the resumed ones' come in).
+/// Default `--turn`: the shortest turn, when a change of turns (the paused jobs' working sets
+/// go out, the resumed ones' come in) is measured to take less than a second.
 pub const DEFAULT_TURN: Duration = Duration::from_secs(10);
 
 /// Default `--reserve`: the same headroom the shim leaves when it sizes a budget alone.
