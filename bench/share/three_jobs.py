@@ -9,6 +9,7 @@ coordinator they start divides the card among them.
     cargo build --release -p tensile-tools -p tensile-simgpu
     cargo build --release -p tensile-preload
     python3 bench/share/three_jobs.py [--iterations 4] [--time-scale 16] [--card-memory 2.2GiB]
+                                      [--bin DIR] [--together-only]
 
 Reported per job: wall time of the whole rerun (prologue, learning, the iterations, the final
 check) and the median steady-state step (trace time), alone on the card and shared; the
@@ -88,11 +89,22 @@ def main():
     ap.add_argument("--time-scale", type=float, default=16)
     ap.add_argument("--card-memory", default="2.2GiB")
     ap.add_argument("--high", default="resnet50", help="the job run at high priority")
+    ap.add_argument("--bin", default=str(ROOT / "target" / "release"),
+                    help="the directory of the tensile binary, libtensile.so and the simulated "
+                         "libcuda.so to run (to compare builds)")
+    ap.add_argument("--together-only", action="store_true",
+                    help="only the three together (no alone runs, no priority run)")
     args = ap.parse_args()
-    tensile = ROOT / "target" / "release" / "tensile"
+    tensile = Path(args.bin) / "tensile"
     if not tensile.exists():
         sys.exit(f"no {tensile}: build it first (see the top of this script)")
     tag = f"bench{os.getpid()}"
+
+    if args.together_only:
+        shared, shared_wall = together(tensile, args, f"{tag}-shared")
+        print(f"together: {shared_wall:.1f} s; " + ", ".join(
+            f"{t} wall {r['wall']:.1f} s step {r['step_ms']:.1f} ms" for t, r in shared.items()))
+        return
 
     alone = {}
     for trace, scale in JOBS:
