@@ -64,6 +64,8 @@ pub struct JobClient {
     batch_limit: usize,
     /// Records lost since the last frame written (dropped here or reported by the caller).
     lost_pending: u64,
+    /// Records this client dropped because the ring was full.
+    ring_full_records: u64,
     command_seen: u64,
     command_buf: Vec<u8>,
     left: bool,
@@ -90,8 +92,8 @@ impl JobClient {
             source,
         })?;
         let slots = segment.geometry().slot_count;
-        let slot = (0..slots)
-            .find(|&i| segment.slot(i).try_claim(me.pid))
+        let (slot, took_from) = (0..slots)
+            .find_map(|i| segment.slot(i).try_claim(me.pid).map(|from| (i, from)))
             .ok_or_else(|| SegmentError::NoFreeSlot {
                 path: segment.path(),
                 slots,
@@ -102,6 +104,7 @@ impl JobClient {
             options.priority,
             &options.command_line,
             options.page_bytes,
+            took_from,
         );
         let command_seen = segment.slot(slot).command_acked.load(Ordering::Relaxed);
         let max_payload = (segment.geometry().ring_bytes / 2 - 8) as usize;
@@ -116,6 +119,7 @@ impl JobClient {
             batch_records: 0,
             batch_limit,
             lost_pending: 0,
+            ring_full_records: 0,
             command_seen,
             command_buf: Vec::new(),
             left: false,
@@ -194,10 +198,18 @@ impl JobClient {
                 slot.records_dropped
                     .fetch_add(self.batch_records, Ordering::Relaxed);
                 self.lost_pending = self.lost_pending.saturating_add(self.batch_records);
+                self.ring_full_records = self.ring_full_records.saturating_add(self.batch_records);
             }
         }
         self.batch_len = 0;
         self.batch_records = 0;
+    }
+
+    /// Records this client dropped because its ring was full (the coordinator did not read
+    /// them in time); they are in the slot's `records_dropped` too, with those the caller
+    /// lost before pushing.
+    pub fn ring_full_records(&self) -> u64 {
+        self.ring_full_records
     }
 
     /// Stamps the heartbeat.

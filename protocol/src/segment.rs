@@ -228,16 +228,19 @@ pub fn user_prefix() -> String {
     format!("tensile-{}-", current_uid())
 }
 
-/// Path of a shared-memory object as a file, for messages.
+/// Path of a shared-memory object as a file (in [`shm::shm_dir`]), for messages.
 pub fn shm_path(shm_name: &str) -> String {
-    format!("{}/{shm_name}", shm::SHM_DIR)
+    format!("{}/{shm_name}", shm::shm_dir_display())
 }
 
-/// The coordinator names (the part after the prefix) of this user's segments in `/dev/shm`,
-/// sorted.
+/// The coordinator names (the part after the prefix) of this user's segments in
+/// [`shm::shm_dir`], sorted.
 pub fn list_names() -> Vec<String> {
     let prefix = user_prefix();
-    let mut names: Vec<String> = std::fs::read_dir(shm::SHM_DIR)
+    let Ok(dir) = shm::shm_dir() else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .map(|dir| {
             dir.filter_map(Result::ok)
                 .filter_map(|e| e.file_name().into_string().ok())
@@ -346,7 +349,7 @@ impl Segment {
             })?;
         let file = ShmFile::create_exclusive(shm_name).map_err(|e| match e.kind() {
             io::ErrorKind::AlreadyExists => SegmentError::AlreadyExists { path: path.clone() },
-            _ => os(&path, "shm_open", e),
+            _ => os(&path, "creating", e),
         })?;
         let total = geometry.total_bytes();
         let made = (|| {
@@ -369,7 +372,7 @@ impl Segment {
             h.coordinator_start_time
                 .store(coordinator.start_time, Ordering::Relaxed);
             file.reserve(total)
-                .map_err(|e| os(&path, "reserving memory in /dev/shm", e))?;
+                .map_err(|e| os(&path, "reserving its memory", e))?;
             Ok(segment)
         })();
         let segment = match made {
@@ -397,7 +400,7 @@ impl Segment {
         let path = shm_path(shm_name);
         let file = ShmFile::open(shm_name, access).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => SegmentError::NotFound { path: path.clone() },
-            _ => os(&path, "shm_open", e),
+            _ => os(&path, "opening", e),
         })?;
         let meta = file.metadata().map_err(|e| os(&path, "fstat", e))?;
         check_ownership(&path, &meta)?;
@@ -546,7 +549,7 @@ pub(crate) fn occupant(shm_name: &str) -> Occupant {
     let file = match ShmFile::open(shm_name, Access::ReadOnly) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Occupant::Stale,
-        Err(e) => return Occupant::Foreign(os(&path, "shm_open", e)),
+        Err(e) => return Occupant::Foreign(os(&path, "opening", e)),
     };
     let meta = match file.metadata() {
         Ok(m) => m,

@@ -1,16 +1,64 @@
-//! POSIX shared memory: create, open, map and unlink `/dev/shm/NAME`, and nothing else.
+//! POSIX shared memory: create, open, map and unlink `DIR/NAME`, and nothing else.
 //!
-//! This is the only module that calls `shm_open`/`mmap`. What the bytes mean (the header, the
-//! slots) is [`crate::segment`]'s business; here a mapping is an address and a length that
-//! stay valid until it is dropped.
+//! This is the only module that opens segment files and calls `mmap`. What the bytes mean
+//! (the header, the slots) is [`crate::segment`]'s business; here a mapping is an address and
+//! a length that stay valid until it is dropped.
+//!
+//! `DIR` is [`shm_dir`]: `/dev/shm` (where glibc's `shm_open` puts its objects), or what
+//! `TENSILE_SHM_DIR` says, read here and nowhere else, so a job, the coordinator it starts
+//! (which inherits its environment) and `tensile status` agree on it. The files are opened
+//! as `shm_open` opens them (`open` with `O_NOFOLLOW | O_CLOEXEC`), in that directory.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
-/// Where POSIX shared-memory objects appear as files on Linux.
+/// Where POSIX shared-memory objects appear as files on Linux: the default [`shm_dir`].
 pub const SHM_DIR: &str = "/dev/shm";
+
+/// The variable that moves the segments out of [`SHM_DIR`]: an absolute path, best on a
+/// tmpfs (elsewhere the segment's pages are a file's, written back to its disk).
+pub const SHM_DIR_VARIABLE: &str = "TENSILE_SHM_DIR";
+
+/// The directory segments live in: `TENSILE_SHM_DIR` if set and not empty, else
+/// [`SHM_DIR`]; read once per process. A value that is not an absolute path is an error
+/// every open and create reports (a relative one would name another file in each process's
+/// working directory).
+pub fn shm_dir() -> Result<&'static Path, &'static str> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| match std::env::var_os(SHM_DIR_VARIABLE) {
+        Some(v) if !v.is_empty() => {
+            let p = PathBuf::from(v);
+            if p.is_absolute() {
+                Ok(p)
+            } else {
+                Err(format!(
+                    "{SHM_DIR_VARIABLE}={} is not an absolute path",
+                    p.display()
+                ))
+            }
+        }
+        _ => Ok(PathBuf::from(SHM_DIR)),
+    });
+    match dir {
+        Ok(p) => Ok(p.as_path()),
+        Err(e) => Err(e.as_str()),
+    }
+}
+
+/// The directory for messages: [`shm_dir`], or what the variable said if it is unusable.
+pub fn shm_dir_display() -> String {
+    match shm_dir() {
+        Ok(p) => p.display().to_string(),
+        Err(_) => std::env::var_os(SHM_DIR_VARIABLE)
+            .map(|v| PathBuf::from(v).display().to_string())
+            .unwrap_or_else(|| SHM_DIR.to_string()),
+    }
+}
 
 /// Who may do what with a mapping.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +74,7 @@ pub enum Access {
 #[derive(Debug)]
 pub struct ShmFile {
     fd: OwnedFd,
-    name: CString,
+    name: String,
 }
 
 /// What `fstat` says about the object.
@@ -39,30 +87,46 @@ pub struct ShmMetadata {
     pub ino: u64,
 }
 
-fn c_name(name: &str) -> io::Result<CString> {
-    CString::new(format!("/{name}"))
+/// The path of object `name` as a C string: `DIR/name`, `name` one file name.
+fn c_path(name: &str) -> io::Result<CString> {
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a file name",
+        ));
+    }
+    let dir = shm_dir().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    CString::new(dir.join(name).as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the name"))
 }
 
+/// `open(2)` as glibc's `shm_open` calls it.
+fn open_object(path: &CString, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            libc::c_uint::from(mode),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 impl ShmFile {
-    /// `shm_open(O_CREAT | O_EXCL | O_RDWR, 0600)`: fails with `AlreadyExists` when the name
+    /// `open(DIR/NAME, O_CREAT | O_EXCL | O_RDWR, 0600)`: fails with `AlreadyExists` when the name
     /// is taken. The mode is set again with `fchmod`, so a umask cannot widen or narrow it.
     pub fn create_exclusive(name: &str) -> io::Result<ShmFile> {
-        let c = c_name(name)?;
-        // SAFETY: `c` is a NUL-terminated string that outlives the call.
-        let fd = unsafe {
-            libc::shm_open(
-                c.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR | libc::O_CLOEXEC,
-                0o600,
-            )
+        let c = c_path(name)?;
+        let fd = open_object(&c, libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600)?;
+        let file = ShmFile {
+            fd,
+            name: name.to_string(),
         };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by shm_open and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let file = ShmFile { fd, name: c };
         // SAFETY: a valid descriptor.
         if unsafe { libc::fchmod(file.fd.as_raw_fd(), 0o600) } != 0 {
             return Err(io::Error::last_os_error());
@@ -72,19 +136,16 @@ impl ShmFile {
 
     /// Opens an existing object.
     pub fn open(name: &str, access: Access) -> io::Result<ShmFile> {
-        let c = c_name(name)?;
+        let c = c_path(name)?;
         let flags = match access {
             Access::ReadOnly => libc::O_RDONLY,
             Access::ReadWrite => libc::O_RDWR,
-        } | libc::O_CLOEXEC;
-        // SAFETY: `c` is a NUL-terminated string that outlives the call.
-        let fd = unsafe { libc::shm_open(c.as_ptr(), flags, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just returned by shm_open and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(ShmFile { fd, name: c })
+        };
+        let fd = open_object(&c, flags, 0)?;
+        Ok(ShmFile {
+            fd,
+            name: name.to_string(),
+        })
     }
 
     /// Sets the size (the memory is not reserved yet: see [`ShmFile::reserve`]).
@@ -157,18 +218,17 @@ impl ShmFile {
         })
     }
 
-    /// The name this file was opened under, without the leading `/`.
+    /// The name this file was opened under.
     pub fn name(&self) -> String {
-        let s = self.name.to_string_lossy();
-        s.trim_start_matches('/').to_string()
+        self.name.clone()
     }
 }
 
 /// Removes the name (mappings stay valid until unmapped).
 pub fn unlink(name: &str) -> io::Result<()> {
-    let c = c_name(name)?;
+    let c = c_path(name)?;
     // SAFETY: `c` is a NUL-terminated string that outlives the call.
-    if unsafe { libc::shm_unlink(c.as_ptr()) } != 0 {
+    if unsafe { libc::unlink(c.as_ptr()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -178,7 +238,8 @@ pub fn unlink(name: &str) -> io::Result<()> {
 /// object one has open.
 pub fn identity_of(name: &str) -> io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(format!("{SHM_DIR}/{name}"))?;
+    let dir = shm_dir().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let m = std::fs::symlink_metadata(dir.join(name))?;
     Ok((m.dev(), m.ino()))
 }
 

@@ -231,7 +231,10 @@ pub(crate) struct JobSlot {
     /// Job, while claiming: its memory manager's page, the unit its plans must move (0: not
     /// said, as by jobs before this field: the H100's 2 MiB). Offset 680.
     pub page_bytes: AtomicU64,
-    _reserved: [AtomicU64; (SLOT_BYTES - 688) / 8],
+    /// Job, while claiming: the pid of the dead job whose slot it took (0: the slot was
+    /// free), so the coordinator logs that job as dead rather than as gone. Offset 688.
+    pub took_from: AtomicU64,
+    _reserved: [AtomicU64; (SLOT_BYTES - 696) / 8],
 }
 
 const _: () = assert!(std::mem::size_of::<JobSlot>() == SLOT_BYTES);
@@ -242,6 +245,7 @@ const _: () = assert!(std::mem::offset_of!(JobSlot, command_line) == 384);
 const _: () = assert!(std::mem::offset_of!(JobSlot, priority) == 640);
 const _: () = assert!(std::mem::offset_of!(JobSlot, paused) == 672);
 const _: () = assert!(std::mem::offset_of!(JobSlot, page_bytes) == 680);
+const _: () = assert!(std::mem::offset_of!(JobSlot, took_from) == 688);
 
 /// A slot as read at one moment (fields may come from neighbouring updates).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -285,6 +289,8 @@ pub struct JobSnapshot {
     pub paused: bool,
     /// The job's page (0: not said).
     pub page_bytes: u64,
+    /// The pid of the dead job whose slot this job took when it joined (0: it was free).
+    pub took_from: u32,
 }
 
 /// The page a job that does not say its own moves in: the H100's 2 MiB.
@@ -358,6 +364,7 @@ impl JobSlot {
             grantable_bytes: r(&self.grantable_bytes),
             paused: self.paused.load(Ordering::Relaxed) != 0,
             page_bytes: r(&self.page_bytes),
+            took_from: r(&self.took_from) as u32,
         })
     }
 
@@ -402,12 +409,14 @@ impl JobSlot {
         }
     }
 
-    /// Takes the slot for `me` if it is free or its owner is dead; on success it is CLAIMING.
-    pub fn try_claim(&self, me: u32) -> bool {
+    /// Takes the slot for `me` if it is free or its owner is dead; on success it is CLAIMING,
+    /// and the result is the dead owner's pid (0: the slot was free), for
+    /// [`JobSlot::finish_claim`].
+    pub fn try_claim(&self, me: u32) -> Option<u32> {
         let word = self.owner.load(Ordering::Acquire);
-        let (_, state) = split_owner(word);
+        let (pid, state) = split_owner(word);
         if state != STATE_FREE && !self.owner_is_dead(word) {
-            return false;
+            return None;
         }
         self.owner
             .compare_exchange(
@@ -416,7 +425,8 @@ impl JobSlot {
                 Ordering::AcqRel,
                 Ordering::Relaxed,
             )
-            .is_ok()
+            .ok()
+            .map(|_| if state == STATE_FREE { 0 } else { pid })
     }
 
     /// Finishes a claim: resets the job's fields, writes its identity, goes LIVE. The ring
@@ -429,6 +439,7 @@ impl JobSlot {
         priority: Priority,
         command_line: &str,
         page_bytes: u64,
+        took_from: u32,
     ) -> (u64, u64) {
         let z = |a: &AtomicU64| a.store(0, Ordering::Relaxed);
         let incarnation = self.incarnation.fetch_add(1, Ordering::Relaxed) + 1;
@@ -436,6 +447,8 @@ impl JobSlot {
         self.heartbeat_ns.store(monotonic_ns(), Ordering::Relaxed);
         self.budget_bytes.store(budget_bytes, Ordering::Relaxed);
         self.page_bytes.store(page_bytes, Ordering::Relaxed);
+        self.took_from
+            .store(u64::from(took_from), Ordering::Relaxed);
         for a in [
             &self.resident_bytes,
             &self.demand_bytes,

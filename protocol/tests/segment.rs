@@ -351,12 +351,16 @@ fn a_joining_job_takes_the_slot_of_a_dead_one_and_none_of_its_records() {
         Err(SegmentError::NoFreeSlot { slots: 1, .. })
     ));
     let old_incarnation = coordinator.jobs()[0].incarnation;
+    assert_eq!(coordinator.jobs()[0].took_from, 0, "its slot was free");
+    let dead = child.id();
     kill9(&mut child);
     let mut job = JobClient::join(&name, &options("the new one")).unwrap();
     assert_eq!(job.slot_index(), slot);
     let now = &coordinator.jobs()[0];
     assert_eq!(now.process.pid, std::process::id());
     assert!(now.incarnation > old_incarnation);
+    // The slot says whose it was, so the coordinator logs that job as dead.
+    assert_eq!(now.took_from, dead);
     // The dead job's unread records are not delivered as the new job's.
     job.push(&launch(1000));
     job.flush();

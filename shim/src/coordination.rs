@@ -10,6 +10,10 @@
 //! the plan it runs stays valid (it depends on the job alone), whatever the plan does not cover
 //! is swapped on demand, and it tries to rejoin (starting a new coordinator) every
 //! [`REJOIN_INTERVAL`]; the new one learns the job again from its stream.
+//!
+//! A coordinator that runs but does not read (stopped, starved) costs the job nothing either:
+//! its ring fills, frames that do not fit are dropped and counted (never waited for), the job
+//! says so once, and the coordinator relearns the job from the gap on.
 
 use std::ffi::CStr;
 use std::path::PathBuf;
@@ -65,6 +69,8 @@ pub struct CoordinatorSource {
     next_rejoin: Instant,
     said_gone: bool,
     said_bad_command: bool,
+    /// Whether the job said that the coordinator it joined last let its ring fill.
+    said_ring_full: bool,
     /// The memory manager's page, told the coordinator when joining.
     page_bytes: u64,
     /// Launches per iteration and predicted step of the last plan received.
@@ -108,6 +114,7 @@ impl CoordinatorSource {
             next_rejoin: Instant::now(),
             said_gone: false,
             said_bad_command: false,
+            said_ring_full: false,
             page_bytes,
             plan_shape: None,
             last_report: None,
@@ -139,9 +146,12 @@ impl CoordinatorSource {
                 if self.start_if_missing => {}
             Err(e) => return Err(e.to_string()),
         }
-        let log = self.start_coordinator()?;
+        let (mut child, log) = self.start_coordinator()?;
         let deadline = Instant::now() + START_PATIENCE;
-        loop {
+        let joined = loop {
+            // Looked at before joining: a coordinator that exited (another one started first,
+            // or it could not create its segment) gets one last try, since another may serve.
+            let exited = child.try_wait().ok().flatten();
             match JobClient::join(&self.name, &self.options()) {
                 Ok(c) => {
                     tracing::info!(
@@ -149,23 +159,40 @@ impl CoordinatorSource {
                         self.name,
                         log.display()
                     );
-                    return Ok(c);
+                    break Ok(c);
                 }
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(format!(
-                        "started a coordinator but could not join it within {:.0} s ({e}; its \
-                         log: {})",
-                        START_PATIENCE.as_secs_f64(),
-                        log.display()
-                    ))
+                Err(e) => {
+                    if let Some(status) = exited {
+                        break Err(format!(
+                            "started a coordinator, but it exited ({status}{}) and none can be \
+                             joined ({e}; its log: {})",
+                            last_line(&log).map_or(String::new(), |l| format!(": {l}")),
+                            log.display()
+                        ));
+                    }
+                    if Instant::now() >= deadline {
+                        break Err(format!(
+                            "started a coordinator but could not join it within {:.0} s ({e}; \
+                             its log: {})",
+                            START_PATIENCE.as_secs_f64(),
+                            log.display()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
                 }
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
-        }
+        };
+        // Reaped when it exits, so it never lingers as a zombie of the job.
+        let _ = std::thread::Builder::new()
+            .name("tensile-coord-reaper".into())
+            .spawn(move || {
+                let _ = child.wait();
+            });
+        joined
     }
 
-    /// Starts `tensile coordinator` detached; returns its log file.
-    fn start_coordinator(&self) -> Result<PathBuf, String> {
+    /// Starts `tensile coordinator` detached; returns it and its log file.
+    fn start_coordinator(&self) -> Result<(std::process::Child, PathBuf), String> {
         let binary = tensile_binary()
             .ok_or("no `tensile` binary next to libtensile.so to start a coordinator with")?;
         // SAFETY: getuid cannot fail.
@@ -204,16 +231,10 @@ impl CoordinatorSource {
                 });
             }
         }
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
-        // Reaped when it exits, so it never lingers as a zombie of the job.
-        let _ = std::thread::Builder::new()
-            .name("tensile-coord-reaper".into())
-            .spawn(move || {
-                let _ = child.wait();
-            });
-        Ok(log)
+        Ok((child, log))
     }
 
     /// The coordinator went away: say so once, and rejoin (starting a new one) when due.
@@ -244,6 +265,7 @@ impl CoordinatorSource {
             // The new coordinator relearns from here on.
             self.client = Some(client);
             self.said_gone = false;
+            self.said_ring_full = false;
         }
     }
 }
@@ -282,6 +304,16 @@ impl PlanSource for CoordinatorSource {
         };
         client.flush();
         client.heartbeat();
+        if client.ring_full_records() > 0 && !self.said_ring_full {
+            tracing::warn!(
+                "the coordinator {:?} is not reading this job's records (its event ring is \
+                 full): they are dropped and counted, the job goes on with its plan (if any) \
+                 and on-demand swapping, and the coordinator relearns the job from what it \
+                 reads next",
+                self.name
+            );
+            self.said_ring_full = true;
+        }
         // Renewed every poll while the coordinator keeps the job paused; it runs out by
         // itself if this thread or the coordinator stops.
         if client.paused() {
@@ -395,6 +427,13 @@ impl PlanSource for CoordinatorSource {
             self.last_report = Some(now);
         }
     }
+}
+
+/// The last line of a file (a coordinator's log), if it has one.
+fn last_line(path: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let line = text.lines().rev().find(|l| !l.trim().is_empty())?;
+    Some(line.trim().to_string())
 }
 
 /// `tensile` in the directory of the `libtensile.so` this code is in.

@@ -178,8 +178,9 @@ impl Run {
             .env("TENSILE_TRACE", path.to_string_lossy())
     }
 
-    /// Runs to completion and captures the output.
-    pub fn output(&self) -> Output {
+    /// The command this run is: the executable, its arguments, and the environment (no
+    /// inherited libtensile or simulator settings).
+    fn command(&self) -> Command {
         let a = artifacts();
         let mut cmd = Command::new(&self.exe);
         cmd.args(&self.args);
@@ -200,7 +201,13 @@ impl Run {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
-        let out = cmd
+        cmd
+    }
+
+    /// Runs to completion and captures the output.
+    pub fn output(&self) -> Output {
+        let out = self
+            .command()
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", self.exe.display()));
         Output {
@@ -208,6 +215,128 @@ impl Run {
             code: out.status.code(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Starts the run and returns at once; its output is read as it comes (see [`Running`]).
+    pub fn spawn(&self) -> Running {
+        let mut child = self
+            .command()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("running {}: {e}", self.exe.display()));
+        let lines = std::sync::Arc::new(Lines::default());
+        let readers = vec![
+            reader(child.stdout.take().map(|o| Box::new(o) as _), &lines, false),
+            reader(child.stderr.take().map(|e| Box::new(e) as _), &lines, true),
+        ];
+        Running {
+            child,
+            lines,
+            readers,
+        }
+    }
+}
+
+/// What a [`Running`] run has printed so far.
+#[derive(Default)]
+struct Lines {
+    /// stdout and stderr so far.
+    text: std::sync::Mutex<(String, String)>,
+    grew: std::sync::Condvar,
+}
+
+/// A thread that appends what `from` prints to `lines` (stderr if `err`) until it closes.
+fn reader(
+    from: Option<Box<dyn std::io::Read + Send>>,
+    lines: &std::sync::Arc<Lines>,
+    err: bool,
+) -> std::thread::JoinHandle<()> {
+    let lines = lines.clone();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        let Some(from) = from else { return };
+        for line in std::io::BufReader::new(from).lines() {
+            let Ok(line) = line else { break };
+            let mut text = lines.text.lock().unwrap();
+            let to = if err { &mut text.1 } else { &mut text.0 };
+            to.push_str(&line);
+            to.push('\n');
+            lines.grew.notify_all();
+        }
+    })
+}
+
+/// A run started with [`Run::spawn`]: its output so far can be waited for, it can be
+/// signalled, and [`Running::wait`] gives its [`Output`].
+pub struct Running {
+    child: std::process::Child,
+    lines: std::sync::Arc<Lines>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Running {
+    /// A run a failed test leaves behind is killed, not leaked.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Running {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until stdout (`err` false) or stderr has a line containing `text`, or until
+    /// `patience` has passed (then false).
+    pub fn wait_for(&self, err: bool, text: &str, patience: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + patience;
+        let mut now = self.lines.text.lock().unwrap();
+        loop {
+            let seen = if err { &now.1 } else { &now.0 };
+            if seen.contains(text) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            now = self.lines.grew.wait_timeout(now, left).unwrap().0;
+        }
+    }
+
+    /// stdout so far.
+    pub fn stdout(&self) -> String {
+        self.lines.text.lock().unwrap().0.clone()
+    }
+
+    /// stderr so far.
+    pub fn stderr(&self) -> String {
+        self.lines.text.lock().unwrap().1.clone()
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: plain kill(2) of a child this value started and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Waits for the process to end and returns all it printed.
+    pub fn wait(mut self) -> Output {
+        let status = self.child.wait().expect("waiting for a child");
+        for r in std::mem::take(&mut self.readers) {
+            let _ = r.join();
+        }
+        let (stdout, stderr) = std::mem::take(&mut *self.lines.text.lock().unwrap());
+        Output {
+            success: status.success(),
+            code: status.code(),
+            stdout,
+            stderr,
         }
     }
 }

@@ -7,12 +7,18 @@
 //! the coordinator it starts anew, and runs that one's plan (made knowing the allocations the
 //! job made before it came).
 //!
-//! A segment of another version is refused in one line, and the job learns and plans in its own
-//! process instead.
+//! A segment of another version, of another owner or open to other users, or a segment
+//! directory (`TENSILE_SHM_DIR`) that cannot hold one, is refused in one line, and the job
+//! learns and plans in its own process instead. A coordinator that stops reading lets the
+//! job's ring fill: the job drops and counts, never waits, says so once, and gets a new plan
+//! once the coordinator reads again. A job killed mid-run is logged dead once, and the next
+//! job gets its slot.
 //!
 //! Each test uses a coordinator name of its own, so tests run in parallel, and stops the
 //! coordinators it caused.
 
+use std::path::PathBuf;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use std::os::unix::fs::FileExt;
@@ -20,7 +26,7 @@ use std::os::unix::fs::FileExt;
 use tensile_protocol::segment::{shm_name, shm_path, Geometry, LAYOUT_VERSION};
 use tensile_protocol::{CoordinatorSegment, SegmentView};
 use tensile_tests::expect::named_digests;
-use tensile_tests::harness::{Output, Run};
+use tensile_tests::harness::{artifacts, Output, Run, Running};
 
 /// Layers, tensor KiB (one 2 MiB page), as in `plan_exec`.
 const LAYERS: &str = "6";
@@ -383,5 +389,480 @@ fn at_no_pressure_a_coordinator_plan_adds_no_driver_calls_per_launch() {
     assert!(
         with.abs_diff(without) <= without / 10 + 4,
         "cuEventRecord: {with} with a coordinator, {without} without (per {launches} launches)"
+    );
+}
+
+/// A coordinator a test starts itself (`tensile coordinator` with options of its own), stopped
+/// (and resumed first, if the test stopped it) when dropped.
+struct OwnCoordinator {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl OwnCoordinator {
+    /// Starts `tensile coordinator --name NAME` with `options` and waits for its segment.
+    fn start(name: &str, options: &[&str]) -> OwnCoordinator {
+        let log = std::env::temp_dir().join(format!("tensile-e2e-{name}.log"));
+        let _ = std::fs::remove_file(&log);
+        let mut cmd = std::process::Command::new(&artifacts().tensile);
+        cmd.args(["coordinator", "--name", name, "--idle-exit", "120", "--log"])
+            .arg(&log)
+            .args(options)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("TENSILE_") || k == "LD_PRELOAD" {
+                cmd.env_remove(k.as_ref());
+            }
+        }
+        let child = cmd.spawn().expect("starting tensile coordinator");
+        let me = OwnCoordinator { child, log };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while coordinator_pid(name) != Some(me.child.id()) {
+            assert!(
+                Instant::now() < deadline,
+                "the coordinator did not open its segment:\n{}",
+                me.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        me
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: plain kill(2) of a child this test started and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Its log so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for OwnCoordinator {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.signal(libc::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait().ok().flatten().is_none() {
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// Iterations a running `wl_train` has said it finished.
+fn iterations_done(job: &Running) -> u32 {
+    job.stderr()
+        .lines()
+        .filter_map(|l| l.strip_prefix("wl_train: iteration "))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Generous: the whole suite runs on two loaded cores.
+const PATIENCE: Duration = Duration::from_secs(180);
+
+/// Issue 11: a coordinator that stops reading (here stopped with SIGSTOP; a coordinator
+/// starved of CPU is the same to the job) lets the job's event ring fill. The job never
+/// waits for it: it drops and counts what does not fit, says so once, goes on computing
+/// bit for bit with the plan it has and on-demand swapping; once the coordinator reads
+/// again it learns of the gap, relearns the job and sends a new plan.
+#[test]
+fn a_full_event_ring_drops_and_counts_without_blocking_and_the_coordinator_relearns() {
+    let name = unique_name("ring");
+    let native = train(40).output();
+    native.assert_ok("native");
+    // The smallest ring (4 KiB, some 130 records): full within a second or two of the
+    // simulated job's stream once nobody reads it.
+    let coordinator = OwnCoordinator::start(&name, &["--ring-kib", "4"]);
+    let job = planned_job(40, &name).spawn();
+    assert!(
+        job.wait_for(true, "from the coordinator", PATIENCE),
+        "no plan from the coordinator before the stall:\n{}\n--- coordinator\n{}",
+        job.stderr(),
+        coordinator.log()
+    );
+    coordinator.signal(libc::SIGSTOP);
+    let full = job.wait_for(true, "is not reading this job's records", PATIENCE);
+    // The job goes on while the coordinator is still stopped: three more iterations.
+    let stalled_at = iterations_done(&job);
+    let deadline = Instant::now() + PATIENCE;
+    while iterations_done(&job) < stalled_at + 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let went_on = iterations_done(&job) >= stalled_at + 3;
+    coordinator.signal(libc::SIGCONT);
+    let out = job.wait();
+    let log = coordinator.log();
+    drop(coordinator);
+    out.assert_ok("job");
+    assert!(
+        full,
+        "the job did not say its ring was full:\n{}",
+        out.stderr
+    );
+    assert!(
+        went_on,
+        "the job did not go on while the coordinator was stopped (iteration {stalled_at}):\n{}",
+        out.stderr
+    );
+    assert_eq!(
+        named_digests(&out.stdout),
+        named_digests(&native.stdout),
+        "results differ from the run without the shim"
+    );
+    assert_eq!(
+        out.stderr
+            .matches("is not reading this job's records")
+            .count(),
+        1,
+        "the job should say once that its ring was full:\n{}",
+        out.stderr
+    );
+    assert!(
+        !out.stderr.contains("went away"),
+        "a stopped coordinator is not a dead one:\n{}",
+        out.stderr
+    );
+    // After the gap: the coordinator says how much was lost, relearns, plans again, and the
+    // job runs that plan.
+    let (_, after_gap) = log
+        .split_once("records lost on the way")
+        .unwrap_or_else(|| panic!("the coordinator logged no gap:\n{log}"));
+    assert!(
+        after_gap.contains("planned: version"),
+        "no plan after the gap:\n{log}"
+    );
+    let (_, after_full) = out
+        .stderr
+        .split_once("is not reading this job's records")
+        .unwrap();
+    assert!(
+        after_full.contains("from the coordinator"),
+        "no plan from the coordinator after it read again:\n{}\n--- coordinator\n{log}",
+        out.stderr
+    );
+    // Counted: the job's leaving line says how many of its records were lost.
+    let lost: u64 = log
+        .lines()
+        .find_map(|l| {
+            l.split_once(" left slot ")?
+                .1
+                .split_once(" records (")?
+                .1
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("the job's leaving is not logged:\n{log}"));
+    assert!(lost > 0, "no records counted lost:\n{log}");
+    assert_eq!(executor_counter(&out, "mismatches"), 0);
+}
+
+/// Issue 11: a job killed with SIGKILL mid-run (streaming, its slot held, perhaps in the middle
+/// of writing a frame) costs the next job nothing: with one slot only, the next job gets it
+/// (taken from the dead job, or reclaimed by the sweep first), learns, gets a plan and
+/// computes bit for bit; the coordinator logs the death once.
+#[test]
+fn a_job_killed_mid_run_is_logged_dead_once_and_its_slot_serves_the_next_job() {
+    let name = unique_name("victim");
+    let native = train(12).output();
+    native.assert_ok("native");
+    let coordinator = OwnCoordinator::start(&name, &["--slots", "1"]);
+    let victim = planned_job(40, &name).spawn();
+    assert!(
+        victim.wait_for(true, "from the coordinator", PATIENCE),
+        "the first job got no plan:\n{}\n--- coordinator\n{}",
+        victim.stderr(),
+        coordinator.log()
+    );
+    let victim_pid = victim.pid();
+    victim.signal(libc::SIGKILL);
+    let killed = victim.wait();
+    assert!(!killed.success, "the first job was not killed");
+    // At once: the next job may find the dead job's slot before the sweep does.
+    let out = planned_job(12, &name).output();
+    let log = coordinator.log();
+    drop(coordinator);
+    out.assert_ok("the next job");
+    assert_eq!(
+        named_digests(&out.stdout),
+        named_digests(&native.stdout),
+        "results differ from the run without the shim"
+    );
+    assert!(
+        out.stderr.contains("joined coordinator") && out.stderr.contains("(slot 0)"),
+        "the next job did not join the only slot:\n{}\n--- coordinator\n{log}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("from the coordinator"),
+        "the next job got no plan:\n{}\n--- coordinator\n{log}",
+        out.stderr
+    );
+    assert!(executor_counter(&out, "plans_loaded") >= 1);
+    assert_eq!(executor_counter(&out, "mismatches"), 0);
+    let died = format!("job {victim_pid} died");
+    assert_eq!(
+        log.matches(&died).count(),
+        1,
+        "the death should be logged once:\n{log}"
+    );
+    assert!(
+        !log.contains(&format!("job {victim_pid} left")),
+        "a dead job logged as one that left:\n{log}"
+    );
+}
+
+/// The file's owner, mode, size, inode and bytes, to tell that nothing touched it.
+fn fingerprint(path: &str) -> (u32, u32, u64, u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    let bytes = std::fs::read(path).unwrap();
+    (
+        m.uid(),
+        m.mode(),
+        m.len(),
+        m.ino(),
+        tensile_tests::expect::fnv1a(&bytes),
+    )
+}
+
+/// Issue 11: a segment under this job's name that another user owns, or that is open to
+/// other users, is refused in one line (not joined, not replaced, not touched), and the job
+/// learns and plans in its own process, bit for bit. Changing a file's owner needs root; as
+/// another user only the mode is tried.
+#[test]
+fn a_segment_of_another_owner_or_open_to_others_is_refused_once_and_left_untouched() {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!(
+            "not root: the segment owned by another user is not tried (chown needs root); \
+             the segment open to others is"
+        );
+    }
+    let native = train(12).output();
+    native.assert_ok("native");
+    let mut cases = vec![("mode", "open to other users")];
+    if root {
+        cases.push(("owner", "belongs to uid 65534"));
+    }
+    let segments: Vec<(String, CoordinatorSegment, String)> = cases
+        .iter()
+        .map(|(case, _)| {
+            let name = unique_name(&format!("foreign-{case}"));
+            let segment = CoordinatorSegment::create(
+                &name,
+                Geometry {
+                    slot_count: 2,
+                    ..Geometry::default()
+                },
+            )
+            .unwrap();
+            let path = shm_path(&shm_name(&name).unwrap());
+            if *case == "owner" {
+                let c = std::ffi::CString::new(path.clone()).unwrap();
+                // SAFETY: a NUL-terminated path that outlives the call.
+                assert_eq!(unsafe { libc::chown(c.as_ptr(), 65534, 65534) }, 0);
+            } else {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+            (name, segment, path)
+        })
+        .collect();
+    let before: Vec<_> = segments.iter().map(|(_, _, p)| fingerprint(p)).collect();
+    let outs: Vec<Output> = std::thread::scope(|s| {
+        let runs: Vec<_> = segments
+            .iter()
+            .map(|(name, _, _)| s.spawn(move || planned_job(12, name).output()))
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    let after: Vec<_> = segments.iter().map(|(_, _, p)| fingerprint(p)).collect();
+    drop(segments);
+    for ((out, (case, says)), (before, after)) in
+        outs.iter().zip(&cases).zip(before.iter().zip(&after))
+    {
+        out.assert_ok(case);
+        assert_eq!(
+            named_digests(&out.stdout),
+            named_digests(&native.stdout),
+            "{case}: results differ from the run without the shim"
+        );
+        let refusals: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.contains("no coordinator"))
+            .collect();
+        assert_eq!(
+            refusals.len(),
+            1,
+            "{case}: one line expected:\n{}",
+            out.stderr
+        );
+        assert!(refusals[0].contains(says), "{case}: {}", refusals[0]);
+        assert!(
+            !out.stderr.contains("started coordinator")
+                && !out.stderr.contains("joined coordinator"),
+            "{case}: the segment must be neither joined nor replaced:\n{}",
+            out.stderr
+        );
+        assert_eq!(before, after, "{case}: the segment was touched");
+        assert!(
+            executor_counter(out, "plans_loaded") >= 1,
+            "{case}: {}",
+            out.stderr
+        );
+        assert_eq!(executor_counter(out, "mismatches"), 0);
+    }
+}
+
+/// The pid a coordinator's log says it serves with.
+fn logged_coordinator_pid(log: &str) -> Option<u32> {
+    log.lines().rev().find_map(|l| {
+        l.split_once(" coordinator ")?
+            .1
+            .split_once(" serving ")?
+            .0
+            .parse()
+            .ok()
+    })
+}
+
+/// Issue 11: segments live where `TENSILE_SHM_DIR` says (default `/dev/shm`). A directory
+/// that cannot hold them (a path under a regular file: not even root can make it; or one
+/// that does not exist, so the coordinator the job starts cannot create its segment) is
+/// reported in one line, and the job learns and plans in its own process, bit for bit. In
+/// a directory that can, a job starts a coordinator there and runs its plan, and `tensile
+/// status` with the same setting finds it.
+#[test]
+fn segments_live_in_tensile_shm_dir_and_one_that_cannot_hold_them_is_reported_once() {
+    let dir = std::env::temp_dir().join(format!("tensile-shmdir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("good")).unwrap();
+    std::fs::write(dir.join("file"), b"not a directory").unwrap();
+    let native = train(12).output();
+    native.assert_ok("native");
+    let cases = [
+        ("under-a-file", dir.join("file/shm"), "Not a directory"),
+        ("absent", dir.join("absent"), "it exited"),
+        ("good", dir.join("good"), ""),
+    ];
+    let names: Vec<String> = cases
+        .iter()
+        .map(|(case, _, _)| unique_name(&format!("shmdir-{case}")))
+        .collect();
+    let outs: Vec<Output> = std::thread::scope(|s| {
+        let runs: Vec<_> = cases
+            .iter()
+            .zip(&names)
+            .map(|((_, path, _), name)| {
+                s.spawn(move || {
+                    planned_job(12, name)
+                        .env("TENSILE_SHM_DIR", path.display().to_string())
+                        .output()
+                })
+            })
+            .collect();
+        runs.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let logs: Vec<PathBuf> = names
+        .iter()
+        .map(|n| std::env::temp_dir().join(format!("tensile-coordinator-{uid}-{n}.log")))
+        .collect();
+    let good_log = std::fs::read_to_string(&logs[2]).unwrap_or_default();
+    let good_segment = dir.join("good").join(shm_name(&names[2]).unwrap());
+    let status = std::process::Command::new(&artifacts().tensile)
+        .arg("status")
+        .env("TENSILE_SHM_DIR", dir.join("good"))
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    // Stop the coordinator the good job started (it is in a directory the helpers here do
+    // not look in) and wait for its segment to go.
+    if let Some(pid) = logged_coordinator_pid(&good_log) {
+        // SAFETY: plain kill(2) of the pid that coordinator logged.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while good_segment.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let good_segment_gone = !good_segment.exists();
+    let absent_created = dir.join("absent").exists();
+    for log in &logs {
+        let _ = std::fs::remove_file(log);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    for (out, (case, _, says)) in outs.iter().zip(&cases) {
+        out.assert_ok(case);
+        assert_eq!(
+            named_digests(&out.stdout),
+            named_digests(&native.stdout),
+            "{case}: results differ from the run without the shim"
+        );
+        assert!(
+            executor_counter(out, "plans_loaded") >= 1,
+            "{case}: {}",
+            out.stderr
+        );
+        assert_eq!(executor_counter(out, "mismatches"), 0);
+        let refusals: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| l.contains("no coordinator"))
+            .collect();
+        if says.is_empty() {
+            assert!(refusals.is_empty(), "{case}: {}", out.stderr);
+            continue;
+        }
+        assert_eq!(
+            refusals.len(),
+            1,
+            "{case}: one line expected:\n{}",
+            out.stderr
+        );
+        assert!(refusals[0].contains(says), "{case}: {}", refusals[0]);
+        assert!(
+            !out.stderr.contains("joined coordinator"),
+            "{case}:\n{}",
+            out.stderr
+        );
+    }
+    assert!(!absent_created, "a missing directory must not be made");
+    let good = &outs[2];
+    assert!(
+        good.stderr
+            .contains(&format!("joined coordinator {}", good_segment.display())),
+        "the job did not join a segment in TENSILE_SHM_DIR:\n{}",
+        good.stderr
+    );
+    assert!(
+        good.stderr.contains("from the coordinator"),
+        "no plan from the coordinator in TENSILE_SHM_DIR:\n{}\n--- coordinator\n{good_log}",
+        good.stderr
+    );
+    assert!(
+        status.contains(&names[2]),
+        "tensile status with TENSILE_SHM_DIR did not find the coordinator:\n{status}"
+    );
+    assert!(
+        good_segment_gone,
+        "the coordinator in TENSILE_SHM_DIR did not stop"
     );
 }

@@ -29,7 +29,8 @@ pub fn render(name: Option<&str>) -> Result<String, String> {
     };
     if names.is_empty() {
         return Ok(format!(
-            "no coordinator is running (no /dev/shm/{}* segment)\n",
+            "no coordinator is running (no {}/{}* segment)\n",
+            tensile_protocol::shm::shm_dir_display(),
             user_prefix()
         ));
     }

@@ -54,6 +54,11 @@ pub struct CoordinatorArgs {
     /// Job slots in the segment: the most jobs served at once.
     #[arg(long, default_value_t = Geometry::default().slot_count)]
     pub slots: u32,
+    /// KiB of each job's event ring: a power of two from 4 to 65536. A job whose ring is
+    /// full (the coordinator does not keep up) drops records and counts them; its planner
+    /// relearns after the gap.
+    #[arg(long, value_name = "KIB", default_value_t = Geometry::default().ring_bytes >> 10)]
+    pub ring_kib: u64,
     /// The rates pages move at that the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
     /// TENSILE_PLAN_GBPS); default the H100's copy rates (55,55,92) slowed by the H100's
     /// remap calls for each page moved, shared by the pages of a unit (units the size of
@@ -193,6 +198,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
     let mut log = Log::new(out);
     let geometry = Geometry {
         slot_count: args.slots,
+        ring_bytes: args.ring_kib.saturating_mul(1 << 10),
         ..Geometry::default()
     };
     let segment = match CoordinatorSegment::create_replacing_stale(&args.name, geometry) {
@@ -281,6 +287,9 @@ pub type PlannerFactory = Box<dyn FnMut(&JobSnapshot) -> Box<dyn JobPlanner>>;
 struct Job {
     incarnation: u64,
     pid: u32,
+    /// Records the job lost (its ring was full, or it dropped them before pushing), as
+    /// delivered since the last tick.
+    gap: u64,
     command_line: String,
     planner: Box<dyn JobPlanner>,
     last_poll: Option<Instant>,
@@ -319,6 +328,7 @@ impl Job {
             }
             Delivery::Lost(n) => {
                 self.lost += n;
+                self.gap += n;
                 self.planner.lost(n);
             }
             Delivery::Corrupt(c) => {
@@ -477,6 +487,15 @@ impl Coordinator {
             .collect();
         for slot in gone {
             if let Some(mut job) = self.jobs.remove(&slot) {
+                // A joining job may take a dead job's slot before the sweep frees it: that
+                // job died, it did not leave.
+                if let Some(next) = live.get(&slot).filter(|s| s.took_from == job.pid) {
+                    self.log.line(&format!(
+                        "job {} died; slot {slot} taken by job {} after {} records",
+                        job.pid, next.process.pid, job.records
+                    ));
+                    continue;
+                }
                 let mut corrupt = None;
                 self.segment
                     .drain_departed(slot, job.incarnation, |d| job.take(d, &mut corrupt));
@@ -505,6 +524,7 @@ impl Coordinator {
                     Job {
                         incarnation: snap.incarnation,
                         pid: snap.process.pid,
+                        gap: 0,
                         command_line: snap.command_line.clone(),
                         planner,
                         last_poll: None,
@@ -539,6 +559,14 @@ impl Coordinator {
             let before = job.records;
             segment.drain(slot, DRAIN_PER_TICK, |d| job.take(d, &mut corrupt));
             busy |= job.records != before;
+            if job.gap > 0 {
+                log.line(&format!(
+                    "job {}: {} records lost on the way (its event ring was full, or the job \
+                     dropped them); relearning",
+                    job.pid, job.gap
+                ));
+                job.gap = 0;
+            }
             if let Some(c) = corrupt {
                 log.line(&format!(
                     "job {}: its event ring was corrupt ({c}); reset, relearning",
@@ -1053,11 +1081,12 @@ mod tests {
             format!("job {pid} joined slot {slot}, asking 5.00 GiB: train.py --lr 3e-4"),
             format!("grants: job {pid} 5.00 GiB (was 0 B"),
             format!("job {pid} planned: version 1, 3 launches per iteration"),
+            format!("job {pid}: 7 records lost on the way"),
             format!("job {pid} left slot {slot} after 403 records (7 lost)"),
         ] {
             assert!(log.contains(&want), "{want:?} not in the log:\n{log}");
         }
-        assert_eq!(log.lines().count(), 4, "{log}");
+        assert_eq!(log.lines().count(), 5, "{log}");
     }
 
     /// A coordinator on a segment of its own whose planners never plan and which keeps no
