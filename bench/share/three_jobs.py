@@ -19,8 +19,10 @@ slowdown is shared / alone. Every run must verify every stamp, or the script fai
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,9 +44,14 @@ def start(tensile, trace, scale, args, card, priority=None):
     ]
     if priority:
         cmd += ["--priority", priority]
+    # The players' logs, to tell a job that did not join the card's coordinator.
+    logs = Path(tempfile.gettempdir()) / f"three-jobs-{card}-{trace}"
+    cmd += ["--logs", str(logs)]
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             text=True)
+    proc.logs = logs
+    return proc
 
 
 def finish(proc, trace, started):
@@ -52,6 +59,14 @@ def finish(proc, trace, started):
     wall = time.monotonic() - started
     if proc.returncode != 0:
         sys.exit(f"{trace}: tensile rerun failed ({proc.returncode}):\n{err[-3000:]}")
+    # A job that could not join the coordinator planned alone, on the whole card: its figures
+    # are not sharing's.
+    for log in sorted(proc.logs.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "no coordinator" in line:
+                print(f"warning: {trace} ({log.name}) ran without the card's coordinator: "
+                      f"{line.strip()[:300]}", file=sys.stderr)
+    shutil.rmtree(proc.logs, ignore_errors=True)
     run = json.loads(out)["runs"][0]
     if run.get("verified") is not True:
         sys.exit(f"{trace}: stamps not verified: {run}")

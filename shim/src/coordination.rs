@@ -37,6 +37,9 @@ use tensile_analyzer::SwappedMapping;
 pub const DEFAULT_NAME: &str = "default";
 /// How long a job waits for a coordinator it started to open its segment.
 const START_PATIENCE: Duration = Duration::from_secs(3);
+/// How long a job whose started coordinator exited keeps trying to join when no segment is
+/// there: a coordinator another job started at the same moment may be about to create it.
+const EXITED_GRACE: Duration = Duration::from_millis(500);
 /// How often a job whose coordinator went away tries to rejoin.
 pub const REJOIN_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a coordinator started by a job stays after the last job left, in seconds.
@@ -148,10 +151,16 @@ impl CoordinatorSource {
         }
         let (mut child, log) = self.start_coordinator()?;
         let deadline = Instant::now() + START_PATIENCE;
+        let mut exited_at: Option<Instant> = None;
         let joined = loop {
-            // Looked at before joining: a coordinator that exited (another one started first,
-            // or it could not create its segment) gets one last try, since another may serve.
+            // Looked at before joining: a coordinator that exited (another job's started
+            // first, or it could not create its segment) leaves the job waiting only while
+            // another may still serve: a segment being made (`NotReady`) until the deadline,
+            // none for a short grace (the other may be about to create it).
             let exited = child.try_wait().ok().flatten();
+            if exited.is_some() && exited_at.is_none() {
+                exited_at = Some(Instant::now());
+            }
             match JobClient::join(&self.name, &self.options()) {
                 Ok(c) => {
                     tracing::info!(
@@ -162,7 +171,9 @@ impl CoordinatorSource {
                     break Ok(c);
                 }
                 Err(e) => {
-                    if let Some(status) = exited {
+                    let another_may_serve = matches!(e, SegmentError::NotReady { .. })
+                        || exited_at.is_some_and(|t| t.elapsed() < EXITED_GRACE);
+                    if let Some(status) = exited.filter(|_| !another_may_serve) {
                         break Err(format!(
                             "started a coordinator, but it exited ({status}{}) and none can be \
                              joined ({e}; its log: {})",

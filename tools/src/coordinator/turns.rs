@@ -11,8 +11,9 @@
 //! - **Within a turn the running jobs keep the card.** A job that joins runs at once only if it
 //!   fits beside them (a high-priority job always does); a running job whose need grows so that
 //!   the turn no longer fits makes the job that joined the turn last wait, not an incumbent whose
-//!   working set is in; a job that leaves makes room for waiting jobs that fit. The turn's
-//!   clock does not restart for any of these.
+//!   working set is in; a job that leaves makes room for waiting jobs that fit (and only that:
+//!   needs rise and fall within an iteration, and a waiting job let in whenever they fell would
+//!   swap in and out again). The turn's clock does not restart for any of these.
 //! - **A change of turns is measured** from its decision until the jobs that stop hold no more
 //!   than their grants and the jobs that start hold nine tenths of what they held at the end of
 //!   their last turn (or of their grant, if less): the time the card spent moving working sets
@@ -56,6 +57,8 @@ struct Turn {
     started: Instant,
     /// The running jobs, by slot, in the order they joined the turn.
     running: Vec<u32>,
+    /// Every job there was at the last tick, by slot.
+    members: Vec<u32>,
 }
 
 /// A change of turns being timed.
@@ -155,6 +158,7 @@ impl Turns {
                 Turn {
                     started: now,
                     running,
+                    members: jobs.iter().map(|j| j.slot).collect(),
                 }
             }
         };
@@ -179,6 +183,8 @@ impl Turns {
         fresh: &[bool],
     ) -> Option<Turn> {
         let job = |s: u32| jobs.iter().find(|j| j.slot == s);
+        let someone_left = t.members.iter().any(|&s| job(s).is_none());
+        let newcomer = |s: u32| !t.members.contains(&s);
         t.running.retain(|&s| job(s).is_some());
         if t.running.is_empty() {
             return None;
@@ -216,10 +222,14 @@ impl Turns {
             };
             t.running.remove(i);
         }
-        // Room left: waiting jobs that fit join, those `fresh` would run first taking it first.
+        // Room left by a job that left: waiting jobs that fit join, those `fresh` would run
+        // first taking it first. Otherwise only a job that just joined may (it has nothing to
+        // bring back): room that needs falling and rising open and close within an iteration
+        // would have a waiting job swap in and out again.
         let mut waiting: Vec<&Contender<'_>> = jobs
             .iter()
             .filter(|j| !t.running.contains(&j.slot))
+            .filter(|j| someone_left || newcomer(j.slot))
             .collect();
         waiting.sort_by_key(|j| {
             let i = jobs.iter().position(|k| k.slot == j.slot).unwrap_or(0);
@@ -232,6 +242,7 @@ impl Turns {
                 t.running = with;
             }
         }
+        t.members = jobs.iter().map(|j| j.slot).collect();
         Some(t)
     }
 
@@ -382,6 +393,16 @@ mod tests {
             &contenders(&claims, &[2, 5, 0], &[6 * G, G / 8, G]),
         );
         assert_eq!(run, vec![true, false, false]);
+        // The first's need falls for a moment: the waiting ones stay waiting (only a job that
+        // leaves makes room for them).
+        claims[0].need = 2 * G;
+        let (run, _) = turns.decide(
+            t0 + 3 * MS,
+            10 * G,
+            &contenders(&claims, &[3, 5, 0], &[6 * G, G / 8, G / 8]),
+        );
+        assert_eq!(run, vec![true, false, false]);
+        claims[0].need = 6 * G;
         // The turn ends: the least run go, as many as fit.
         let (run, _) = turns.decide(
             t0 + Duration::from_secs(11),
