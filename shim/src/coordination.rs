@@ -143,11 +143,22 @@ impl CoordinatorSource {
     }
 
     fn join(&self) -> Result<JobClient, String> {
-        match JobClient::join(&self.name, &self.options()) {
-            Ok(c) => return Ok(c),
-            Err(SegmentError::NotFound { .. } | SegmentError::CoordinatorGone { .. })
-                if self.start_if_missing => {}
-            Err(e) => return Err(e.to_string()),
+        // A segment being made (its coordinator, perhaps started by another job at the same
+        // moment, has not written its magic yet) is waited for, not taken for no coordinator.
+        let deadline = Instant::now() + START_PATIENCE;
+        loop {
+            match JobClient::join(&self.name, &self.options()) {
+                Ok(c) => return Ok(c),
+                Err(SegmentError::NotReady { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(SegmentError::NotFound { .. } | SegmentError::CoordinatorGone { .. })
+                    if self.start_if_missing =>
+                {
+                    break
+                }
+                Err(e) => return Err(e.to_string()),
+            }
         }
         let (mut child, log) = self.start_coordinator()?;
         let deadline = Instant::now() + START_PATIENCE;
@@ -375,6 +386,12 @@ impl PlanSource for CoordinatorSource {
         let Some(m) = rt.memory() else {
             return;
         };
+        // An access already past the launch hook that waits for memory waits for the job's
+        // turn too: its grant comes with the turn, and the wait must not run out meanwhile
+        // (TENSILE_GRANT_WAIT counts only time the job has the card). A lease, as the pause.
+        if crate::turns::held() {
+            m.mm.stop_budget_clock_until(Instant::now() + crate::turns::LEASE);
+        }
         self.limit = m.limit.map_or(0, |l| l as u64);
         client.set_budget(self.limit);
         client.set_card_bytes(m.card_bytes);

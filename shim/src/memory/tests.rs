@@ -1730,6 +1730,21 @@ fn an_access_larger_than_a_budget_that_may_grow_waits_for_it_and_loses_nothing()
         mm.prepare_access(s, &[(big, 4 * PAGE)]).err(),
         Some(CUDA_ERROR_OUT_OF_MEMORY)
     );
+    // Unless its clock is stopped (the job waits its turn for a shared card): then a grant
+    // that comes well after the bound is still waited for.
+    mm.stop_budget_clock_until(Instant::now() + Duration::from_secs(10));
+    let grower = {
+        let mm = mm.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            mm.set_budget(6 * PAGE).unwrap();
+        })
+    };
+    assert_eq!(
+        read(&fake, &mm, s, big, 4 * PAGE).get().unwrap(),
+        pattern(3, 4 * PAGE)
+    );
+    grower.join().unwrap();
     assert_consistent(&fake, &mm);
 }
 

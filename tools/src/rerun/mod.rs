@@ -886,11 +886,9 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
     }
     let gpu = !args.simulated && card.is_none() && real_gpu(&pieces);
-    let time_scale = args.time_scale.unwrap_or(if gpu {
-        1.0
-    } else {
-        SIMULATED_TIME_SCALE
-    });
+    let time_scale = args
+        .time_scale
+        .unwrap_or(if gpu { 1.0 } else { SIMULATED_TIME_SCALE });
     if args.time_scale.is_none() && !gpu {
         eprintln!(
             "tensile rerun: on the simulated GPU, time scale {SIMULATED_TIME_SCALE} (its own cost \
@@ -1017,7 +1015,15 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     } else {
         print!(
             "{}",
-            human(&args, time_scale, &analysis, budget, native_step_ns, &native, &runs)
+            human(
+                &args,
+                time_scale,
+                &analysis,
+                budget,
+                native_step_ns,
+                &native,
+                &runs
+            )
         );
     }
     let failures: Vec<String> = runs

@@ -342,6 +342,10 @@ pub struct MemoryManager {
     pins_released: Condvar,
     /// Bound on a wait for pinned pages, in milliseconds.
     pin_wait_ms: AtomicU64,
+    /// Until when (ns after `created`) time spent waiting for the budget to grow does not
+    /// count toward its bound ([`MemoryManager::stop_budget_clock_until`]); 0: it counts.
+    budget_clock_stopped_until: AtomicU64,
+    created: Instant,
     base: CUdeviceptr,
     arena_bytes: usize,
     /// The page (fixed for the manager's life).
@@ -444,6 +448,8 @@ impl MemoryManager {
             inner: Mutex::new(inner),
             pins_released: Condvar::new(),
             pin_wait_ms: AtomicU64::new(DEFAULT_PIN_WAIT.as_millis() as u64),
+            budget_clock_stopped_until: AtomicU64::new(0),
+            created: Instant::now(),
             base,
             arena_bytes,
             page,
@@ -621,7 +627,8 @@ impl MemoryManager {
             unlocked_rounds_left: UNLOCKED_ROUNDS,
             ..OpState::default()
         };
-        let mut budget_deadline: Option<Instant> = None;
+        // Time counted toward the budget wait's bound, and when it was last counted.
+        let mut budget_waited: Option<(Duration, Instant)> = None;
         loop {
             s.pin_stall = None;
             s.budget_stall = None;
@@ -713,34 +720,36 @@ impl MemoryManager {
             if let Some(needed) = s.budget_stall.take() {
                 // The budget is a grant that may grow: wait for `set_budget` (which
                 // notifies), up to the configured bound, then fail as a fixed budget would.
+                // Time while the clock is stopped (the job waits its turn for the card, and
+                // its grant with it) does not count.
                 let now = Instant::now();
-                let end = *budget_deadline.get_or_insert_with(|| {
-                    // `TENSILE_GRANT_WAIT=forever` is `Duration::MAX`: a century will do.
-                    let end = now
-                        .checked_add(s.budget_wait)
-                        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
+                let (counted, last) = budget_waited.get_or_insert_with(|| {
                     s.budget_waits += 1;
-                    if s.budget_waits > 1 {
-                        return end;
+                    if s.budget_waits == 1 {
+                        let how_long = if s.budget_wait == Duration::MAX {
+                            "until it does".to_string()
+                        } else {
+                            format!("up to {:.0} s for it", s.budget_wait.as_secs_f64())
+                        };
+                        tracing::warn!(
+                            "tensile: one access needs {} of device memory at once, more than \
+                             this job's grant of {}; waiting {how_long} (TENSILE_GRANT_WAIT) for \
+                             the coordinator to grant more (said once)",
+                            human_bytes(needed),
+                            human_bytes(s.dev.budget_frames() * s.page),
+                        );
                     }
-                    let how_long = if s.budget_wait == Duration::MAX {
-                        "until it does".to_string()
-                    } else {
-                        format!("up to {:.0} s for it", s.budget_wait.as_secs_f64())
-                    };
-                    tracing::warn!(
-                        "tensile: one access needs {} of device memory at once, more than this \
-                         job's grant of {}; waiting {how_long} (TENSILE_GRANT_WAIT) for the \
-                         coordinator to grant more (said once)",
-                        human_bytes(needed),
-                        human_bytes(s.dev.budget_frames() * s.page),
-                    );
-                    end
+                    (Duration::ZERO, now)
                 });
-                if now >= end {
+                if !self.budget_clock_stopped(now) {
+                    *counted += now.saturating_duration_since(*last);
+                }
+                *last = now;
+                if *counted >= s.budget_wait {
                     return Err(s.fail_budget(needed));
                 }
-                s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(10)));
+                let left = s.budget_wait - *counted;
+                s = self.wait_for_wake(s, left.min(Duration::from_millis(10)));
                 continue;
             }
             let Some(stall) = s.pin_stall.take() else {
@@ -856,6 +865,21 @@ impl MemoryManager {
     /// back) instead of failing at once. Zero (the default): fail at once.
     pub fn set_budget_wait(&self, wait: Duration) {
         self.lock().budget_wait = wait;
+    }
+
+    /// Stops the clock of waits for the budget to grow until `until`: time spent waiting
+    /// before then does not count toward [`MemoryManager::set_budget_wait`]'s bound. Renewed
+    /// as a lease by whoever knows the budget will grow (the job waits its turn for a shared
+    /// card, and its grant with it), so the clock starts again by itself if they stop.
+    pub fn stop_budget_clock_until(&self, until: Instant) {
+        let ns = until.saturating_duration_since(self.created).as_nanos() as u64;
+        self.budget_clock_stopped_until
+            .store(ns.max(1), Ordering::Relaxed);
+    }
+
+    fn budget_clock_stopped(&self, now: Instant) -> bool {
+        let until = self.budget_clock_stopped_until.load(Ordering::Relaxed);
+        until != 0 && (now.saturating_duration_since(self.created).as_nanos() as u64) < until
     }
 
     /// Bounds how long a request waits for pages pinned by in-flight calls before failing
