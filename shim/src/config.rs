@@ -94,7 +94,7 @@ impl GrantWait {
             return Ok(GrantWait::Forever);
         }
         match t.parse::<f64>() {
-            Ok(secs) if secs.is_finite() && secs >= 0.0 && secs < 1e9 => {
+            Ok(secs) if (0.0..1e9).contains(&secs) => {
                 Ok(GrantWait::For(Duration::from_secs_f64(secs)))
             }
             _ => Err("expected a number of seconds (0 or more) or forever".into()),

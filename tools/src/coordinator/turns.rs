@@ -323,7 +323,7 @@ impl Turns {
         let took = now.saturating_duration_since(change.started);
         // A change that has not settled by the end of its turn cost at least the turn.
         let turn_over = took >= self.length();
-        if !(out_done && in_done) && !turn_over {
+        if !(turn_over || (out_done && in_done)) {
             return None;
         }
         self.change = None;
