@@ -383,6 +383,10 @@ fn run(
     }
 }
 
+/// How long a pause is renewed for while this thread meets a grant (its copies out take up to
+/// a few seconds on a slow card; if it hangs, launches go on after this).
+const MEETING_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Sets the manager's budget to a grant (within the job's own limit, and at least a page):
 /// a smaller one evicts now, on this thread, and gives the memory back to the driver; no
 /// allocation fails for it. Returns false when it must be tried again (no manager yet, or
@@ -397,11 +401,31 @@ fn meet_grant(rt: &Runtime, grant: u64) -> bool {
         .min(m.limit.unwrap_or(usize::MAX))
         .max(page);
     let before = m.mm.budget();
-    if bytes == before {
+    // Met once the budget is set and nothing over it is held (pages pinned when it was set
+    // go at a later poll).
+    if bytes == before && m.mm.device_bytes_held() <= bytes {
         return true;
     }
-    match m.mm.set_budget(bytes) {
-        Ok(()) => {
+    // A job waiting its turn must stay paused while it gives its memory back: this thread
+    // renews the pause, and the copies out take a while.
+    if crate::turns::held() {
+        crate::turns::hold_until(
+            tensile_protocol::process::monotonic_ns() + MEETING_LEASE.as_nanos() as u64,
+        );
+    }
+    // Pages pinned by work in flight are not waited for here (this thread renews the pause
+    // every poll): what is idle goes now, the rest at the next poll.
+    match m.mm.set_budget_without_waiting(bytes) {
+        Ok(false) => {
+            tracing::debug!(
+                "tensile: a grant of {} not met yet: {} held, pages over it pinned by work in \
+                 flight",
+                format_size(bytes as u64),
+                format_size(m.mm.device_bytes_held() as u64)
+            );
+            false
+        }
+        Ok(true) => {
             tracing::info!(
                 "tensile: the coordinator granted {} (the budget was {}); {} held on the device",
                 format_size(bytes as u64),

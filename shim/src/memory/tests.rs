@@ -1695,6 +1695,46 @@ fn a_shrink_gives_device_memory_back_to_the_driver_and_loses_no_byte() {
 }
 
 #[test]
+fn a_shrink_without_waiting_leaves_pinned_pages_for_later_and_loses_no_byte() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let s = fake.stream_create().unwrap();
+    let ptrs: Vec<CUdeviceptr> = (0..8).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+    }
+    // Four pages pinned by a launch in flight (its ticket not yet done).
+    let ranges: Vec<(CUdeviceptr, usize)> = ptrs[..4].iter().map(|&p| (p, PAGE)).collect();
+    let ticket = mm.prepare_access(s, &ranges).unwrap();
+    let started = Instant::now();
+    assert_eq!(mm.set_budget_without_waiting(2 * PAGE), Ok(false));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "waited for the pins ({:?}; the pin wait is 10 s)",
+        started.elapsed()
+    );
+    assert_eq!(mm.budget(), 2 * PAGE);
+    assert!(
+        ptrs[4..].iter().all(|&p| !on_device(&mm, p)),
+        "what was idle went"
+    );
+    assert!(
+        ptrs[..4].iter().all(|&p| on_device(&mm, p)),
+        "pinned pages stay"
+    );
+    mm.note_access_done(ticket).unwrap();
+    // The launch done, the rest goes at the next try.
+    assert_eq!(mm.set_budget_without_waiting(2 * PAGE), Ok(true));
+    assert_eq!(mm.device_bytes_held(), 2 * PAGE);
+    for (i, &p) in ptrs.iter().enumerate() {
+        assert_eq!(
+            read(&fake, &mm, s, p, PAGE).get().unwrap(),
+            pattern(i as u8, PAGE)
+        );
+    }
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
 fn an_access_larger_than_a_budget_that_may_grow_waits_for_it_and_loses_nothing() {
     let (fake, mm) = setup(8, 64, Progress::Immediate);
     let mm = Arc::new(mm);

@@ -967,6 +967,27 @@ impl MemoryManager {
         r
     }
 
+    /// [`Self::set_budget`] without waiting for pages pinned by calls in flight: what can go
+    /// is evicted (its copies waited for), and `Ok(false)` says pages over the new budget are
+    /// still pinned by work in flight, to try again later. For a thread that must not block
+    /// for the pin wait (the planning thread, which renews the job's lease on its turn).
+    pub fn set_budget_without_waiting(&self, bytes: usize) -> Result<bool, CUresult> {
+        let page = self.lock().page;
+        let frames = bytes / page;
+        if frames == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = self.waiting_for_pins(|s| match s.set_budget(frames) {
+            Err(CUDA_ERROR_OUT_OF_MEMORY) if s.pin_stall.is_some() => {
+                s.pin_stall = None;
+                Ok(false)
+            }
+            r => r.map(|()| true),
+        });
+        self.pins_released.notify_all();
+        r
+    }
+
     /// How many device frames eviction ahead of need keeps free or on their way out (the
     /// least recently used pages leave to make them). A policy that makes room itself (a plan
     /// executor) sets 0 while it does, so that LRU does not evict what the plan keeps, and puts
