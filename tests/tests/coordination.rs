@@ -459,6 +459,19 @@ impl Drop for OwnCoordinator {
     }
 }
 
+/// Starts a planned job of `iterations` under the coordinator `name` and waits for its first
+/// plan from it.
+fn job_with_a_plan(iterations: u32, name: &str, coordinator: &OwnCoordinator) -> Running {
+    let job = planned_job(iterations, name).spawn();
+    assert!(
+        job.wait_for(true, "from the coordinator", PATIENCE),
+        "the job got no plan from the coordinator:\n{}\n--- coordinator\n{}",
+        job.stderr(),
+        coordinator.log()
+    );
+    job
+}
+
 /// Iterations a running `wl_train` has said it finished.
 fn iterations_done(job: &Running) -> u32 {
     job.stderr()
@@ -485,13 +498,7 @@ fn a_full_event_ring_drops_and_counts_without_blocking_and_the_coordinator_relea
     // The smallest ring (4 KiB, some 130 records): full within a second or two of the
     // simulated job's stream once nobody reads it.
     let coordinator = OwnCoordinator::start(&name, &["--ring-kib", "4"]);
-    let job = planned_job(40, &name).spawn();
-    assert!(
-        job.wait_for(true, "from the coordinator", PATIENCE),
-        "no plan from the coordinator before the stall:\n{}\n--- coordinator\n{}",
-        job.stderr(),
-        coordinator.log()
-    );
+    let job = job_with_a_plan(40, &name, &coordinator);
     coordinator.signal(libc::SIGSTOP);
     let full = job.wait_for(true, "is not reading this job's records", PATIENCE);
     // The job goes on while the coordinator is still stopped: three more iterations.
@@ -580,13 +587,7 @@ fn a_job_killed_mid_run_is_logged_dead_once_and_its_slot_serves_the_next_job() {
     let native = train(12).output();
     native.assert_ok("native");
     let coordinator = OwnCoordinator::start(&name, &["--slots", "1"]);
-    let victim = planned_job(40, &name).spawn();
-    assert!(
-        victim.wait_for(true, "from the coordinator", PATIENCE),
-        "the first job got no plan:\n{}\n--- coordinator\n{}",
-        victim.stderr(),
-        coordinator.log()
-    );
+    let victim = job_with_a_plan(40, &name, &coordinator);
     let victim_pid = victim.pid();
     victim.signal(libc::SIGKILL);
     let killed = victim.wait();
