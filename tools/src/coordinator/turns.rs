@@ -229,18 +229,14 @@ impl Turns {
         // first taking it first. Otherwise only a job that just joined may (it has nothing to
         // bring back): room that needs falling and rising open and close within an iteration
         // would have a waiting job swap in and out again.
-        let mut waiting: Vec<&Contender<'_>> = jobs
-            .iter()
-            .filter(|j| !t.running.contains(&j.slot))
-            .filter(|j| someone_left || newcomer(j.slot))
+        let mut waiting: Vec<usize> = (0..jobs.len())
+            .filter(|&i| !t.running.contains(&jobs[i].slot))
+            .filter(|&i| someone_left || newcomer(jobs[i].slot))
             .collect();
-        waiting.sort_by_key(|j| {
-            let i = jobs.iter().position(|k| k.slot == j.slot).unwrap_or(0);
-            (j.claim.priority, !fresh[i], j.ran, i)
-        });
-        for j in waiting {
+        waiting.sort_by_key(|&i| (jobs[i].claim.priority, !fresh[i], jobs[i].ran, i));
+        for i in waiting {
             let mut with = t.running.clone();
-            with.push(j.slot);
+            with.push(jobs[i].slot);
             if fits(&with) {
                 t.running = with;
             }
@@ -265,14 +261,18 @@ impl Turns {
             Some(b) => b.to_vec(),
             None => jobs.iter().map(|j| j.slot).collect(),
         };
-        // A job that stops holding no more than its floor (what a waiting job keeps) has
-        // nothing to give back.
+        // What the change moves: what the stopping jobs give back beyond their floors (what a
+        // waiting job keeps; one that holds no more has nothing to give back), and what the
+        // starting ones bring back.
+        let mut moved = 0;
         let stopped: Vec<(u32, u64)> = jobs
             .iter()
             .filter(|j| before.contains(&j.slot) && !running.contains(&j.slot))
             .filter_map(|j| {
                 let floor = j.claim.floor.min(j.claim.limit);
-                (j.held > floor).then(|| (j.slot, floor + (j.held - floor) / 10))
+                let excess = j.held.checked_sub(floor).filter(|&e| e > 0)?;
+                moved += excess;
+                Some((j.slot, floor + excess / 10))
             })
             .collect();
         let started_jobs: Vec<(u32, u64)> = running
@@ -290,12 +290,7 @@ impl Turns {
                 self.peaks.insert(s, 0);
             }
         }
-        let moved: u64 = stopped
-            .iter()
-            .filter_map(|&(s, _)| jobs.iter().find(|j| j.slot == s))
-            .map(|j| j.held - j.claim.floor.min(j.claim.limit))
-            .chain(started_jobs.iter().map(|&(_, target)| target))
-            .sum();
+        moved += started_jobs.iter().map(|&(_, target)| target).sum::<u64>();
         self.change = (moved >= available / TIMED_SHARE).then_some(Change {
             started: now,
             stopped,

@@ -957,14 +957,7 @@ impl MemoryManager {
     /// `CUDA_ERROR_INVALID_VALUE`. Device memory a shrink frees goes back to the driver
     /// frame by frame, as frames become free.
     pub fn set_budget(&self, bytes: usize) -> Result<(), CUresult> {
-        let page = self.lock().page;
-        let frames = bytes / page;
-        if frames == 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let r = self.waiting_for_pins(|s| s.set_budget(frames));
-        self.pins_released.notify_all();
-        r
+        self.budget_to(bytes, true).map(drop)
     }
 
     /// [`Self::set_budget`] without waiting for pages pinned by calls in flight: what can go
@@ -972,13 +965,18 @@ impl MemoryManager {
     /// still pinned by work in flight, to try again later. For a thread that must not block
     /// for the pin wait (the planning thread, which renews the job's lease on its turn).
     pub fn set_budget_without_waiting(&self, bytes: usize) -> Result<bool, CUresult> {
+        self.budget_to(bytes, false)
+    }
+
+    /// Both of the above: `Ok(false)` only when pinned pages are not waited for.
+    fn budget_to(&self, bytes: usize, wait_for_pins: bool) -> Result<bool, CUresult> {
         let page = self.lock().page;
         let frames = bytes / page;
         if frames == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let r = self.waiting_for_pins(|s| match s.set_budget(frames) {
-            Err(CUDA_ERROR_OUT_OF_MEMORY) if s.pin_stall.is_some() => {
+            Err(CUDA_ERROR_OUT_OF_MEMORY) if !wait_for_pins && s.pin_stall.is_some() => {
                 s.pin_stall = None;
                 Ok(false)
             }
