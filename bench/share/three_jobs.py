@@ -9,7 +9,7 @@ coordinator they start divides the card among them.
     cargo build --release -p tensile-tools -p tensile-simgpu
     cargo build --release -p tensile-preload
     python3 bench/share/three_jobs.py [--iterations 4] [--time-scale 16] [--card-memory 2.2GiB]
-                                      [--bin DIR] [--together-only]
+                                      [--bin DIR] [--together-only] [--keep-logs DIR]
 
 Reported per job: wall time of the whole rerun (prologue, learning, the iterations, the final
 check) and the median steady-state step (trace time), alone on the card and shared; the
@@ -45,12 +45,13 @@ def start(tensile, trace, scale, args, card, priority=None):
     if priority:
         cmd += ["--priority", priority]
     # The players' logs, to tell a job that did not join the card's coordinator.
-    logs = Path(tempfile.gettempdir()) / f"three-jobs-{card}-{trace}"
+    logs = Path(args.keep_logs or tempfile.gettempdir()) / f"three-jobs-{card}-{trace}"
     cmd += ["--logs", str(logs)]
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                             text=True)
     proc.logs = logs
+    proc.keep_logs = bool(args.keep_logs)
     return proc
 
 
@@ -66,7 +67,8 @@ def finish(proc, trace, started):
             if "no coordinator" in line:
                 print(f"warning: {trace} ({log.name}) ran without the card's coordinator: "
                       f"{line.strip()[:300]}", file=sys.stderr)
-    shutil.rmtree(proc.logs, ignore_errors=True)
+    if not proc.keep_logs:
+        shutil.rmtree(proc.logs, ignore_errors=True)
     run = json.loads(out)["runs"][0]
     if run.get("verified") is not True:
         sys.exit(f"{trace}: stamps not verified: {run}")
@@ -107,6 +109,10 @@ def main():
     ap.add_argument("--bin", default=str(ROOT / "target" / "release"),
                     help="the directory of the tensile binary, libtensile.so and the simulated "
                          "libcuda.so to run (to compare builds)")
+    ap.add_argument("--keep-logs", metavar="DIR",
+                    help="keep each job's player logs (native/plan/plan-baseline.log) under DIR "
+                         "instead of deleting them; the coordinators' logs are "
+                         "/tmp/tensile-coordinator-0-CARD.log either way")
     ap.add_argument("--together-only", action="store_true",
                     help="only the three together (no alone runs, no priority run)")
     args = ap.parse_args()

@@ -336,8 +336,8 @@ fn run(
     let mut last_poll = Instant::now();
     let mut since_poll = 0usize;
     let mut reserve: Option<usize> = None;
-    // A grant not met yet (the manager has not started, or pages were pinned).
-    let mut grant: Option<u64> = None;
+    // A grant not met yet (the manager has not started, or copies out are under way).
+    let mut grant: Option<Meeting> = None;
     let mut poller = Poller::new();
     while !STOP.load(Ordering::Relaxed) {
         match poller.next(tap) {
@@ -368,13 +368,15 @@ fn run(
         if let Some(plan) = source.poll() {
             rt.executor.install(plan, &rt.tracker);
         }
-        if let Some(g) = source.take_grant() {
-            grant = Some(g);
+        if let Some(bytes) = source.take_grant() {
+            grant = Some(Meeting {
+                grant: bytes,
+                since: Instant::now(),
+                budget_before: budget_of(rt),
+            });
         }
-        if let Some(g) = grant {
-            if meet_grant(rt, g) {
-                grant = None;
-            }
+        if grant.as_ref().is_some_and(|g| meet_grant(rt, g)) {
+            grant = None;
         }
         keep_reserve_in_step(rt, &mut reserve);
         source.report(rt);
@@ -383,58 +385,44 @@ fn run(
     }
 }
 
-/// How long a pause is renewed for while this thread meets a grant (its copies out take up to
-/// a few seconds on a slow card; if it hangs, launches go on after this).
-const MEETING_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
+/// A grant being met: it may take several polls (the copies out of a large shrink).
+struct Meeting {
+    grant: u64,
+    since: Instant,
+    /// The budget when the grant came (`u64::MAX` before the manager started).
+    budget_before: u64,
+}
 
-/// Sets the manager's budget to a grant (within the job's own limit, and at least a page):
-/// a smaller one evicts now, on this thread, and gives the memory back to the driver; no
-/// allocation fails for it. Returns false when it must be tried again (no manager yet, or
-/// pages pinned by calls in flight).
-fn meet_grant(rt: &Runtime, grant: u64) -> bool {
+/// Moves the manager's budget toward a grant (within the job's own limit, and at least a
+/// page) without blocking: a smaller one starts evicting what is idle, and each later poll
+/// completes the copies that landed, evicts more, and gives the memory back to the driver; no
+/// allocation fails for it. Returns true once the grant is met (nothing over it held). This
+/// thread renews a paused job's pause every poll, so it must not wait for copies here.
+fn meet_grant(rt: &Runtime, meeting: &Meeting) -> bool {
     let Some(m) = rt.memory() else {
         return false;
     };
     let page = crate::config::MIN_MEMORY_SETTING as usize;
-    let bytes = usize::try_from(grant)
+    let bytes = usize::try_from(meeting.grant)
         .unwrap_or(usize::MAX)
         .min(m.limit.unwrap_or(usize::MAX))
         .max(page);
-    let before = m.mm.budget();
-    // Met once the budget is set and nothing over it is held (pages pinned when it was set
-    // go at a later poll).
-    if bytes == before && m.mm.device_bytes_held() <= bytes {
-        return true;
-    }
-    // A job waiting its turn must stay paused while it gives its memory back: this thread
-    // renews the pause, and the copies out take a while.
-    if crate::turns::held() {
-        crate::turns::hold_until(
-            tensile_protocol::process::monotonic_ns() + MEETING_LEASE.as_nanos() as u64,
-        );
-    }
-    // Pages pinned by work in flight are not waited for here (this thread renews the pause
-    // every poll): what is idle goes now, the rest at the next poll.
     match m.mm.set_budget_without_waiting(bytes) {
-        Ok(false) => {
-            tracing::debug!(
-                "tensile: a grant of {} not met yet: {} held, pages over it pinned by work in \
-                 flight",
-                format_size(bytes as u64),
-                format_size(m.mm.device_bytes_held() as u64)
-            );
-            false
-        }
+        Ok(false) => false,
         Ok(true) => {
             tracing::info!(
-                "tensile: the coordinator granted {} (the budget was {}); {} held on the device",
+                "tensile: the coordinator granted {} (the budget was {}); {} held on the                  device, met in {} ms",
                 format_size(bytes as u64),
-                format_size(before as u64),
-                format_size(m.mm.device_bytes_held() as u64)
+                if meeting.budget_before == u64::MAX {
+                    "not set yet".to_string()
+                } else {
+                    format_size(meeting.budget_before)
+                },
+                format_size(m.mm.device_bytes_held() as u64),
+                meeting.since.elapsed().as_millis()
             );
             true
         }
-        Err(tensile_driver_abi::CUDA_ERROR_OUT_OF_MEMORY) => false,
         Err(code) => {
             tracing::warn!("tensile: cannot meet a grant of {bytes} bytes (CUresult {code})");
             true

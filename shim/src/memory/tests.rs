@@ -1695,6 +1695,33 @@ fn a_shrink_gives_device_memory_back_to_the_driver_and_loses_no_byte() {
 }
 
 #[test]
+fn a_shrink_without_waiting_returns_while_its_copies_are_out_and_is_met_once_they_land() {
+    let (fake, mm) = setup(8, 64, Progress::Manual);
+    let s = fake.stream_create().unwrap();
+    let ptrs: Vec<CUdeviceptr> = (0..8).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in ptrs.iter().enumerate() {
+        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+    }
+    fake.run_all();
+    mm.poll().unwrap();
+    // The copies out are queued and nothing runs them: a shrink that waited would hang here.
+    assert_eq!(mm.set_budget_without_waiting(3 * PAGE), Ok(false));
+    assert_eq!(mm.budget(), 3 * PAGE);
+    assert_eq!(mm.set_budget_without_waiting(3 * PAGE), Ok(false), "still out");
+    fake.run_all();
+    assert_eq!(mm.set_budget_without_waiting(3 * PAGE), Ok(true));
+    assert_eq!(mm.device_bytes_held(), 3 * PAGE, "the frames went back to the driver");
+    for (i, &p) in ptrs.iter().enumerate() {
+        let r = read(&fake, &mm, s, p, PAGE);
+        fake.run_all();
+        assert_eq!(r.get().unwrap(), pattern(i as u8, PAGE));
+    }
+    fake.run_all();
+    mm.poll().unwrap();
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
 fn a_shrink_without_waiting_leaves_pinned_pages_for_later_and_loses_no_byte() {
     let (fake, mm) = setup(8, 64, Progress::Immediate);
     let s = fake.stream_create().unwrap();

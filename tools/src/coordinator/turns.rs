@@ -8,8 +8,8 @@
 //! - **A turn lasts** at least `--turn`, and [`CHANGE_SHARE`] times longer than the last changes
 //!   of turns took (measured, below), so that changing turns costs the jobs at most about a
 //!   tenth of the card's time, however slow the card's copies and remaps are.
-//! - **Within a turn the running jobs keep the card.** A job that joins runs at once only if it
-//!   fits beside them (a high-priority job always does); a running job whose need grows so that
+//! - **Within a turn the running jobs keep the card.** A job that joins runs at once only if no
+//!   job of the turn waits and it fits beside them (a high-priority job always does); a running job whose need grows so that
 //!   the turn no longer fits makes the job that joined the turn last wait, not an incumbent whose
 //!   working set is in; a job that leaves makes room for waiting jobs that fit (and only that:
 //!   needs rise and fall within an iteration, and a waiting job let in whenever they fell would
@@ -227,11 +227,19 @@ impl Turns {
         }
         // Room left by a job that left: waiting jobs that fit join, those `fresh` would run
         // first taking it first. Otherwise only a job that just joined may (it has nothing to
-        // bring back): room that needs falling and rising open and close within an iteration
+        // bring back), and only while no job of the turn waits: a newcomer's need is unknown
+        // when it joins (it has allocated nothing), so one let in beside a queue grew past the
+        // room within seconds and paid for writing out what it had allocated (a BERT rerun
+        // joining so spent 26 s giving back 480 MiB); it waits its turn behind the queue
+        // instead. Room that needs falling and rising open and close within an iteration
         // would have a waiting job swap in and out again.
+        let queue = t
+            .members
+            .iter()
+            .any(|&s| !t.running.contains(&s) && job(s).is_some());
         let mut waiting: Vec<usize> = (0..jobs.len())
             .filter(|&i| !t.running.contains(&jobs[i].slot))
-            .filter(|&i| someone_left || newcomer(jobs[i].slot))
+            .filter(|&i| someone_left || (newcomer(jobs[i].slot) && !queue))
             .collect();
         waiting.sort_by_key(|&i| (jobs[i].claim.priority, !fresh[i], jobs[i].ran, i));
         for i in waiting {
@@ -373,26 +381,19 @@ mod tests {
         ];
         let (run, _) = turns.decide(t0, 10 * G, &contenders(&claims, &[0, 5], &[6 * G, 0]));
         assert_eq!(run, vec![true, false]);
-        // A third joins needing little: it fits beside the first and runs.
+        // A third joins needing little while the second waits: it would fit beside the first,
+        // but it queues behind the second (its need is not known yet: let in, it would grow
+        // and give back what it allocated).
         claims.push(claim(G, Priority::Normal));
         let (run, _) = turns.decide(
             t0 + MS,
             10 * G,
             &contenders(&claims, &[1, 5, 0], &[6 * G, G / 8, 0]),
         );
-        assert_eq!(run, vec![true, false, true]);
-        // It grows past what is left: it waits, not the first (whose working set is in), though
-        // it has run least.
-        claims[2].need = 5 * G;
-        let (run, _) = turns.decide(
-            t0 + 2 * MS,
-            10 * G,
-            &contenders(&claims, &[2, 5, 0], &[6 * G, G / 8, G]),
-        );
         assert_eq!(run, vec![true, false, false]);
-        // The first's need falls for a moment: the waiting ones stay waiting (only a job that
-        // leaves makes room for them).
-        claims[0].need = 2 * G;
+        // The first's need falls for a moment, so that the second would fit beside it: the
+        // waiting ones stay waiting (only a job that leaves makes room for them).
+        claims[0].need = 7 * G / 2;
         let (run, _) = turns.decide(
             t0 + 3 * MS,
             10 * G,
@@ -406,7 +407,49 @@ mod tests {
             10 * G,
             &contenders(&claims, &[11, 5, 1], &[6 * G, G / 8, G / 8]),
         );
-        assert_eq!(run, vec![false, false, true]);
+        assert_eq!(run, vec![false, true, true]);
+        // The last of them to join the turn grows past the card: it waits, not the other.
+        claims[2].need = 5 * G;
+        let (run, _) = turns.decide(
+            t0 + Duration::from_secs(11) + MS,
+            10 * G,
+            &contenders(&claims, &[11, 6, 2], &[G / 8, 6 * G, G]),
+        );
+        assert_eq!(run, vec![false, true, false]);
+    }
+
+    #[test]
+    fn a_newcomer_runs_at_once_beside_a_turn_in_which_no_job_waits() {
+        let t0 = Instant::now();
+        let mut turns = Turns::new(Duration::from_secs(10));
+        // Three on 10 GiB: the two least run fit, the third waits.
+        let mut claims = vec![
+            claim(6 * G, Priority::Normal),
+            claim(3 * G, Priority::Normal),
+            claim(6 * G, Priority::Normal),
+        ];
+        let (run, _) = turns.decide(
+            t0,
+            10 * G,
+            &contenders(&claims, &[0, 0, 5], &[6 * G, 3 * G, 0]),
+        );
+        assert_eq!(run, vec![true, true, false]);
+        // The first leaves: the third takes its room; nobody waits now.
+        claims.remove(0);
+        let (run, _) = turns.decide(
+            t0 + MS,
+            10 * G,
+            &contenders(&claims, &[1, 5], &[3 * G, G / 8]),
+        );
+        assert_eq!(run, vec![true, true]);
+        // A newcomer that fits joins at once.
+        claims.push(claim(G / 2, Priority::Normal));
+        let (run, _) = turns.decide(
+            t0 + 2 * MS,
+            10 * G,
+            &contenders(&claims, &[2, 6, 0], &[3 * G, 6 * G, 0]),
+        );
+        assert_eq!(run, vec![true, true, true]);
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::memory::driver::{Driver, PhysHandle};
 use crate::memory::failures::{human_bytes, FailureCause};
 use crate::memory::frames::{DevFrame, HostFrame, HostPoolError};
 use crate::memory::page::{Frame, PageEntry, ResidencyState};
+use crate::memory::stats::Demand;
 
 use super::{runs, HostWant, Inner};
 
@@ -104,14 +105,14 @@ impl Inner {
     /// waits for the pool's grower.
     pub(super) fn take_host(&mut self, ahead: bool) -> Result<HostFrame, CUresult> {
         let stop_if_none = ahead && self.host.grows_in_background();
-        if self.op.unlocked_rounds_left > 0 || stop_if_none {
+        if self.op.host_rounds_left > 0 || stop_if_none {
             match self.host.try_take() {
                 Ok(Some(h)) => return Ok(h),
                 // None free yet: the grower was asked for more.
                 Ok(None) if stop_if_none => return Err(CUDA_ERROR_OUT_OF_MEMORY),
                 Ok(None) => {
                     // The caller has the pool grow without the lock.
-                    self.op.unlocked_rounds_left -= 1;
+                    self.op.host_rounds_left -= 1;
                     self.host_wanted = Some(HostWant::Frames);
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }
@@ -157,7 +158,12 @@ impl Inner {
         if ahead && self.host.request_unit(pages) {
             return HostUnit::Stop;
         }
-        if self.unlocked_round() {
+        if self.demand == Demand::Budget && self.host.free_single_frames() >= pages {
+            // A shrink takes frames pinned ahead rather than pin a unit now (ten times the
+            // copy); consecutive frames still map as one.
+            return HostUnit::Singles;
+        }
+        if self.host_round() {
             self.host_wanted = Some(HostWant::Unit(pages));
             return HostUnit::Stop;
         }

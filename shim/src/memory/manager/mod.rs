@@ -284,6 +284,12 @@ struct OpState {
     /// or to make VMM calls without it, then start over; after that it does them with the
     /// lock held (bounds the retries).
     unlocked_rounds_left: u32,
+    /// How many more times it may stop for host memory to be pinned without the lock (a
+    /// round apart from the others: pinning a unit takes about 0.4 ms a page on the card, an
+    /// eviction may want hundreds of units, and pinning with the lock held stalled every
+    /// launch of a job for seconds on the shared card; each such round adds memory to the
+    /// pool, whose cap ends them).
+    host_rounds_left: u32,
     /// Pages its arrivals brought in (a prefetch counts them).
     arrived_pages: usize,
     /// Whether it is an access that had to bring pages in or wait for them: a stalled
@@ -320,11 +326,18 @@ pub const MAX_UNIT_PAGES: usize = tensile_analyzer::SHIM_MAX_UNIT_PAGES as usize
 /// a retry from the start).
 const UNLOCKED_ROUNDS: u32 = 16;
 
+/// [`OpState::host_rounds_left`] of an operation whose caller can pin without the lock.
+const HOST_ROUNDS: u32 = 4096;
+
 /// The default of [`ManagerConfig::advice_sample`].
 pub const ADVICE_SAMPLE: usize = 1024;
 
 /// How long a request waits for pinned pages to be released before failing, by default.
 pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(10);
+
+/// How long one step of [`MemoryManager::set_budget_without_waiting`] goes on pinning host
+/// memory and completing swap-outs (its caller renews a pause of 500 ms at every step).
+const SHRINK_STEP: Duration = Duration::from_millis(150);
 
 /// What a swap-out's copy is ordered after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -625,6 +638,7 @@ impl MemoryManager {
         // same `Inner` whenever the lock is released between them.
         let mut op_state = OpState {
             unlocked_rounds_left: UNLOCKED_ROUNDS,
+            host_rounds_left: HOST_ROUNDS,
             ..OpState::default()
         };
         // Time counted toward the budget wait's bound, and when it was last counted.
@@ -804,6 +818,22 @@ impl MemoryManager {
         s
     }
 
+    /// [`Self::complete`] batch after batch while batches complete something, for up to
+    /// [`SHRINK_STEP`] from `started`.
+    fn completing_for<'a>(
+        &'a self,
+        mut s: MutexGuard<'a, Inner>,
+        started: Instant,
+    ) -> MutexGuard<'a, Inner> {
+        loop {
+            let leaving = s.outgoing.len();
+            s = self.complete(s);
+            if s.outgoing.len() == leaving || started.elapsed() >= SHRINK_STEP {
+                return s;
+            }
+        }
+    }
+
     /// Has the host pool make what an operation found missing; called without the lock.
     fn provide_host(&self, want: HostWant) {
         match want {
@@ -918,6 +948,7 @@ impl MemoryManager {
         let mut s = self.lock();
         let mut op_state = OpState {
             unlocked_rounds_left: UNLOCKED_ROUNDS,
+            host_rounds_left: HOST_ROUNDS,
             ..OpState::default()
         };
         let mut started = 0;
@@ -960,30 +991,77 @@ impl MemoryManager {
         self.budget_to(bytes, true).map(drop)
     }
 
-    /// [`Self::set_budget`] without waiting for pages pinned by calls in flight: what can go
-    /// is evicted (its copies waited for), and `Ok(false)` says pages over the new budget are
-    /// still pinned by work in flight, to try again later. For a thread that must not block
-    /// for the pin wait (the planning thread, which renews the job's lease on its turn).
+    /// [`Self::set_budget`] as one step that never waits: sets the budget, completes the
+    /// swap-outs that have landed, and starts swap-outs of what is over the budget and can go
+    /// (pages pinned by calls in flight stay). `Ok(true)` once nothing over the budget is
+    /// held; `Ok(false)` while copies out are under way or pages are pinned: call it again
+    /// later. For a thread that must not block (the planning thread, which renews the job's
+    /// pause every poll: a shrink that waited for its copies while the job's own accesses
+    /// brought pages back in held that thread for 23 s once, and the pause lapsed meanwhile).
     pub fn set_budget_without_waiting(&self, bytes: usize) -> Result<bool, CUresult> {
-        self.budget_to(bytes, false)
+        let frames = bytes / self.page;
+        if frames == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let started = Instant::now();
+        let mut s = self.completing_for(self.lock(), started);
+        loop {
+            // Each round a fresh operation: host memory it lacks is pinned below without the
+            // lock (about 0.4 ms a page on the card; every launch of the job takes the lock,
+            // and a swap-out's completion commits under it), never with it.
+            s.host_wanted = None;
+            s.op = OpState {
+                unlocked_rounds_left: UNLOCKED_ROUNDS,
+                host_rounds_left: HOST_ROUNDS,
+                ..OpState::default()
+            };
+            let r = s.shrink_step(frames);
+            s.op = OpState::default();
+            r?;
+            let Some(want) = s.host_wanted.take() else {
+                break;
+            };
+            if started.elapsed() >= SHRINK_STEP {
+                break;
+            }
+            drop(s);
+            self.provide_host(want);
+            s = self.lock();
+        }
+        // What started leaving may have landed already (an idle engine): remapped now, so a
+        // call that found nothing in its way reports the budget met.
+        s = self.completing_for(s, started);
+        let met = s.dev.in_use() <= frames;
+        if met {
+            let driver = s.driver.clone();
+            s.dev.release_free_frames(&*driver);
+        }
+        self.wake_pin_waiters(s);
+        Ok(met)
     }
 
-    /// Both of the above: `Ok(false)` only when pinned pages are not waited for.
+    /// [`Self::set_budget`]: `Ok(false)` never.
     fn budget_to(&self, bytes: usize, wait_for_pins: bool) -> Result<bool, CUresult> {
+        if !wait_for_pins {
+            return self.set_budget_without_waiting(bytes);
+        }
         let page = self.lock().page;
         let frames = bytes / page;
         if frames == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let r = self.waiting_for_pins(|s| match s.set_budget(frames) {
-            Err(CUDA_ERROR_OUT_OF_MEMORY) if !wait_for_pins && s.pin_stall.is_some() => {
-                s.pin_stall = None;
-                Ok(false)
-            }
-            r => r.map(|()| true),
-        });
+        let r = self.waiting_for_pins(|s| s.set_budget(frames).map(|()| true));
         self.pins_released.notify_all();
         r
+    }
+
+    /// Has the host pool keep `bytes` of pinned memory free, pinned in the background: for a
+    /// policy that knows this much will leave the device soon (a job on a shared card that
+    /// will wait its turn). A shrink then finds host frames instead of pinning them (about
+    /// 0.4 ms a page on the card, ten times the copy). 0 stops it.
+    pub fn keep_host_free(&self, bytes: usize) {
+        let s = self.lock();
+        s.host.keep_free(bytes / s.page);
     }
 
     /// How many device frames eviction ahead of need keeps free or on their way out (the
@@ -1095,6 +1173,16 @@ impl Inner {
 
     /// Takes one of the operation's unlocked rounds if it has one left: then it stops, for
     /// its caller to wait or make driver calls without the lock and start it over.
+    /// Whether the operation may stop to have host memory pinned without the lock (and
+    /// counts the round).
+    fn host_round(&mut self) -> bool {
+        let left = self.op.host_rounds_left > 0;
+        if left {
+            self.op.host_rounds_left -= 1;
+        }
+        left
+    }
+
     fn unlocked_round(&mut self) -> bool {
         let left = self.op.unlocked_rounds_left > 0;
         if left {

@@ -200,6 +200,26 @@ impl Inner {
         r.map(|_| coming + earlier)
     }
 
+    /// One step of a shrink that never waits ([`MemoryManager::set_budget_without_waiting`]):
+    /// sets the budget and starts swap-outs of idle pages over it, less those already leaving.
+    /// Returns the pages it started. Pages pinned by calls in flight or still used by queued
+    /// work are left for a later step (or for the application's own next access, which evicts
+    /// what it must under the smaller budget): taking them would mean waiting.
+    ///
+    /// [`MemoryManager::set_budget_without_waiting`]: super::MemoryManager::set_budget_without_waiting
+    pub(super) fn shrink_step(&mut self, frames: usize) -> Result<usize, CUresult> {
+        self.dev.set_budget_frames(frames);
+        self.poll_with(false)?;
+        let over = self.dev.in_use().saturating_sub(frames);
+        let leaving = self.outgoing.len();
+        if over <= leaving {
+            return Ok(0);
+        }
+        // Nothing needed: only idle pages are taken, so `evict` never waits.
+        self.for_demand(Demand::Budget, |s| s.evict(over - leaving, 0))?;
+        Ok(self.outgoing.len().saturating_sub(leaving))
+    }
+
     pub(super) fn set_budget(&mut self, frames: usize) -> Result<(), CUresult> {
         self.dev.set_budget_frames(frames);
         // Up to 8 rounds of evicting and waiting for the copies, each checked after; a round
