@@ -11,7 +11,7 @@
 //! - **Within a turn the running jobs keep the card.** A job that joins runs at once only if no
 //!   job of the turn waits and it fits beside them (a high-priority job always does); a running job whose need grows so that
 //!   the turn no longer fits makes the job that joined the turn last wait, not an incumbent whose
-//!   working set is in; a job that leaves makes room for waiting jobs that fit (and only that:
+//!   working set is in (of jobs that started the turn together, the one holding least); a job that leaves makes room for waiting jobs that fit (and only that:
 //!   needs rise and fall within an iteration, and a waiting job let in whenever they fell would
 //!   swap in and out again). The turn's clock does not restart for any of these.
 //! - **A change of turns is measured** from its decision until the jobs that stop have given
@@ -151,12 +151,17 @@ impl Turns {
         let turn = match kept {
             Some(t) => t,
             None => {
-                let running: Vec<u32> = jobs
+                // Those holding more first: if the turn outgrows the card, the last in waits,
+                // and among jobs that start together the one holding least is the cheapest to
+                // stop (a job holding a working set would write it out).
+                let mut starting: Vec<&Contender<'_>> = jobs
                     .iter()
                     .zip(&fresh)
                     .filter(|(_, &r)| r)
-                    .map(|(j, _)| j.slot)
+                    .map(|(j, _)| j)
                     .collect();
+                starting.sort_by_key(|j| std::cmp::Reverse(j.held));
+                let running: Vec<u32> = starting.iter().map(|j| j.slot).collect();
                 self.begin_change(now, available, jobs, before.as_deref(), &running);
                 Turn {
                     started: now,
@@ -414,6 +419,34 @@ mod tests {
             t0 + Duration::from_secs(11) + MS,
             10 * G,
             &contenders(&claims, &[11, 6, 2], &[G / 8, 6 * G, G]),
+        );
+        assert_eq!(run, vec![false, true, false]);
+    }
+
+    #[test]
+    fn of_jobs_that_start_a_turn_together_the_one_holding_least_waits_if_they_outgrow_the_card() {
+        let t0 = Instant::now();
+        let mut turns = Turns::new(Duration::from_secs(10));
+        // Three on 10 GiB; the two least run start together: the first holds little yet, the
+        // second its working set.
+        let mut claims = vec![
+            claim(4 * G, Priority::Normal),
+            claim(4 * G, Priority::Normal),
+            claim(6 * G, Priority::Normal),
+        ];
+        let (run, _) = turns.decide(
+            t0,
+            10 * G,
+            &contenders(&claims, &[0, 1, 9], &[G / 8, 4 * G, 6 * G]),
+        );
+        assert_eq!(run, vec![true, true, false]);
+        // The first grows past the room: it waits (it has least to write out), not the
+        // second, though the second is later in slot order.
+        claims[0].need = 7 * G;
+        let (run, _) = turns.decide(
+            t0 + MS,
+            10 * G,
+            &contenders(&claims, &[1, 2, 9], &[G, 4 * G, G / 8]),
         );
         assert_eq!(run, vec![false, true, false]);
     }
