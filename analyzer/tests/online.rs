@@ -551,4 +551,26 @@ fn a_plan_leaves_the_room_it_is_told_to_free_unless_nothing_would_fit() {
         "{}",
         squeezed.budget_bytes
     );
+
+    // A budget the whole cycle fits as it is: no room is left (nothing need move), and the
+    // plan moves nothing. Just below that, the room is left again.
+    // (The learner's cycle: in the shim's pages, tails included.)
+    let options = LearnerOptions::for_budget(budget);
+    let cycle = Cycle::from_trace(&trace, &detect(&trace).unwrap(), &options.cost)
+        .with_units(options.units)
+        .with_page_bytes(options.page_bytes);
+    let cycle_budgets =
+        |room: f64, b: u64| tensile_analyzer::online::budgets_to_try(&cycle, b, room);
+    let live = tensile_analyzer::timeline::Liveness::of(&cycle);
+    let held = tensile_analyzer::timeline::held_bytes(&cycle, &live);
+    let fits = *held.iter().max().unwrap() + cycle.page_tail_waste();
+    let budgets = cycle_budgets(0.2, fits);
+    assert_eq!(budgets, cycle.plan_budgets(fits), "no room where all fits");
+    let plan = first_plan(0.2, fits).expect("a plan");
+    assert_eq!(plan.bytes_out_per_iteration(), 0, "all fits: nothing moves");
+    let short = cycle_budgets(0.2, fits - (fits / 20));
+    assert!(
+        short[0].bytes <= fits - fits / 20 - (fits - fits / 20) / 5 + 1,
+        "room where not all fits: {short:?}"
+    );
 }

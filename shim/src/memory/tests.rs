@@ -1707,10 +1707,18 @@ fn a_shrink_without_waiting_returns_while_its_copies_are_out_and_is_met_once_the
     // The copies out are queued and nothing runs them: a shrink that waited would hang here.
     assert_eq!(mm.set_budget_without_waiting(3 * PAGE), Ok(false));
     assert_eq!(mm.budget(), 3 * PAGE);
-    assert_eq!(mm.set_budget_without_waiting(3 * PAGE), Ok(false), "still out");
+    assert_eq!(
+        mm.set_budget_without_waiting(3 * PAGE),
+        Ok(false),
+        "still out"
+    );
     fake.run_all();
     assert_eq!(mm.set_budget_without_waiting(3 * PAGE), Ok(true));
-    assert_eq!(mm.device_bytes_held(), 3 * PAGE, "the frames went back to the driver");
+    assert_eq!(
+        mm.device_bytes_held(),
+        3 * PAGE,
+        "the frames went back to the driver"
+    );
     for (i, &p) in ptrs.iter().enumerate() {
         let r = read(&fake, &mm, s, p, PAGE);
         fake.run_all();
