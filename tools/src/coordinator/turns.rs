@@ -11,7 +11,7 @@
 //! - **Within a turn the running jobs keep the card.** A job that joins runs at once only if no
 //!   job of the turn waits and it fits beside them (a high-priority job always does); a running job whose need grows so that
 //!   the turn no longer fits makes the job that joined the turn last wait, not an incumbent whose
-//!   working set is in (of jobs that started the turn together, the one holding least); a job that leaves makes room for waiting jobs that fit (and only that:
+//!   working set is in (of jobs that started the turn together, the one that has run most); a job that leaves makes room for waiting jobs that fit (and only that:
 //!   needs rise and fall within an iteration, and a waiting job let in whenever they fell would
 //!   swap in and out again). The turn's clock does not restart for any of these.
 //! - **A change of turns is measured** from its decision until the jobs that stop have given
@@ -151,16 +151,17 @@ impl Turns {
         let turn = match kept {
             Some(t) => t,
             None => {
-                // Those holding more first: if the turn outgrows the card, the last in waits,
-                // and among jobs that start together the one holding least is the cheapest to
-                // stop (a job holding a working set would write it out).
+                // Least run first, as `fresh` chose them: if the turn outgrows the card, the
+                // last in waits, so of jobs that start together the one that has run most.
+                // (By what they hold, the one that had just come back from waiting held least
+                // and was stopped again at every change: starved.)
                 let mut starting: Vec<&Contender<'_>> = jobs
                     .iter()
                     .zip(&fresh)
                     .filter(|(_, &r)| r)
                     .map(|(j, _)| j)
                     .collect();
-                starting.sort_by_key(|j| std::cmp::Reverse(j.held));
+                starting.sort_by_key(|j| j.ran);
                 let running: Vec<u32> = starting.iter().map(|j| j.slot).collect();
                 self.begin_change(now, available, jobs, before.as_deref(), &running);
                 Turn {
@@ -413,22 +414,23 @@ mod tests {
             &contenders(&claims, &[11, 5, 1], &[6 * G, G / 8, G / 8]),
         );
         assert_eq!(run, vec![false, true, true]);
-        // The last of them to join the turn grows past the card: it waits, not the other.
+        // The third grows past the card: of the two that started the turn together, the one
+        // that has run more waits.
         claims[2].need = 5 * G;
         let (run, _) = turns.decide(
             t0 + Duration::from_secs(11) + MS,
             10 * G,
             &contenders(&claims, &[11, 6, 2], &[G / 8, 6 * G, G]),
         );
-        assert_eq!(run, vec![false, true, false]);
+        assert_eq!(run, vec![false, false, true]);
     }
 
     #[test]
-    fn of_jobs_that_start_a_turn_together_the_one_holding_least_waits_if_they_outgrow_the_card() {
+    fn of_jobs_that_start_a_turn_together_the_one_that_ran_most_waits_if_they_outgrow_the_card() {
         let t0 = Instant::now();
         let mut turns = Turns::new(Duration::from_secs(10));
-        // Three on 10 GiB; the two least run start together: the first holds little yet, the
-        // second its working set.
+        // Three on 10 GiB; the two least run start together: the second has run less, and
+        // holds little yet (it has just come back from waiting).
         let mut claims = vec![
             claim(4 * G, Priority::Normal),
             claim(4 * G, Priority::Normal),
@@ -437,16 +439,16 @@ mod tests {
         let (run, _) = turns.decide(
             t0,
             10 * G,
-            &contenders(&claims, &[0, 1, 9], &[G / 8, 4 * G, 6 * G]),
+            &contenders(&claims, &[2, 1, 9], &[4 * G, G / 8, 6 * G]),
         );
         assert_eq!(run, vec![true, true, false]);
-        // The first grows past the room: it waits (it has least to write out), not the
-        // second, though the second is later in slot order.
-        claims[0].need = 7 * G;
+        // The second grows past the room: the first waits (it has run more), not the second,
+        // though the second holds less and is later in slot order.
+        claims[1].need = 7 * G;
         let (run, _) = turns.decide(
             t0 + MS,
             10 * G,
-            &contenders(&claims, &[1, 2, 9], &[G, 4 * G, G / 8]),
+            &contenders(&claims, &[3, 2, 9], &[4 * G, G, G / 8]),
         );
         assert_eq!(run, vec![false, true, false]);
     }
