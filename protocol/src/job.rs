@@ -256,15 +256,6 @@ impl JobClient {
         self.slot_ref().paused.load(Ordering::Relaxed) != 0
     }
 
-    /// Whether another job on this coordinator's card waits for its turn now: the jobs take
-    /// turns, and this one will have to give its memory back at a later change of turns.
-    pub fn others_wait(&self) -> bool {
-        (0..self.segment.geometry().slot_count)
-            .filter(|&i| i != self.slot)
-            .map(|i| self.segment.slot(i))
-            .any(|slot| slot.owner().is_some() && slot.paused.load(Ordering::Relaxed) != 0)
-    }
-
     /// Launches seen so far.
     pub fn set_launches(&self, launches: u64) {
         self.slot_ref().launches.store(launches, Ordering::Relaxed);

@@ -392,16 +392,6 @@ impl PlanSource for CoordinatorSource {
         if crate::turns::held() {
             m.mm.stop_budget_clock_until(Instant::now() + crate::turns::LEASE);
         }
-        // While other jobs wait their turn, this one will give its memory back at a later
-        // change of turns (unless it is high priority, which always runs): the host memory
-        // that takes is pinned now, in the background, instead of during the change, where
-        // pinning (about 0.4 ms a page on the card) took ten times the copies.
-        let will_wait = self.priority != Priority::High && client.others_wait();
-        m.mm.keep_host_free(if will_wait && !crate::turns::held() {
-            m.mm.device_bytes_held()
-        } else {
-            0
-        });
         self.limit = m.limit.map_or(0, |l| l as u64);
         client.set_budget(self.limit);
         client.set_card_bytes(m.card_bytes);

@@ -330,8 +330,6 @@ struct HostState {
     want_grow: bool,
     /// Sizes of host units asked of the grower ([`HostPool::request_unit`]).
     wanted_units: Vec<u32>,
-    /// Free single frames the grower keeps beyond the low-water mark ([`HostPool::keep_free`]).
-    keep_free: usize,
     shutdown: bool,
     last_error: Option<CUresult>,
 }
@@ -690,14 +688,7 @@ impl HostShared {
     fn grower_loop(self: Arc<Self>) {
         let mut s = self.lock();
         loop {
-            loop {
-                let short_of_kept = s.free.len() < s.keep_free
-                    && s.window_free_pages(self.window_pages()) > 0
-                    && s.last_error.is_none();
-                let wanted = s.want_grow || short_of_kept || !s.wanted_units.is_empty();
-                if s.shutdown || (wanted && !s.growing) {
-                    break;
-                }
+            while !s.shutdown && ((!s.want_grow && s.wanted_units.is_empty()) || s.growing) {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
             if s.shutdown {
@@ -746,7 +737,6 @@ impl HostPool {
                 growing: false,
                 want_grow: config.background && window_bytes > 0,
                 wanted_units: Vec::new(),
-                keep_free: 0,
                 shutdown: false,
                 last_error: None,
             }),
@@ -802,23 +792,6 @@ impl HostPool {
     /// Whether the pool grows on a background thread.
     pub fn grows_in_background(&self) -> bool {
         self.shared.config.background
-    }
-
-    /// Has the grower keep at least `frames` single frames free, pinning chunks in the
-    /// background (0: only the low-water mark). For memory about to leave the device in bulk
-    /// (a job on a shared card that will wait its turn): pinning costs about 0.4 ms a page on
-    /// the card, ten times the copy, and is better done before the eviction than during it.
-    /// No effect without a grower.
-    pub fn keep_free(&self, frames: usize) {
-        let sh = &self.shared;
-        if !sh.config.background {
-            return;
-        }
-        let mut s = sh.lock();
-        if s.keep_free != frames {
-            s.keep_free = frames;
-            sh.changed.notify_all();
-        }
     }
 
     /// Free single frames (not counting free units).

@@ -1055,15 +1055,6 @@ impl MemoryManager {
         r
     }
 
-    /// Has the host pool keep `bytes` of pinned memory free, pinned in the background: for a
-    /// policy that knows this much will leave the device soon (a job on a shared card that
-    /// will wait its turn). A shrink then finds host frames instead of pinning them (about
-    /// 0.4 ms a page on the card, ten times the copy). 0 stops it.
-    pub fn keep_host_free(&self, bytes: usize) {
-        let s = self.lock();
-        s.host.keep_free(bytes / s.page);
-    }
-
     /// How many device frames eviction ahead of need keeps free or on their way out (the
     /// least recently used pages leave to make them). A policy that makes room itself (a plan
     /// executor) sets 0 while it does, so that LRU does not evict what the plan keeps, and puts
