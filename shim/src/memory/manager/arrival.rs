@@ -203,6 +203,7 @@ impl Inner {
     /// event, or, if it failed, stay `Host` with their host frames mapped back (through
     /// `remap_host`) and the device frames free.
     pub(super) fn commit_arrival(&mut self, a: Arrival, outcome: ArrivalOutcome) {
+        self.remaps_committed += 1;
         for p in &a.pages {
             self.arriving.remove(p);
         }

@@ -203,6 +203,7 @@ impl Inner {
     /// device frames are free, their pages `Host`), the others stay `ToHost` to be completed
     /// later; none is completing any more.
     pub(super) fn commit_completions(&mut self, c: Completions, outcome: CompletionOutcome) {
+        self.remaps_committed += 1;
         for (i, u) in c.units.iter().enumerate() {
             let span = u.first..u.first + u.pages;
             for q in span.clone() {

@@ -248,6 +248,9 @@ struct Inner {
     /// Set when an operation needs pages whose swap-out another thread is completing without
     /// the lock: the caller releases the lock, waits for that commit and retries.
     remap_stall: bool,
+    /// Remaps committed by threads that made them without the lock (completions, arrivals):
+    /// a wait on another thread's remap is bounded by the time without one.
+    remaps_committed: u64,
     /// Which pages to evict first, when a policy that knows the future says so.
     advice: Option<Arc<dyn EvictionAdvice>>,
     /// The state of the operation running now ([`OpState`]; the default outside
@@ -447,6 +450,7 @@ impl MemoryManager {
             copy_waits: Vec::new(),
             completion_wanted: false,
             remap_stall: false,
+            remaps_committed: 0,
             advice: None,
             op: OpState::default(),
             arriving: BTreeSet::new(),
@@ -634,6 +638,8 @@ impl MemoryManager {
         let mut s = self.lock();
         let failures_before = s.failures.total();
         let mut deadline: Option<Instant> = None;
+        let mut remap_deadline: Option<Instant> = None;
+        let mut remap_seen: Option<u64> = None;
         // This operation's own state across its rounds: other threads' operations run on the
         // same `Inner` whenever the lock is released between them.
         let mut op_state = OpState {
@@ -715,10 +721,17 @@ impl MemoryManager {
             }
             if s.remap_stall {
                 // Another thread is remapping pages this operation needs without the lock:
-                // its commit wakes us (bounded like a wait for pins).
+                // its commit wakes us. Bounded like a wait for pins, but by the time without
+                // any commit: a shrink that completes batch after batch keeps every page on
+                // its way out completing for longer than that, and an allocation waiting for
+                // one of them failed although the remaps went on.
                 let now = Instant::now();
                 let wait = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
-                let end = *deadline.get_or_insert(now + wait);
+                if remap_seen != Some(s.remaps_committed) {
+                    remap_seen = Some(s.remaps_committed);
+                    remap_deadline = None;
+                }
+                let end = *remap_deadline.get_or_insert(now + wait);
                 if now < end {
                     s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(2)));
                     continue;
