@@ -942,6 +942,13 @@ impl Sim<'_> {
     /// ops issued after it, soonest needed first, and BERT at 50% flipped from 7 to 17.6 GiB
     /// moved per iteration between nearby copy rates (docs/planner.md, "LRU as the shim runs
     /// it").
+    ///
+    /// Nothing the host has issued may count on frames that do not come: a swap-out an op
+    /// cancels gives no frame, so the op fits only if the read-backs queued before it still
+    /// have theirs; and an allocation of a tensor whose next incarnation is already backed
+    /// waits for the compute stream. Otherwise the compute stream, at an issued op, had to
+    /// take the pages of ops issued after it, and the frames of allocations backed ahead of
+    /// their free, which nothing can take, left it waiting for ever (a `Deadlock`).
     fn issue_ahead(&mut self, pos: usize) {
         let p = self.cycle.len() as u64;
         let Some(mut shim) = self.shim.take() else {
@@ -1003,15 +1010,19 @@ impl Sim<'_> {
                     .sum();
                 (allocated, allocated + fetched)
             };
-            // One backed by host memory comes in at its first use; while its previous
-            // incarnation holds the tensor (one place per tensor), that read-back cannot be
-            // queued: the host waits for the compute stream to get to the op.
+            // The model holds two incarnations of a tensor at most: its place and one
+            // allocation backed ahead of the free. One backed by host memory comes in at its
+            // first use, and while its previous incarnation holds the tensor that read-back
+            // cannot be queued; a host a whole lifetime further ahead would allocate a third
+            // (skipping it left the tensor absent when the compute stream got there: it waited
+            // for an allocation the host had passed). In both cases the host waits for the
+            // compute stream to get to the op, by when the frees before it have been made.
             if gj > global
                 && self.actions[j].allocate.iter().any(|&t| {
-                    shim.host_backed[t as usize]
-                        && !is_backed(t)
-                        && allocates(t)
-                        && self.place[t as usize] != Place::Absent
+                    is_backed(t)
+                        || (shim.host_backed[t as usize]
+                            && allocates(t)
+                            && self.place[t as usize] != Place::Absent)
                 })
             {
                 break;
@@ -1020,10 +1031,24 @@ impl Sim<'_> {
                 .filter(|&t| self.evictable(t, pos, global) && !op.tensors.contains(&t))
                 .map(|t| self.bytes(t))
                 .sum();
-            let room = self.free_bytes() + self.outgoing_bytes() + evictable;
+            // The op's own pages on their way out stay (their swap-outs are cancelled below):
+            // their frames, which the read-backs queued for the ops issued before may be
+            // counting on, do not come free. An op that takes no new frame but cancels is
+            // checked too.
+            let cancelled: u64 = op
+                .tensors
+                .iter()
+                .filter(|&&t| {
+                    !is_backed(t)
+                        && !self.actions[j].allocate.contains(&t)
+                        && self.place[t as usize] == Place::ToHost
+                })
+                .map(|&t| self.bytes(t))
+                .sum();
+            let room = self.free_bytes() + self.outgoing_bytes() - cancelled + evictable;
             let (mut allocated, mut wanted) = demand(false);
             let mut spill = false;
-            if wanted > 0 && queued + wanted > room {
+            if (wanted > 0 || cancelled > 0) && queued + wanted > room {
                 // An op that does not fit waits for the compute stream to run the issued ones
                 // (their pages can go then). When the compute stream waits for this one, its
                 // own pages are what is left: its allocations are backed by host memory, as
@@ -1043,7 +1068,15 @@ impl Sim<'_> {
                 }
                 match shim.backed_stamp(t) {
                     Some(stamp) => *stamp = gj + 1,
-                    None => self.last_use[t as usize] = self.last_use[t as usize].max(gj + 1),
+                    None => {
+                        let u = t as usize;
+                        self.last_use[u] = self.last_use[u].max(gj + 1);
+                        // The shim cancels the swap-out of a page an access needs, before it
+                        // makes room for the rest.
+                        if self.place[u] == Place::ToHost {
+                            self.place[u] = Place::Device;
+                        }
+                    }
                 }
             }
             if queued + wanted > self.free_bytes() {
@@ -1278,15 +1311,15 @@ impl Sim<'_> {
         evicted
     }
 
-    /// The write-outs still on their way (not those of cancelled swap-outs: their tensors stay
-    /// on the device).
+    /// The tensors whose write-outs are still on their way (not those of cancelled swap-outs:
+    /// their tensors stay on the device), each once: a page whose swap-out was cancelled and
+    /// made again is queued twice, and its frame comes free once (counted twice, it had the
+    /// host issue read-backs on a frame that did not come).
     fn outgoing(&self) -> impl Iterator<Item = TensorId> + '_ {
-        self.d2h
-            .queue
-            .iter()
-            .copied()
-            .chain(self.d2h.active.map(|a| a.tensor))
-            .filter(|&t| self.place[t as usize] == Place::ToHost)
+        (0..self.place.len() as TensorId).filter(|&t| {
+            self.place[t as usize] == Place::ToHost
+                && (self.d2h.contains(t) || self.d2h.active.is_some_and(|a| a.tensor == t))
+        })
     }
 
     /// Bytes of [`Self::outgoing`].
@@ -1617,6 +1650,102 @@ mod tests {
         assert!(r.settled && r.fits, "{r:?}");
         // Tensor 1 comes in every iteration (4 MiB), tensor 0 makes room for it.
         assert_eq!(r.bytes_h2d, 4 * MIB, "{r:?}");
+    }
+
+    /// LRU in shim pages on `cycle` within `budget`: it must not deadlock, and settles within
+    /// the budget.
+    fn shim_lru(cycle: Cycle, budget: u64) -> SimReport {
+        let cycle = cycle.with_units(MoveUnits::ShimPages);
+        let cost = CostModel::default();
+        let r = simulate(
+            &cycle,
+            Policy::Lru,
+            Budget::new(budget),
+            &cost,
+            SimOptions::default(),
+        )
+        .expect("no deadlock");
+        assert!(r.settled && r.fits && r.step_ns >= r.compute_ns, "{r:?}");
+        r
+    }
+
+    #[test]
+    fn lru_in_shim_pages_counts_no_frame_from_a_swap_out_its_op_cancels() {
+        // The property test's seed on which 16e655a deadlocked at op 27 (kept in
+        // tests/plan_invariants.proptest-regressions), durations rounded. Budget of four
+        // pages. Tensor 1 (four pages, backed by host memory) is allocated before op 23,
+        // used at 27 and 44, freed before op 1 of the next iteration; tensor 0 (a page)
+        // allocated before op 42, used at op 10 of the next iteration, freed before op 33.
+        // The host, ahead of the compute stream, issued op 44 counting on the frame of a page
+        // of tensor 1 on its way out, which op 44 itself needs (its swap-out was cancelled):
+        // one read-back had no frame. The compute stream at op 44 took tensor 0's page, which
+        // op 61 (issued) needs, at op 61 a page of tensor 1 that op 78 needs, and at op 78 the
+        // frames left were held by tensor 0's next incarnation, allocated ahead of its free.
+        let mut durations = vec![1000; 51];
+        durations[1] = 1_000_000;
+        durations[26] = 100_000;
+        let tensors = vec![
+            transient(0, 2 * MIB, vec![10], 42, 33),
+            transient(1, 8 * MIB, vec![27, 44], 23, 1),
+        ];
+        let r = shim_lru(Cycle::from_parts(&durations, tensors).unwrap(), 8 * MIB);
+        // Tensor 1 comes in every iteration (it is allocated on the host), and tensor 0 and a
+        // page of tensor 1 make room for each other.
+        assert_eq!((r.bytes_h2d, r.bytes_d2h), (12 * MIB, 14 * MIB), "{r:?}");
+    }
+
+    #[test]
+    fn lru_in_shim_pages_issues_no_op_whose_cancelled_swap_out_a_read_back_waits_for() {
+        // Found by a stress run of random cycles after the fix above. Budget of five pages.
+        // Op 4 needs tensor 0 (four pages, on the host) and tensor 3 (a page); op 5 tensors 0
+        // and 2 (a page). The host issued op 4 with the frame of tensor 2's page, on its way
+        // out, for tensor 0's read-backs, then op 5, which needs no new frame but cancelled
+        // that swap-out. The compute stream at op 4 took that page back, and at op 5 the
+        // frames left were held by tensor 2's next incarnation, allocated ahead of its free.
+        let tensors = vec![
+            transient(0, 8 * MIB, vec![4, 5], 3, 7),
+            transient(1, 6 * MIB, vec![0], 0, 1),
+            transient(2, 2 * MIB, vec![5], 11, 10),
+            transient(3, 2 * MIB, vec![4], 4, 5),
+        ];
+        shim_lru(Cycle::from_parts(&[1000; 12], tensors).unwrap(), 10 * MIB);
+    }
+
+    #[test]
+    fn lru_in_shim_pages_allocates_no_third_incarnation_ahead() {
+        // Found by the same stress run. Budget of ten pages; two transients whose lifetimes
+        // wrap. While op 17 computes, the host runs iterations ahead: it allocates each
+        // tensor's next incarnation ahead of the previous one's free, then comes to the
+        // allocation of the one after, which the model cannot hold (one place and one backed
+        // allocation per tensor). Skipping it left tensor 1 absent when the compute stream
+        // got to op 31 of the third iteration, with no allocation to wait for.
+        let mut durations = vec![1000; 56];
+        durations[17] = 345_641;
+        let tensors = vec![
+            transient(0, 8 * MIB, vec![52], 52, 34),
+            transient(1, 6 * MIB, vec![31], 31, 18),
+        ];
+        shim_lru(Cycle::from_parts(&durations, tensors).unwrap(), 20 * MIB);
+    }
+
+    #[test]
+    fn lru_in_shim_pages_counts_a_page_queued_twice_for_the_host_once() {
+        // Found by the property test `lru_in_shim_pages_never_deadlocks` with the on-demand
+        // eviction of an issued op's page made to fail. Budget of ten pages. Tensor 3's
+        // pages, whose swap-outs had been cancelled and made again, were each queued twice
+        // to go out, and counted twice as frames coming free: the host issued op 34's
+        // read-backs of tensor 1 (19 MiB, allocated on the host) and then op 39 (op 2 of the
+        // next iteration), which takes tensor 3's pages back; the compute stream at op 34
+        // took them (31.5 MiB in and 32 out per iteration). What comes in now is tensor 1,
+        // tensor 3 and tensor 2 at their first uses, once each.
+        let tensors = vec![
+            transient(0, 10 * MIB, vec![32, 33], 31, 34),
+            transient(1, 19 * MIB, vec![34], 34, 35),
+            transient(2, MIB, vec![20], 32, 25),
+            transient(3, 10 * MIB, vec![32, 2], 30, 14),
+        ];
+        let r = shim_lru(Cycle::from_parts(&[1000; 37], tensors).unwrap(), 20 * MIB);
+        assert_eq!((r.bytes_h2d, r.bytes_d2h), (30 * MIB, 23 * MIB), "{r:?}");
     }
 
     #[test]
