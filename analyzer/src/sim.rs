@@ -18,8 +18,8 @@
 //!   leaving with a valid host copy (brought in, not touched since) is free;
 //! - `lru` under [`MoveUnits::ShimPages`] is the shim's manager: page by page, with its free
 //!   reserve, cancelled swap-outs, and a host that issues launches (and the manager's work for
-//!   them) ahead of the compute stream as far as memory lets it (docs/planner.md, "LRU as the
-//!   shim runs it").
+//!   them) in order ahead of the compute stream as far as memory lets it, the compute stream
+//!   running only what the host has issued (docs/planner.md, "LRU as the shim runs it").
 //!
 //! Invariants checked on every step, not assumed: device bytes never exceed the budget (`plan`,
 //! `lru`), and every tensor an op touches is on the device when the op starts. A violation is an
@@ -337,6 +337,8 @@ struct Sim<'a> {
     now_op: u64,
     place: Vec<Place>,
     host_valid: Vec<bool>,
+    /// One more than the unrolled op that last used each tensor (0: none since the start), so
+    /// that the tensors an op is issued or run with are told from those left from the start.
     last_use: Vec<u64>,
     used: u64,
     peak: u64,
@@ -367,10 +369,37 @@ struct ShimLru {
     /// Bytes kept free (or on their way out) ahead of need once the budget is full
     /// ([`shim_free_reserve_pages`]).
     reserve: u64,
-    /// The last unrolled op the host has issued ([`Sim::issue_ahead`]).
-    issued: u64,
+    /// The first unrolled op the host has not issued ([`Sim::issue_ahead`]).
+    next: u64,
     /// Write-outs the host waits for before it issues another op.
     host_waits: Vec<TensorId>,
+    /// Allocations the host has made while the tensor's previous incarnation still held it
+    /// (its free is stream-ordered: the compute stream has not got there), with the host's
+    /// latest stamp of the new one. Their frames are taken (counted in `used`) when the host
+    /// allocates; at the free the new one takes the tensor's place ([`Sim::release`]).
+    backed: Vec<Backed>,
+    /// Per tensor: whether it is part of an allocation of more than half the budget, which
+    /// the shim backs with host memory (it comes in at its first use) rather than evict for
+    /// it.
+    host_backed: Vec<bool>,
+}
+
+/// An allocation the host has made ahead of the free of its tensor's previous incarnation
+/// ([`ShimLru::backed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Backed {
+    tensor: TensorId,
+    /// The host's latest use of it.
+    stamp: u64,
+}
+
+impl ShimLru {
+    fn backed_stamp(&mut self, t: TensorId) -> Option<&mut u64> {
+        self.backed
+            .iter_mut()
+            .find(|b| b.tensor == t)
+            .map(|b| &mut b.stamp)
+    }
 }
 
 /// Most ops the host of a modelled LRU run issues ahead of the compute stream
@@ -420,8 +449,11 @@ pub fn simulate_with(
             .map_err(|(tensor, problem)| SimError::PiecesDoNotCover { tensor, problem })?;
     }
     let split;
+    // The size of the allocation each tensor (page) is part of.
+    let whole_bytes: Vec<u64>;
     let (cycle, live) = match policy {
         Policy::Plan(plan) if !crate::pieces::is_whole(cycle, &plan.pieces) => {
+            whole_bytes = Vec::new();
             split = crate::pieces::split(cycle, &plan.pieces).map_err(SimError::BadPlan)?;
             // The caller's liveness is of the tensors, not of the pieces.
             (&split, None)
@@ -429,11 +461,18 @@ pub fn simulate_with(
         // LRU as the shim runs it: page by page (a tensor's partial last page is a unit of its
         // own), so that its write-outs and read-backs pipeline as the manager's do.
         Policy::Lru if lru_in_pages(cycle) => {
-            split = crate::pieces::split(cycle, &crate::pieces::cut(cycle, cycle.page_bytes))
-                .map_err(SimError::BadPlan)?;
+            let pages = crate::pieces::cut(cycle, cycle.page_bytes);
+            whole_bytes = pages
+                .iter()
+                .map(|p| cycle.tensors[p.tensor as usize].bytes)
+                .collect();
+            split = crate::pieces::split(cycle, &pages).map_err(SimError::BadPlan)?;
             (&split, None)
         }
-        _ => (cycle, live),
+        _ => {
+            whole_bytes = cycle.tensors.iter().map(|t| t.bytes).collect();
+            (cycle, live)
+        }
     };
     let p = cycle.len();
     let cycles = options.max_cycles.max(2) as usize;
@@ -505,11 +544,21 @@ pub fn simulate_with(
         budget: budget.bytes,
         enforce_budget,
         lru: matches!(policy, Policy::Lru),
-        shim: shim_lru.then(|| ShimLru {
-            reserve: shim_free_reserve_pages(budget.bytes / cycle.page_bytes.max(1))
-                * cycle.page_bytes,
-            issued: 0,
-            host_waits: Vec::new(),
+        shim: shim_lru.then(|| {
+            let page = cycle.page_bytes.max(1);
+            let budget_pages = budget.bytes / page;
+            // As the shim's `device_frames_for_new`: more pages than half the budget's.
+            let host_backed = whole_bytes
+                .iter()
+                .map(|b| b.div_ceil(page) > budget_pages / 2)
+                .collect();
+            ShimLru {
+                reserve: shim_free_reserve_pages(budget_pages) * cycle.page_bytes,
+                next: 0,
+                host_waits: Vec::new(),
+                backed: Vec::new(),
+                host_backed,
+            }
         }),
         now_op: 0,
         place: vec![Place::Absent; n_t],
@@ -609,6 +658,9 @@ pub fn simulate_with(
     })
 }
 
+/// What the host of LRU in shim pages carries across an iteration boundary.
+type HostState = (u64, Vec<TensorId>, Vec<Backed>);
+
 /// The simulator's state at an iteration boundary (see the module doc): what must repeat for
 /// the simulation to have reached its steady state.
 #[derive(Debug, Clone)]
@@ -622,9 +674,10 @@ struct BoundaryState {
     h2d_active: Option<(TensorId, f64)>,
     /// LRU: tensors in order of last use (ties by id), which is all its decisions look at.
     recency: Vec<TensorId>,
-    /// LRU in shim pages: how far ahead of the boundary the host has issued, and the
-    /// write-outs it waits for.
-    host: Option<(u64, Vec<TensorId>)>,
+    /// LRU in shim pages: how far ahead of the boundary the host has issued, the write-outs
+    /// it waits for, and the allocations it has backed ahead of their tensor's free (with
+    /// their stamps, relative to the boundary).
+    host: Option<HostState>,
 }
 
 impl BoundaryState {
@@ -668,10 +721,22 @@ impl Sim<'_> {
             d2h_active: self.d2h.active.map(|a| (a.tensor, a.remaining)),
             h2d_active: self.h2d.active.map(|a| (a.tensor, a.remaining)),
             recency,
-            host: self
-                .shim
-                .as_ref()
-                .map(|s| (s.issued.saturating_sub(boundary), s.host_waits.clone())),
+            host: self.shim.as_ref().map(|s| {
+                let mut backed: Vec<Backed> = s
+                    .backed
+                    .iter()
+                    .map(|&b| Backed {
+                        stamp: b.stamp.saturating_sub(boundary),
+                        ..b
+                    })
+                    .collect();
+                backed.sort_unstable();
+                (
+                    s.next.saturating_sub(boundary),
+                    s.host_waits.clone(),
+                    backed,
+                )
+            }),
         }
     }
 
@@ -807,7 +872,8 @@ impl Sim<'_> {
         };
         loop {
             self.start_copies(pos)?;
-            if self.try_make_ready(pos)? {
+            // (In shim pages the GPU runs only what the host has launched.)
+            if self.try_make_ready(pos)? && self.shim.as_ref().is_none_or(|s| s.next > global) {
                 break;
             }
             // Requests made while checking (LRU evictions, demand fetches) may start now.
@@ -833,7 +899,7 @@ impl Sim<'_> {
             }
             self.host_valid[t as usize] = false;
             // (A host running ahead may have stamped a later use already.)
-            self.last_use[t as usize] = self.last_use[t as usize].max(global);
+            self.last_use[t as usize] = self.last_use[t as usize].max(global + 1);
         }
         // The op runs; copies progress meanwhile.
         let end = self.time + op.duration_ns as f64;
@@ -858,69 +924,169 @@ impl Sim<'_> {
         Ok(waited)
     }
 
-    /// LRU in shim pages (else nothing): the host's work for the ops after `pos`, as far ahead
-    /// as memory lets it run (at most [`HOST_LEAD_OPS`]), as the shim does it when the
-    /// application launches them. An op's tensors are stamped as used (and so kept until it has run: the shim's
-    /// recency is the host's), those on the host are queued to come in, and least recently
-    /// used ones that no issued op needs are evicted to make room for every read-back queued;
-    /// the host then waits for those write-outs, as the shim waits for the frames an access
-    /// lacks. It stops at the first op whose tensors would not fit without evicting the
-    /// issued ops' own.
+    /// LRU in shim pages (else nothing): the host's work for the ops from the one the compute
+    /// stream is at (`pos`) on, as far ahead as memory lets it run (at most
+    /// [`HOST_LEAD_OPS`]), as the shim does it when the application launches them. An op's
+    /// tensors are stamped as used (and so kept until it has run: the shim's recency is the
+    /// host's), those on the host are queued to come in, and least recently used ones that no
+    /// issued op needs are evicted to make room for every read-back queued; the host then
+    /// waits for those write-outs, as the shim waits for the frames an access lacks. It stops
+    /// at the first op whose tensors would not fit without evicting the issued ops' own, and
+    /// the compute stream runs no op the host has not issued.
+    ///
+    /// The host issues ops in order and never passes one it has not done the work of: an op
+    /// the compute stream is waiting at is issued (its allocations backed, its read-backs
+    /// queued) before any later one takes memory. A model that let the host pass it (marking
+    /// it issued once the compute stream got there) had the later ops' stamps and allocations
+    /// take the frames the waiting op needed; the waiting op then evicted the pages of the
+    /// ops issued after it, soonest needed first, and BERT at 50% flipped from 7 to 17.6 GiB
+    /// moved per iteration between nearby copy rates (docs/planner.md, "LRU as the shim runs
+    /// it").
+    ///
+    /// Nothing the host has issued may count on frames that do not come: a swap-out an op
+    /// cancels gives no frame, so the op fits only if the read-backs queued before it still
+    /// have theirs; and an allocation of a tensor whose next incarnation is already backed
+    /// waits for the compute stream. Otherwise the compute stream, at an issued op, had to
+    /// take the pages of ops issued after it, and the frames of allocations backed ahead of
+    /// their free, which nothing can take, left it waiting for ever (a `Deadlock`).
     fn issue_ahead(&mut self, pos: usize) {
         let p = self.cycle.len() as u64;
         let Some(mut shim) = self.shim.take() else {
             return;
         };
         let global = self.now_op;
-        shim.issued = shim.issued.max(global);
-        while shim.issued < global + HOST_LEAD_OPS {
+        // Every op the compute stream has run was issued; the one it is at may not be yet.
+        shim.next = shim.next.max(global);
+        while shim.next <= global + HOST_LEAD_OPS {
             shim.host_waits
                 .retain(|&t| self.place[t as usize] == Place::ToHost);
             if !shim.host_waits.is_empty() {
                 break;
             }
-            let gj = shim.issued + 1;
+            let gj = shim.next;
             let j = (gj % p) as usize;
             let op = &self.cycle.ops[j];
             let queued = self.bytes_on_host(&self.h2d.queue);
             // New allocations take frames when the host makes them (the shim backs them at
-            // once), stamped as just used.
-            let allocated: u64 = self.actions[j]
-                .allocate
-                .iter()
-                .filter(|&&t| self.place[t as usize] == Place::Absent)
-                .map(|&t| self.bytes(t))
-                .sum();
-            let wanted: u64 = allocated
-                + op.tensors
+            // once), stamped as just used: an absent tensor takes its place on the device; one
+            // whose previous incarnation still holds it (its free is stream-ordered, the
+            // compute stream has not reached it) is backed beside it until then.
+            // (An allocation of more than half the budget is backed by host memory and comes
+            // in at its first use.)
+            let is_backed = |t: TensorId| shim.backed.iter().any(|b| b.tensor == t);
+            let allocates = |t: TensorId| {
+                self.place[t as usize] == Place::Absent
+                    || (!is_backed(t) && self.cycle.tensors[t as usize].free_at.is_some())
+            };
+            // (allocated, wanted) with the allocations of more than half the budget, or with
+            // all of them (`spill`), backed by host memory.
+            let demand = |spill: bool| {
+                let on_host = |t: TensorId| spill || shim.host_backed[t as usize];
+                let allocated: u64 = self.actions[j]
+                    .allocate
                     .iter()
-                    .filter(|&&t| match self.place[t as usize] {
-                        Place::Host => !self.h2d.contains(t),
-                        // Allocated earlier but not yet holding memory: takes it when it runs.
-                        Place::Absent => !self.actions[j].allocate.contains(&t),
-                        _ => false,
+                    .filter(|&&t| allocates(t) && !on_host(t))
+                    .map(|&t| self.bytes(t))
+                    .sum();
+                let fetched: u64 = op
+                    .tensors
+                    .iter()
+                    // A tensor backed earlier is the new incarnation: its bytes were counted
+                    // with its allocation, and it is never fetched.
+                    .filter(|&&t| !is_backed(t))
+                    .filter(|&&t| {
+                        if self.actions[j].allocate.contains(&t) {
+                            // Backed by host memory here and fetched at once.
+                            return on_host(t) && self.place[t as usize] == Place::Absent;
+                        }
+                        match self.place[t as usize] {
+                            Place::Host => !self.h2d.contains(t),
+                            // Allocated earlier but not holding memory: takes it when it runs.
+                            Place::Absent => true,
+                            _ => false,
+                        }
                     })
                     .map(|&t| self.bytes(t))
-                    .sum::<u64>();
-            if wanted > 0 {
-                let evictable: u64 = (0..self.place.len() as TensorId)
-                    .filter(|&t| self.evictable(t, pos, global) && !op.tensors.contains(&t))
-                    .map(|t| self.bytes(t))
                     .sum();
-                if queued + wanted > self.free_bytes() + self.outgoing_bytes() + evictable {
+                (allocated, allocated + fetched)
+            };
+            // The model holds two incarnations of a tensor at most: its place and one
+            // allocation backed ahead of the free. One backed by host memory comes in at its
+            // first use, and while its previous incarnation holds the tensor that read-back
+            // cannot be queued; a host a whole lifetime further ahead would allocate a third
+            // (skipping it left the tensor absent when the compute stream got there: it waited
+            // for an allocation the host had passed). In both cases the host waits for the
+            // compute stream to get to the op, by when the frees before it have been made.
+            if gj > global
+                && self.actions[j].allocate.iter().any(|&t| {
+                    is_backed(t)
+                        || (shim.host_backed[t as usize]
+                            && allocates(t)
+                            && self.place[t as usize] != Place::Absent)
+                })
+            {
+                break;
+            }
+            let evictable: u64 = (0..self.place.len() as TensorId)
+                .filter(|&t| self.evictable(t, pos, global) && !op.tensors.contains(&t))
+                .map(|t| self.bytes(t))
+                .sum();
+            // The op's own pages on their way out stay (their swap-outs are cancelled below):
+            // their frames, which the read-backs queued for the ops issued before may be
+            // counting on, do not come free. An op that takes no new frame but cancels is
+            // checked too.
+            let cancelled: u64 = op
+                .tensors
+                .iter()
+                .filter(|&&t| {
+                    !is_backed(t)
+                        && !self.actions[j].allocate.contains(&t)
+                        && self.place[t as usize] == Place::ToHost
+                })
+                .map(|&t| self.bytes(t))
+                .sum();
+            let room = self.free_bytes() + self.outgoing_bytes() - cancelled + evictable;
+            let (mut allocated, mut wanted) = demand(false);
+            let mut spill = false;
+            if (wanted > 0 || cancelled > 0) && queued + wanted > room {
+                // An op that does not fit waits for the compute stream to run the issued ones
+                // (their pages can go then). When the compute stream waits for this one, its
+                // own pages are what is left: its allocations are backed by host memory, as
+                // the shim backs an allocation it cannot find device frames for, and come in
+                // at their first use.
+                (allocated, wanted) = demand(true);
+                spill = true;
+                if gj > global || queued + wanted > room {
                     break;
                 }
             }
-            // Its tensors are the host's most recent: no room is made with them.
+            // Its tensors are the host's most recent: no room is made with them. (Those it
+            // allocates are stamped when they are.)
             for &t in &op.tensors {
-                self.last_use[t as usize] = self.last_use[t as usize].max(gj);
+                if self.actions[j].allocate.contains(&t) {
+                    continue;
+                }
+                match shim.backed_stamp(t) {
+                    Some(stamp) => *stamp = gj + 1,
+                    None => {
+                        let u = t as usize;
+                        self.last_use[u] = self.last_use[u].max(gj + 1);
+                        // The shim cancels the swap-out of a page an access needs, before it
+                        // makes room for the rest.
+                        if self.place[u] == Place::ToHost {
+                            self.place[u] = Place::Device;
+                        }
+                    }
+                }
             }
             if queued + wanted > self.free_bytes() {
                 shim.host_waits = self.make_room_before(queued + wanted, pos, global);
             }
-            if allocated > self.free_bytes() {
+            if allocated > 0 && queued + allocated > self.free_bytes() {
                 // The host waits for the frames of the allocation before it goes on (and
-                // issues the op when a copy out has ended).
+                // issues the op when a copy out has ended). The read-backs queued for the ops
+                // issued before take theirs first: the shim found them their frames before
+                // it returned from those launches.
                 if shim.host_waits.is_empty() {
                     shim.host_waits = self.outgoing().collect();
                 }
@@ -928,15 +1094,35 @@ impl Sim<'_> {
             }
             for i in 0..self.actions[j].allocate.len() {
                 let t = self.actions[j].allocate[i];
-                if self.place[t as usize] == Place::Absent {
-                    self.place[t as usize] = Place::Device;
-                    self.used += self.bytes(t);
-                    self.peak = self.peak.max(self.used);
-                    self.last_use[t as usize] = self.last_use[t as usize].max(gj);
+                let u = t as usize;
+                let on_host = spill || shim.host_backed[u];
+                if self.place[u] == Place::Absent {
+                    self.last_use[u] = self.last_use[u].max(gj + 1);
+                    if on_host {
+                        self.place[u] = Place::Host;
+                        self.host_valid[u] = true;
+                        continue;
+                    }
+                    self.place[u] = Place::Device;
+                } else if !on_host
+                    && shim.backed_stamp(t).is_none()
+                    && self.cycle.tensors[u].free_at.is_some()
+                {
+                    shim.backed.push(Backed {
+                        tensor: t,
+                        stamp: gj + 1,
+                    });
+                } else {
+                    continue;
                 }
+                self.used += self.bytes(t);
+                self.peak = self.peak.max(self.used);
             }
             for &t in &op.tensors {
                 let u = t as usize;
+                if shim.backed_stamp(t).is_some() {
+                    continue;
+                }
                 match self.place[u] {
                     // The shim cancels the swap-out of a page an access needs.
                     Place::ToHost => self.place[u] = Place::Device,
@@ -949,7 +1135,7 @@ impl Sim<'_> {
                     _ => {}
                 }
             }
-            shim.issued = gj;
+            shim.next = gj + 1;
         }
         self.shim = Some(shim);
     }
@@ -974,6 +1160,15 @@ impl Sim<'_> {
         }
         self.place[t as usize] = Place::Absent;
         self.host_valid[t as usize] = false;
+        // An allocation the host made ahead of this free takes the tensor's place, in the
+        // frames it took then.
+        if let Some(shim) = self.shim.as_mut() {
+            if let Some(i) = shim.backed.iter().position(|b| b.tensor == t) {
+                let b = shim.backed.swap_remove(i);
+                self.last_use[t as usize] = b.stamp;
+                self.place[t as usize] = Place::Device;
+            }
+        }
     }
 
     /// Starts moving `t` off the device: free if its host copy is valid, else a write-back.
@@ -1021,7 +1216,8 @@ impl Sim<'_> {
                 }
             }
         }
-        if absent_bytes > 0 {
+        // In shim pages the host allocates (`issue_ahead`), and the op waits for it.
+        if absent_bytes > 0 && self.shim.is_none() {
             if self.enforce_budget && absent_bytes > self.free_bytes() && self.lru {
                 self.make_room_sparing_issued(absent_bytes, pos);
             }
@@ -1079,7 +1275,7 @@ impl Sim<'_> {
     /// op's, and last used before the unrolled op `pinned_from`.
     fn evictable(&self, t: TensorId, pos: usize, pinned_from: u64) -> bool {
         self.place[t as usize] == Place::Device
-            && self.last_use[t as usize] < pinned_from
+            && self.last_use[t as usize] <= pinned_from
             && !self.cycle.ops[pos].tensors.contains(&t)
     }
 
@@ -1115,15 +1311,15 @@ impl Sim<'_> {
         evicted
     }
 
-    /// The write-outs still on their way (not those of cancelled swap-outs: their tensors stay
-    /// on the device).
+    /// The tensors whose write-outs are still on their way (not those of cancelled swap-outs:
+    /// their tensors stay on the device), each once: a page whose swap-out was cancelled and
+    /// made again is queued twice, and its frame comes free once (counted twice, it had the
+    /// host issue read-backs on a frame that did not come).
     fn outgoing(&self) -> impl Iterator<Item = TensorId> + '_ {
-        self.d2h
-            .queue
-            .iter()
-            .copied()
-            .chain(self.d2h.active.map(|a| a.tensor))
-            .filter(|&t| self.place[t as usize] == Place::ToHost)
+        (0..self.place.len() as TensorId).filter(|&t| {
+            self.place[t as usize] == Place::ToHost
+                && (self.d2h.contains(t) || self.d2h.active.is_some_and(|a| a.tensor == t))
+        })
     }
 
     /// Bytes of [`Self::outgoing`].
@@ -1401,6 +1597,155 @@ mod tests {
         // nothing comes back for them.
         assert!(pages.bytes_h2d < pages.bytes_d2h, "{pages:?}");
         assert!(pages.step_ns < whole.step_ns, "{pages:?} {whole:?}");
+    }
+
+    /// A transient of `bytes` allocated before op `alloc`, accessed at `accesses`, freed
+    /// before op `free`.
+    fn transient(
+        i: u32,
+        bytes: u64,
+        accesses: Vec<u32>,
+        alloc: u32,
+        free: u32,
+    ) -> crate::cycle::Tensor {
+        crate::cycle::Tensor {
+            identity: crate::cycle::Identity::Transient { ordinal: i, bytes },
+            bytes,
+            accesses,
+            alloc_at: Some(alloc),
+            free_at: Some(free),
+            source: i,
+        }
+    }
+
+    #[test]
+    fn lru_in_shim_pages_allocates_ahead_of_the_previous_incarnations_free() {
+        // Budget of two pages. Tensor 0 (a page, ops 10 to 18) and tensor 1 (two pages, more
+        // than half the budget: backed by host memory at its allocation, brought in at op 12,
+        // freed at op 0 of the next iteration). The host runs iterations ahead and allocates
+        // tensor 0 again while the previous one still holds it (its free at op 18 comes after
+        // op 12): those frames must not be the ones op 12 needs for tensor 1, and tensor 1
+        // cannot be allocated again before the compute stream has freed the previous one.
+        // (The property test `plans_in_shim_pages_fit_with_their_tails_and_never_beat_the_bound`
+        // found this deadlock.)
+        let mut durations = vec![1000; 21];
+        durations[7] = 1_065_642;
+        durations[20] = 495_691;
+        let tensors = vec![
+            transient(0, 2 * MIB, vec![10], 10, 18),
+            transient(1, 4 * MIB, vec![12], 12, 0),
+        ];
+        let cycle = Cycle::from_parts(&durations, tensors)
+            .unwrap()
+            .with_units(MoveUnits::ShimPages);
+        let budget = Budget::new(4 * MIB);
+        let r = simulate(
+            &cycle,
+            Policy::Lru,
+            budget,
+            &CostModel::default(),
+            SimOptions::default(),
+        )
+        .expect("no deadlock");
+        assert!(r.settled && r.fits, "{r:?}");
+        // Tensor 1 comes in every iteration (4 MiB), tensor 0 makes room for it.
+        assert_eq!(r.bytes_h2d, 4 * MIB, "{r:?}");
+    }
+
+    /// LRU in shim pages on `cycle` within `budget`: it must not deadlock, and settles within
+    /// the budget.
+    fn shim_lru(cycle: Cycle, budget: u64) -> SimReport {
+        let cycle = cycle.with_units(MoveUnits::ShimPages);
+        let cost = CostModel::default();
+        let r = simulate(
+            &cycle,
+            Policy::Lru,
+            Budget::new(budget),
+            &cost,
+            SimOptions::default(),
+        )
+        .expect("no deadlock");
+        assert!(r.settled && r.fits && r.step_ns >= r.compute_ns, "{r:?}");
+        r
+    }
+
+    #[test]
+    fn lru_in_shim_pages_counts_no_frame_from_a_swap_out_its_op_cancels() {
+        // The property test's seed on which 16e655a deadlocked at op 27 (kept in
+        // tests/plan_invariants.proptest-regressions), durations rounded. Budget of four
+        // pages. Tensor 1 (four pages, backed by host memory) is allocated before op 23,
+        // used at 27 and 44, freed before op 1 of the next iteration; tensor 0 (a page)
+        // allocated before op 42, used at op 10 of the next iteration, freed before op 33.
+        // The host, ahead of the compute stream, issued op 44 counting on the frame of a page
+        // of tensor 1 on its way out, which op 44 itself needs (its swap-out was cancelled):
+        // one read-back had no frame. The compute stream at op 44 took tensor 0's page, which
+        // op 61 (issued) needs, at op 61 a page of tensor 1 that op 78 needs, and at op 78 the
+        // frames left were held by tensor 0's next incarnation, allocated ahead of its free.
+        let mut durations = vec![1000; 51];
+        durations[1] = 1_000_000;
+        durations[26] = 100_000;
+        let tensors = vec![
+            transient(0, 2 * MIB, vec![10], 42, 33),
+            transient(1, 8 * MIB, vec![27, 44], 23, 1),
+        ];
+        let r = shim_lru(Cycle::from_parts(&durations, tensors).unwrap(), 8 * MIB);
+        // Tensor 1 comes in every iteration (it is allocated on the host), and tensor 0 and a
+        // page of tensor 1 make room for each other.
+        assert_eq!((r.bytes_h2d, r.bytes_d2h), (12 * MIB, 14 * MIB), "{r:?}");
+    }
+
+    #[test]
+    fn lru_in_shim_pages_issues_no_op_whose_cancelled_swap_out_a_read_back_waits_for() {
+        // Found by a stress run of random cycles after the fix above. Budget of five pages.
+        // Op 4 needs tensor 0 (four pages, on the host) and tensor 3 (a page); op 5 tensors 0
+        // and 2 (a page). The host issued op 4 with the frame of tensor 2's page, on its way
+        // out, for tensor 0's read-backs, then op 5, which needs no new frame but cancelled
+        // that swap-out. The compute stream at op 4 took that page back, and at op 5 the
+        // frames left were held by tensor 2's next incarnation, allocated ahead of its free.
+        let tensors = vec![
+            transient(0, 8 * MIB, vec![4, 5], 3, 7),
+            transient(1, 6 * MIB, vec![0], 0, 1),
+            transient(2, 2 * MIB, vec![5], 11, 10),
+            transient(3, 2 * MIB, vec![4], 4, 5),
+        ];
+        shim_lru(Cycle::from_parts(&[1000; 12], tensors).unwrap(), 10 * MIB);
+    }
+
+    #[test]
+    fn lru_in_shim_pages_allocates_no_third_incarnation_ahead() {
+        // Found by the same stress run. Budget of ten pages; two transients whose lifetimes
+        // wrap. While op 17 computes, the host runs iterations ahead: it allocates each
+        // tensor's next incarnation ahead of the previous one's free, then comes to the
+        // allocation of the one after, which the model cannot hold (one place and one backed
+        // allocation per tensor). Skipping it left tensor 1 absent when the compute stream
+        // got to op 31 of the third iteration, with no allocation to wait for.
+        let mut durations = vec![1000; 56];
+        durations[17] = 345_641;
+        let tensors = vec![
+            transient(0, 8 * MIB, vec![52], 52, 34),
+            transient(1, 6 * MIB, vec![31], 31, 18),
+        ];
+        shim_lru(Cycle::from_parts(&durations, tensors).unwrap(), 20 * MIB);
+    }
+
+    #[test]
+    fn lru_in_shim_pages_counts_a_page_queued_twice_for_the_host_once() {
+        // Found by the property test `lru_in_shim_pages_never_deadlocks` with the on-demand
+        // eviction of an issued op's page made to fail. Budget of ten pages. Tensor 3's
+        // pages, whose swap-outs had been cancelled and made again, were each queued twice
+        // to go out, and counted twice as frames coming free: the host issued op 34's
+        // read-backs of tensor 1 (19 MiB, allocated on the host) and then op 39 (op 2 of the
+        // next iteration), which takes tensor 3's pages back; the compute stream at op 34
+        // took them (31.5 MiB in and 32 out per iteration). What comes in now is tensor 1,
+        // tensor 3 and tensor 2 at their first uses, once each.
+        let tensors = vec![
+            transient(0, 10 * MIB, vec![32, 33], 31, 34),
+            transient(1, 19 * MIB, vec![34], 34, 35),
+            transient(2, MIB, vec![20], 32, 25),
+            transient(3, 10 * MIB, vec![32, 2], 30, 14),
+        ];
+        let r = shim_lru(Cycle::from_parts(&[1000; 37], tensors).unwrap(), 20 * MIB);
+        assert_eq!((r.bytes_h2d, r.bytes_d2h), (30 * MIB, 23 * MIB), "{r:?}");
     }
 
     #[test]

@@ -16,9 +16,17 @@ pub struct TensorSpec {
 }
 
 pub fn tensor_spec() -> impl Strategy<Value = TensorSpec> {
+    tensor_spec_of(1..64, 0.3)
+}
+
+/// [`tensor_spec`] with sizes in `mib` and persistent with probability `persistent`.
+pub fn tensor_spec_of(
+    mib: std::ops::Range<u64>,
+    persistent: f64,
+) -> impl Strategy<Value = TensorSpec> {
     (
-        1u64..64,
-        prop::bool::weighted(0.3),
+        mib,
+        prop::bool::weighted(persistent),
         0usize..1000,
         0.05f64..0.95,
         prop::collection::vec(0.0f64..1.0, 0..5),
@@ -92,6 +100,17 @@ pub fn cycle_strategy() -> impl Strategy<Value = Cycle> {
     (
         prop::collection::vec(1_000u64..2_000_000, 4..60),
         prop::collection::vec(tensor_spec(), 1..40),
+    )
+        .prop_map(|(durations, specs)| build(&durations, &specs))
+}
+
+/// Cycles of tensors of a few 2 MiB pages, mostly transients, with some ops long enough for
+/// a host running ahead to get iterations ahead of the compute stream: where LRU in shim
+/// pages allocates ahead of frees and cancels swap-outs (lifetimes that wrap, many of them).
+pub fn paged_cycle_strategy() -> impl Strategy<Value = Cycle> {
+    (
+        prop::collection::vec(prop_oneof![Just(1_000u64), 1_000u64..3_000_000], 4..120),
+        prop::collection::vec(tensor_spec_of(1..24, 0.2), 1..20),
     )
         .prop_map(|(durations, specs)| build(&durations, &specs))
 }
