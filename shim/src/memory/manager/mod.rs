@@ -1001,7 +1001,13 @@ impl MemoryManager {
     /// `CUDA_ERROR_INVALID_VALUE`. Device memory a shrink frees goes back to the driver
     /// frame by frame, as frames become free.
     pub fn set_budget(&self, bytes: usize) -> Result<(), CUresult> {
-        self.budget_to(bytes, true).map(drop)
+        let frames = bytes / self.page;
+        if frames == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = self.waiting_for_pins(|s| s.set_budget(frames));
+        self.pins_released.notify_all();
+        r
     }
 
     /// [`Self::set_budget`] as one step that never waits: sets the budget, completes the
@@ -1051,21 +1057,6 @@ impl MemoryManager {
         }
         self.wake_pin_waiters(s);
         Ok(met)
-    }
-
-    /// [`Self::set_budget`]: `Ok(false)` never.
-    fn budget_to(&self, bytes: usize, wait_for_pins: bool) -> Result<bool, CUresult> {
-        if !wait_for_pins {
-            return self.set_budget_without_waiting(bytes);
-        }
-        let page = self.lock().page;
-        let frames = bytes / page;
-        if frames == 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let r = self.waiting_for_pins(|s| s.set_budget(frames).map(|()| true));
-        self.pins_released.notify_all();
-        r
     }
 
     /// How many device frames eviction ahead of need keeps free or on their way out (the
@@ -1175,8 +1166,6 @@ impl Inner {
         self.stats.pages_evicted > 0 || self.dev.available() <= self.cfg.free_reserve_pages
     }
 
-    /// Takes one of the operation's unlocked rounds if it has one left: then it stops, for
-    /// its caller to wait or make driver calls without the lock and start it over.
     /// Whether the operation may stop to have host memory pinned without the lock (and
     /// counts the round).
     fn host_round(&mut self) -> bool {
@@ -1187,6 +1176,8 @@ impl Inner {
         left
     }
 
+    /// Takes one of the operation's unlocked rounds if it has one left: then it stops, for
+    /// its caller to wait or make driver calls without the lock and start it over.
     fn unlocked_round(&mut self) -> bool {
         let left = self.op.unlocked_rounds_left > 0;
         if left {
