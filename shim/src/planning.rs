@@ -372,7 +372,7 @@ fn run(
             grant = Some(Meeting {
                 grant: bytes,
                 since: Instant::now(),
-                budget_before: budget_of(rt),
+                budget_before: rt.memory().map(|m| m.mm.budget() as u64),
             });
         }
         if grant.as_ref().is_some_and(|g| meet_grant(rt, g)) {
@@ -389,8 +389,8 @@ fn run(
 struct Meeting {
     grant: u64,
     since: Instant,
-    /// The budget when the grant came (`u64::MAX` before the manager started).
-    budget_before: u64,
+    /// The budget when the grant came (`None` before the manager started).
+    budget_before: Option<u64>,
 }
 
 /// Moves the manager's budget toward a grant (within the job's own limit, and at least a
@@ -411,13 +411,12 @@ fn meet_grant(rt: &Runtime, meeting: &Meeting) -> bool {
         Ok(false) => false,
         Ok(true) => {
             tracing::info!(
-                "tensile: the coordinator granted {} (the budget was {}); {} held on the                  device, met in {} ms",
+                "tensile: the coordinator granted {} (the budget was {}); {} held on the \
+                 device, met in {} ms",
                 format_size(bytes as u64),
-                if meeting.budget_before == u64::MAX {
-                    "not set yet".to_string()
-                } else {
-                    format_size(meeting.budget_before)
-                },
+                meeting
+                    .budget_before
+                    .map_or_else(|| "not set yet".to_string(), format_size),
                 format_size(m.mm.device_bytes_held() as u64),
                 meeting.since.elapsed().as_millis()
             );

@@ -9,11 +9,13 @@
 //!   of turns took (measured, below), so that changing turns costs the jobs at most about a
 //!   tenth of the card's time, however slow the card's copies and remaps are.
 //! - **Within a turn the running jobs keep the card.** A job that joins runs at once only if no
-//!   job of the turn waits and it fits beside them (a high-priority job always does); a running job whose need grows so that
-//!   the turn no longer fits makes the job that joined the turn last wait, not an incumbent whose
-//!   working set is in (of jobs that started the turn together, the one that has run most); a job that leaves makes room for waiting jobs that fit (and only that:
-//!   needs rise and fall within an iteration, and a waiting job let in whenever they fell would
-//!   swap in and out again). The turn's clock does not restart for any of these.
+//!   job of the turn waits and it fits beside them (a high-priority job always does); a running
+//!   job whose need grows so that the turn no longer fits makes the job that joined the turn
+//!   last wait, not an incumbent whose working set is in (of jobs that started the turn
+//!   together, the one that has run most); a job that leaves makes room for waiting jobs that
+//!   fit (and only that: needs rise and fall within an iteration, and a waiting job let in
+//!   whenever they fell would swap in and out again). The turn's clock does not restart for any
+//!   of these.
 //! - **A change of turns is measured** from its decision until the jobs that stop have given
 //!   back nine tenths of what they held beyond their floors (or hold no more than their grants)
 //!   and the jobs that start hold nine tenths of what they held at the end of their last turn
