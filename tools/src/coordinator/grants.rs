@@ -36,6 +36,11 @@ pub struct Claim {
     pub floor: u64,
     /// What it would keep resident if it could (its footprint).
     pub need: u64,
+    /// Whether `need` is known: the job's planner has found its iteration, or the job has run
+    /// long enough for its footprint to show its peak. A job still learning grows as it
+    /// allocates, to any size, so [`turns`] lets it in beside others only into
+    /// [`UNKNOWN_NEED_ROOM`] of the card or more, and no job in beside it.
+    pub known: bool,
     pub priority: Priority,
     /// The job's predicted step (ns) at budgets (bytes), ascending by budget, the last at or
     /// near its need; empty while not known.
@@ -154,28 +159,65 @@ fn fill(targets: &mut [u64], members: &[usize], caps: &[u64], budget: u64) -> u6
 /// (docs/sharing.md, measured). So the jobs whose needs fit run, with their needs granted, and
 /// the others hold their launches and keep only their floors until their turn: high-priority
 /// jobs always run; then the others by priority and, within one, the one that has run least
-/// first (`ran`, in any unit), until the next does not fit. At least one job runs. Every job
+/// first (`ran`, in any unit), while they are [`admitted`]. At least one job runs. Every job
 /// runs when all fit.
 pub fn turns(available: u64, claims: &[Claim], ran: &[u64]) -> Vec<bool> {
-    let total: u64 = claims.iter().map(|c| c.need.min(c.limit)).sum();
-    if total <= available || claims.len() <= 1 {
+    if claims.len() <= 1 {
         return vec![true; claims.len()];
     }
     let mut order: Vec<usize> = (0..claims.len()).collect();
     order.sort_by_key(|&j| (claims[j].priority, ran[j], j));
-    let floors: u64 = claims.iter().map(|c| c.floor.min(c.limit)).sum();
-    let mut room = available.saturating_sub(floors);
     let mut running = vec![false; claims.len()];
     for j in order {
-        let c = &claims[j];
-        let extra = c.need.min(c.limit).saturating_sub(c.floor);
         let first = !running.iter().any(|&r| r);
-        if c.priority == Priority::High || first || extra <= room {
+        if claims[j].priority == Priority::High || first || admitted(available, claims, &running, j)
+        {
             running[j] = true;
-            room = room.saturating_sub(extra);
         }
     }
     running
+}
+
+/// A job whose need is not known yet is let in beside running jobs only while at least this
+/// fraction (1/N) of the card is left to it. It will grow as it allocates, to a size nobody
+/// knows: let in beside others into a small room, a job that needs more than the room grows
+/// past it within seconds, waits, and writes out what it allocated meanwhile (three reruns
+/// started together each learned at a third of the card, and the two stopped gave back 700 MiB
+/// each: docs/sharing.md). Jobs that need more than half a card cannot share it with another
+/// such job anyway.
+pub const UNKNOWN_NEED_ROOM: u64 = 2;
+
+/// Whether job `j` may join the jobs marked in `running` (the others keep their floors).
+///
+/// - Nobody joins beside a running job whose need is not known yet: it may grow to the card.
+/// - A job whose need is known joins if every running job's need, the others' floors and its
+///   own need fit.
+/// - A job whose need is not known joins if what is left after the running jobs' needs and
+///   the others' floors is at least [`UNKNOWN_NEED_ROOM`] of the card.
+pub fn admitted(available: u64, claims: &[Claim], running: &[bool], j: usize) -> bool {
+    let keeps =
+        |c: &Claim, runs: bool| if runs { c.need.max(c.floor) } else { c.floor }.min(c.limit);
+    if claims
+        .iter()
+        .zip(running)
+        .any(|(c, &runs)| runs && !c.known)
+    {
+        return false;
+    }
+    let held: u64 = claims
+        .iter()
+        .zip(running)
+        .enumerate()
+        .filter(|&(i, _)| i != j)
+        .map(|(_, (c, &runs))| keeps(c, runs))
+        .sum();
+    let room = available.saturating_sub(held);
+    let c = &claims[j];
+    if c.known {
+        keeps(c, true) <= room
+    } else {
+        room >= available / UNKNOWN_NEED_ROOM && c.floor.min(c.limit) <= room
+    }
 }
 
 /// How many chunks [`fill_by_curves`] hands out the memory it has in.
@@ -285,6 +327,7 @@ mod tests {
             limit: u64::MAX,
             floor,
             need,
+            known: true,
             priority,
             curve: Vec::new(),
         }

@@ -86,9 +86,12 @@ pub struct CoordinatorArgs {
     pub turn: f64,
 }
 
-/// Default `--turn`: the shortest turn, when a change of turns (the paused jobs' working sets
-/// go out, the resumed ones' come in) is measured to take less than a second.
-pub const DEFAULT_TURN: Duration = Duration::from_secs(10);
+/// Default `--turn`: the shortest turn, before any change of turns (the paused jobs' working
+/// sets go out, the resumed ones' come in) is measured, and while one is measured to take less
+/// than 3 s. Changes of turns on the shared simulated card took 2 to 10 s (docs/sharing.md);
+/// turns of 10 s before the first was measured stopped a BERT rerun a few seconds before its
+/// end, and the change cost more than the turn it bought.
+pub const DEFAULT_TURN: Duration = Duration::from_secs(60);
 
 /// Default `--reserve`: the same headroom the shim leaves when it sizes a budget alone.
 pub const DEFAULT_RESERVE_PERCENT: f64 = 5.0;
@@ -315,7 +318,14 @@ struct Job {
     paused: bool,
     /// How long it has run while others waited, ns (who goes next).
     ran_ns: u64,
+    /// The largest footprint it ever reported.
+    peak: u64,
+    /// How long it has run since `peak` last grew by more than 1/[`GROWTH`], ns.
+    steady_ns: u64,
 }
+
+/// A footprint counts as grown when it passes the job's peak by more than 1/N of it.
+const GROWTH: u64 = 16;
 
 impl Job {
     /// Takes one delivery from the job's ring; a corrupt ring is noted in `corrupt`.
@@ -371,6 +381,15 @@ impl Job {
         true
     }
 
+    /// Whether its need is known: its planner has found its iteration (whose peak the
+    /// footprint has then shown), or it has run for a [`NEED_WINDOW`] without (a job whose
+    /// stream has no iteration, or whose planner is not told it) without its footprint
+    /// growing: a ResNet-50 rerun's learning takes longer than that at `--time-scale 16`,
+    /// and counted known after 8 s of running, it let a waiting job in and grew past it.
+    fn need_known(&self) -> bool {
+        self.planner.cycle_generation() > 0 || self.steady_ns >= NEED_WINDOW.as_nanos() as u64
+    }
+
     /// Records the footprint read `now` and returns the job's need: the largest footprint
     /// of the window.
     fn need(&mut self, now: Instant, footprint: u64) -> u64 {
@@ -386,6 +405,10 @@ impl Job {
             self.needs.pop_back();
         }
         self.needs.push_back((now, footprint));
+        if footprint > self.peak + self.peak / GROWTH {
+            self.peak = footprint;
+            self.steady_ns = 0;
+        }
         self.needs.front().map_or(footprint, |&(_, b)| b)
     }
 }
@@ -540,6 +563,8 @@ impl Coordinator {
                         curve_for: (0, 0),
                         paused: false,
                         ran_ns: 0,
+                        peak: 0,
+                        steady_ns: 0,
                     },
                 );
             }
@@ -670,6 +695,7 @@ impl Coordinator {
                         // At least a page each, so that no grant drops to nothing.
                         floor: self.jobs[s].floor.floor().max(MIN_GRANT),
                         need,
+                        known: self.jobs[s].need_known(),
                         priority: snap.priority.unwrap_or_default(),
                         curve: self.jobs[s].curve.clone(),
                     }
@@ -810,6 +836,7 @@ impl Coordinator {
             let job = self.jobs.get_mut(s).expect("ordered from the jobs");
             if !job.paused {
                 job.ran_ns += elapsed;
+                job.steady_ns += elapsed;
             }
         }
         let contenders: Vec<turns::Contender<'_>> = order
@@ -1263,6 +1290,10 @@ mod tests {
         tick(&mut c, 1);
         assert_eq!(budgets(&mut a), vec![10 * G]);
         a.set_memory(9 * G, 6 * G);
+        // It runs 9 s without growing: its need is known (a job still learning would wait
+        // for a high one that is learning too: see turns.rs).
+        tick(&mut c, 9_000);
+        assert_eq!(budgets(&mut a), Vec::<u64>::new());
 
         // A high-priority job needing 3 arrives: both fit. The first shrinks at once to its
         // need; the newcomer gets only what nobody holds until the first has given memory
@@ -1277,11 +1308,11 @@ mod tests {
         .unwrap();
         b.set_card_bytes(10 * G);
         b.set_memory(0, 3 * G);
-        tick(&mut c, 2);
+        tick(&mut c, 9_002);
         assert_eq!(budgets(&mut a), vec![6 * G]);
         assert_eq!(budgets(&mut b), vec![G], "only the gigabyte nobody holds");
         a.set_memory(6 * G, 6 * G);
-        tick(&mut c, 3);
+        tick(&mut c, 9_003);
         assert_eq!(budgets(&mut b), vec![4 * G]);
         assert_eq!(a.grant() + b.grant(), 10 * G);
         assert!(!a.paused() && !b.paused());
@@ -1289,17 +1320,17 @@ mod tests {
         // The high job grows to 7: the two no longer fit, and the first waits its turn with a
         // page, its launches held; the high job gets the card as the first gives it back.
         b.set_memory(4 * G, 7 * G);
-        tick(&mut c, 4);
+        tick(&mut c, 9_004);
         assert!(a.paused() && !b.paused());
         assert_eq!(budgets(&mut a), vec![MIN_GRANT]);
         assert_eq!(budgets(&mut b), Vec::<u64>::new(), "nothing freed yet");
         a.set_memory(MIN_GRANT, 6 * G);
-        tick(&mut c, 5);
+        tick(&mut c, 9_005);
         assert_eq!(budgets(&mut b), vec![10 * G - MIN_GRANT]);
 
         // The high job leaves: the first runs again, with the card.
         b.leave();
-        tick(&mut c, 6);
+        tick(&mut c, 9_006);
         assert!(!a.paused());
         assert_eq!(budgets(&mut a), vec![10 * G]);
         let log = captured.text();

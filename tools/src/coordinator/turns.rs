@@ -62,6 +62,8 @@ struct Turn {
     running: Vec<u32>,
     /// Every job there was at the last tick, by slot.
     members: Vec<u32>,
+    /// The running jobs whose needs were not known at the last tick.
+    learning: Vec<u32>,
 }
 
 /// A change of turns being timed.
@@ -139,7 +141,17 @@ impl Turns {
         let ran: Vec<u64> = jobs.iter().map(|j| j.ran).collect();
         let fresh = grants::turns(available, &claims, &ran);
         if fresh.iter().all(|&r| r) {
-            self.turn = None;
+            // Everyone runs: a turn of all of them starts afresh at every such tick, so that
+            // a job that comes next joins it (or queues) as it would join any turn, and
+            // incumbents whose working sets are in are not stopped for a newcomer whose need
+            // is not known yet.
+            let running: Vec<u32> = jobs.iter().map(|j| j.slot).collect();
+            self.turn = Some(Turn {
+                started: now,
+                learning: Self::learning(&running, jobs),
+                members: running.clone(),
+                running,
+            });
             self.change = None;
             return (fresh, report);
         }
@@ -168,6 +180,7 @@ impl Turns {
                 self.begin_change(now, available, jobs, before.as_deref(), &running);
                 Turn {
                     started: now,
+                    learning: Self::learning(&running, jobs),
                     running,
                     members: jobs.iter().map(|j| j.slot).collect(),
                 }
@@ -185,8 +198,8 @@ impl Turns {
         self.turn.as_ref().is_none_or(|t| t.running.contains(&slot))
     }
 
-    /// The turn `t` after the jobs that came, went or grew since the last tick, or `None` if
-    /// none of its jobs is left to run.
+    /// The turn `t` after the jobs that came, went, grew or learned their needs since the
+    /// last tick, or `None` if none of its jobs is left to run.
     fn carry_on(
         mut t: Turn,
         available: u64,
@@ -195,6 +208,12 @@ impl Turns {
     ) -> Option<Turn> {
         let job = |s: u32| jobs.iter().find(|j| j.slot == s);
         let someone_left = t.members.iter().any(|&s| job(s).is_none());
+        // A running job that has learned its need no longer holds the rest of the card for
+        // itself: that opens room as a job leaving does.
+        let learned = t
+            .learning
+            .iter()
+            .any(|&s| job(s).is_some_and(|j| j.claim.known));
         let newcomer = |s: u32| !t.members.contains(&s);
         t.running.retain(|&s| job(s).is_some());
         if t.running.is_empty() {
@@ -205,6 +224,19 @@ impl Turns {
             if j.claim.priority == Priority::High && !t.running.contains(&j.slot) {
                 t.running.push(j.slot);
             }
+        }
+        // Beside a high-priority job still learning its need, the other jobs still learning
+        // theirs wait at once: either may grow to the card, and stopped now they have little
+        // to write out. (A rerun let in as a high one left was stopped 1.6 s later, when the
+        // high one's next run had grown, and its eviction held back the high run's memory for
+        // 15 s.) Jobs whose needs are known keep running until the card is too small.
+        let high_learning = jobs.iter().any(|j| {
+            t.running.contains(&j.slot) && j.claim.priority == Priority::High && !j.claim.known
+        });
+        if high_learning {
+            t.running.retain(|&s| {
+                job(s).is_some_and(|j| j.claim.priority == Priority::High || j.claim.known)
+            });
         }
         let fits = |running: &[u32]| {
             let held: u64 = jobs
@@ -233,32 +265,41 @@ impl Turns {
             };
             t.running.remove(i);
         }
-        // Room left by a job that left: waiting jobs that fit join, those `fresh` would run
-        // first taking it first. Otherwise only a job that just joined may (it has nothing to
-        // bring back), and only while no job of the turn waits: a newcomer's need is unknown
-        // when it joins (it has allocated nothing), so one let in beside a queue grew past the
-        // room within seconds and paid for writing out what it had allocated (a BERT rerun
-        // joining so spent 26 s giving back 480 MiB); it waits its turn behind the queue
-        // instead. Room that needs falling and rising open and close within an iteration
-        // would have a waiting job swap in and out again.
+        // Room left by a job that left or learned its need: waiting jobs that are admitted
+        // join, those `fresh` would run first taking it first. Otherwise only a job that just
+        // joined may (it has nothing to bring back), and only while no job of the turn waits:
+        // a newcomer let in beside a queue took the room of jobs that had waited for it, and
+        // wrote out what it had allocated once it outgrew it (a BERT rerun joining so spent
+        // 26 s giving back 480 MiB); it waits its turn behind the queue instead. Room that
+        // needs falling and rising open and close within an iteration would have a waiting job
+        // swap in and out again.
         let queue = t
             .members
             .iter()
             .any(|&s| !t.running.contains(&s) && job(s).is_some());
         let mut waiting: Vec<usize> = (0..jobs.len())
             .filter(|&i| !t.running.contains(&jobs[i].slot))
-            .filter(|&i| someone_left || (newcomer(jobs[i].slot) && !queue))
+            .filter(|&i| someone_left || learned || (newcomer(jobs[i].slot) && !queue))
             .collect();
         waiting.sort_by_key(|&i| (jobs[i].claim.priority, !fresh[i], jobs[i].ran, i));
+        let claims: Vec<Claim> = jobs.iter().map(|j| j.claim.clone()).collect();
         for i in waiting {
-            let mut with = t.running.clone();
-            with.push(jobs[i].slot);
-            if fits(&with) {
-                t.running = with;
+            let running: Vec<bool> = jobs.iter().map(|j| t.running.contains(&j.slot)).collect();
+            if grants::admitted(available, &claims, &running, i) {
+                t.running.push(jobs[i].slot);
             }
         }
         t.members = jobs.iter().map(|j| j.slot).collect();
+        t.learning = Self::learning(&t.running, jobs);
         Some(t)
+    }
+
+    /// The jobs of `running` whose needs are not known yet.
+    fn learning(running: &[u32], jobs: &[Contender<'_>]) -> Vec<u32> {
+        jobs.iter()
+            .filter(|j| running.contains(&j.slot) && !j.claim.known)
+            .map(|j| j.slot)
+            .collect()
     }
 
     /// Starts timing a change of turns from `before` (the jobs of the last turn; `None`:
@@ -358,6 +399,7 @@ mod tests {
             limit: u64::MAX,
             floor: G / 8,
             need,
+            known: true,
             priority,
             curve: Vec::new(),
         }
@@ -631,12 +673,149 @@ mod tests {
     }
 
     #[test]
-    fn when_all_fit_every_job_runs_and_no_turn_is_kept() {
+    fn when_all_fit_every_job_runs_in_a_turn_that_starts_afresh() {
         let t0 = Instant::now();
         let mut turns = Turns::new(Duration::from_secs(10));
         let claims = vec![claim(4 * G, Priority::Normal), claim(4 * G, Priority::Low)];
         let (run, _) = turns.decide(t0, 10 * G, &contenders(&claims, &[0, 0], &[0, 0]));
         assert_eq!(run, vec![true, true]);
-        assert!(turns.turn.is_none());
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        turns.decide(at(20), 10 * G, &contenders(&claims, &[20, 20], &[0, 0]));
+        let turn = turns.turn.as_ref().expect("a turn of all of them");
+        assert_eq!(
+            (turn.running.as_slice(), turn.started),
+            (&[0, 1][..], at(20))
+        );
+    }
+
+    fn learning(need: u64, priority: Priority) -> Claim {
+        Claim {
+            known: false,
+            ..claim(need, priority)
+        }
+    }
+
+    #[test]
+    fn a_job_still_learning_its_need_runs_alone_unless_half_the_card_is_left_to_it() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut turns = Turns::new(Duration::from_secs(10));
+        // Three start together, none knowing its need yet (they have allocated little): the
+        // first runs alone, for it may grow to the card.
+        let mut claims = vec![
+            learning(G / 2, Priority::Normal),
+            learning(0, Priority::Normal),
+            learning(0, Priority::Normal),
+        ];
+        let (run, _) = turns.decide(at(0), 10 * G, &contenders(&claims, &[0; 3], &[G / 2, 0, 0]));
+        assert_eq!(run, vec![true, false, false]);
+        // It grows to 6 GiB, still learning: the others still wait.
+        claims[0].need = 6 * G;
+        let (run, _) = turns.decide(
+            at(1),
+            10 * G,
+            &contenders(&claims, &[1, 0, 0], &[6 * G, 0, 0]),
+        );
+        assert_eq!(run, vec![true, false, false]);
+        // It learns its need: 6 of 10 GiB leave less than half the card, so neither of the
+        // others, whose needs are not known, joins it.
+        claims[0].known = true;
+        let (run, _) = turns.decide(
+            at(2),
+            10 * G,
+            &contenders(&claims, &[2, 0, 0], &[6 * G, 0, 0]),
+        );
+        assert_eq!(run, vec![true, false, false]);
+        // Had it needed 3 GiB, the first waiting job would join the room its learning opened,
+        // and hold the rest of the card for itself until it knows its own need.
+        let mut turns = Turns::new(Duration::from_secs(10));
+        claims[0] = learning(3 * G, Priority::Normal);
+        let (run, _) = turns.decide(at(0), 10 * G, &contenders(&claims, &[0; 3], &[3 * G, 0, 0]));
+        assert_eq!(run, vec![true, false, false]);
+        claims[0].known = true;
+        let (run, _) = turns.decide(
+            at(1),
+            10 * G,
+            &contenders(&claims, &[1, 0, 0], &[3 * G, 0, 0]),
+        );
+        assert_eq!(run, vec![true, true, false]);
+        // The second learns 4 GiB: the third's room is 3 GiB of 10, less than half: it waits.
+        claims[1].need = 4 * G;
+        claims[1].known = true;
+        let (run, _) = turns.decide(
+            at(2),
+            10 * G,
+            &contenders(&claims, &[2, 1, 0], &[3 * G, 4 * G, 0]),
+        );
+        assert_eq!(run, vec![true, true, false]);
+        // A job whose need is known joins such room when it fits.
+        claims[2] = claim(2 * G, Priority::Normal);
+        claims.swap(1, 2);
+        let mut turns = Turns::new(Duration::from_secs(10));
+        claims[0].known = true;
+        claims[2].known = true;
+        let (run, _) = turns.decide(
+            at(0),
+            10 * G,
+            &contenders(&claims, &[0; 3], &[3 * G, 0, 4 * G]),
+        );
+        assert_eq!(run, vec![true, true, true]);
+    }
+
+    #[test]
+    fn a_job_that_runs_is_not_stopped_for_a_newcomer_whose_need_is_not_known() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut turns = Turns::new(Duration::from_secs(10));
+        let mut claims = vec![claim(6 * G, Priority::Normal)];
+        let (run, _) = turns.decide(at(0), 10 * G, &contenders(&claims, &[0], &[6 * G]));
+        assert_eq!(run, vec![true]);
+        // A high job joins, still learning: it runs at once, and so does the incumbent, while
+        // their needs fit.
+        claims.push(learning(G, Priority::High));
+        let (run, _) = turns.decide(at(1), 10 * G, &contenders(&claims, &[1, 0], &[6 * G, 0]));
+        assert_eq!(run, vec![true, true]);
+        // A normal one joins: it queues (nobody joins beside a job still learning).
+        claims.push(learning(0, Priority::Normal));
+        let (run, _) = turns.decide(
+            at(2),
+            10 * G,
+            &contenders(&claims, &[2, 1, 0], &[6 * G, G, 0]),
+        );
+        assert_eq!(run, vec![true, true, false]);
+        // The high one grows past the room: the incumbent waits.
+        claims[1].need = 5 * G;
+        let (run, _) = turns.decide(
+            at(3),
+            10 * G,
+            &contenders(&claims, &[3, 2, 0], &[6 * G, 4 * G, 0]),
+        );
+        assert_eq!(run, vec![false, true, false]);
+    }
+
+    #[test]
+    fn a_job_still_learning_waits_at_once_when_a_high_one_still_learning_joins() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut turns = Turns::new(Duration::from_secs(10));
+        // A normal job has just started, alone, and does not know its need yet.
+        let mut claims = vec![learning(G, Priority::Normal)];
+        let (run, _) = turns.decide(at(0), 10 * G, &contenders(&claims, &[0], &[G]));
+        assert_eq!(run, vec![true]);
+        // A high one joins, still learning too: the normal one waits now, holding a gigabyte,
+        // rather than later, holding more.
+        claims.push(learning(0, Priority::High));
+        let (run, _) = turns.decide(at(1), 10 * G, &contenders(&claims, &[1, 0], &[G, 0]));
+        assert_eq!(run, vec![false, true]);
+        // The high one learns it needs 3 GiB: the room its learning opens takes the normal one
+        // back (7 GiB left, more than half the card).
+        claims[1].need = 3 * G;
+        claims[1].known = true;
+        let (run, _) = turns.decide(
+            at(2),
+            10 * G,
+            &contenders(&claims, &[1, 1], &[G / 8, 3 * G]),
+        );
+        assert_eq!(run, vec![true, true]);
     }
 }
