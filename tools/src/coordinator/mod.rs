@@ -720,15 +720,28 @@ impl Coordinator {
                 })
                 .collect();
             let division = grants::divide(available, &claims);
+            // A job granted less than its floor (a newcomer waiting its turn, granted nothing
+            // yet) gets it even where that shrinks another grant by less than the hysteresis:
+            // otherwise a job that has the whole card keeps it, and the newcomer no budget.
+            let starved =
+                order
+                    .iter()
+                    .zip(&claims)
+                    .zip(&division.targets)
+                    .any(|((s, c), &target)| {
+                        let floor = c.floor.max(MIN_GRANT).min(c.limit).min(target);
+                        self.jobs[s].granted < floor
+                    });
             let standings: Vec<Standing> = order
                 .iter()
                 .zip(&division.targets)
                 .map(|(s, &target)| {
                     let job = &self.jobs[s];
+                    let shrink = starved && target < job.granted;
                     Standing {
                         granted: job.granted,
                         held: live[s].resident_bytes,
-                        target: if grant_moves(job.granted, target) {
+                        target: if shrink || grant_moves(job.granted, target) {
                             target
                         } else {
                             job.granted
@@ -1195,6 +1208,27 @@ mod tests {
             seen.push(b);
         }
         seen
+    }
+
+    #[test]
+    fn a_newcomer_that_waits_behind_a_job_with_the_card_is_granted_its_page() {
+        const G: u64 = 1 << 30;
+        let (name, mut c, _captured) = dividing_coordinator();
+        let t0 = Instant::now();
+        let mut a = JobClient::join(&name, &JobOptions::default()).unwrap();
+        a.set_card_bytes(10 * G);
+        a.set_memory(G, G);
+        c.tick(t0);
+        assert_eq!(budgets(&mut a), vec![10 * G]);
+        // A newcomer, while the first is still learning its need: it waits, and gets a page
+        // though that shrinks the first's grant by less than the hysteresis (without one it
+        // would have no budget at all).
+        let mut b = JobClient::join(&name, &JobOptions::default()).unwrap();
+        b.set_card_bytes(10 * G);
+        c.tick(t0 + Duration::from_millis(10));
+        assert!(b.paused() && !a.paused());
+        assert_eq!(budgets(&mut a), vec![10 * G - MIN_GRANT]);
+        assert_eq!(budgets(&mut b), vec![MIN_GRANT]);
     }
 
     #[test]
