@@ -242,6 +242,8 @@ pub struct Learner {
     period_ops: Option<usize>,
     /// The iteration last planned, for [`Learner::predict_step`].
     last_cycle: Option<Cycle>,
+    /// [`Learner::cycle_peak_bytes`] of `last_cycle`.
+    last_peak: Option<u64>,
     /// Bumped each time an iteration is found anew (a prediction made for an earlier one is
     /// stale).
     cycle_generation: u64,
@@ -262,6 +264,7 @@ impl Learner {
             last_cost: None,
             period_ops: None,
             last_cycle: None,
+            last_peak: None,
             cycle_generation: 0,
         }
     }
@@ -322,6 +325,8 @@ impl Learner {
         let detected = started.elapsed();
         self.period_ops = Some(iters.period);
         let result = self.plan_cycle(&cycle);
+        let live = crate::timeline::Liveness::of(&cycle);
+        self.last_peak = crate::timeline::held_bytes(&cycle, &live).into_iter().max();
         self.last_cycle = Some(cycle.clone());
         self.cycle_generation += 1;
         self.last_cost = Some(PollCost {
@@ -382,6 +387,14 @@ impl Learner {
                 .ok()
                 .map(|r| r.step_ns)
             })
+    }
+
+    /// The most the last iteration found holds on the device at once when nothing moves, in
+    /// bytes as the planner counts them: the job's need. `None` before an iteration is known.
+    /// (A footprint sampled while learning can fall short of it: a job that allocates state
+    /// at its first optimizer step peaks higher from the second iteration on.)
+    pub fn cycle_peak_bytes(&self) -> Option<u64> {
+        self.last_peak
     }
 
     /// Which iteration [`Learner::predict_step`] answers for: bumped each time one is found.

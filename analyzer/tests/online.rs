@@ -238,6 +238,7 @@ fn a_plan_comes_by_the_end_of_the_third_iteration_and_resolves_on_the_run() {
         let launches = launches_per_iteration(&trace);
         let records = through_the_format(&records_of(&trace, NO_SHIFT));
         let mut learner = Learner::new(LearnerOptions::for_budget(half_peak(&trace)));
+        assert_eq!(learner.cycle_peak_bytes(), None, "{name}: no iteration yet");
         let mut polls = Vec::new();
         let mut first: Option<(usize, ExecPlan)> = None;
         let mut ops = 0;
@@ -272,6 +273,13 @@ fn a_plan_comes_by_the_end_of_the_third_iteration_and_resolves_on_the_run() {
         assert!(at <= third_ends, "{name}: plan after op {at}");
         assert_eq!(plan.version, 1);
         assert_eq!(plan.period, launches, "{name}");
+        // The job's need, as a coordinator reads it: the iteration's peak, whole pages.
+        let peak = learner.cycle_peak_bytes().expect("an iteration is known");
+        let allocated = 2 * half_peak(&trace);
+        assert!(
+            peak >= allocated && peak <= allocated + allocated / 4,
+            "{name}: peak {peak}, the iteration allocates {allocated} at most"
+        );
         assert!(matches!(
             learner.state(),
             LearnerState::Planned { version: 1, .. }

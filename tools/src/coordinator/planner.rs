@@ -42,6 +42,11 @@ pub trait JobPlanner: Send {
     fn cycle_generation(&self) -> u64 {
         0
     }
+    /// The most the job's iteration holds at once, as its planner counts it (`None`: no
+    /// iteration known yet).
+    fn cycle_peak_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The analyzer's online learner as a job's planner: the same learning and planning a job runs
@@ -119,6 +124,10 @@ impl JobPlanner for LearnerPlanner {
 
     fn cycle_generation(&self) -> u64 {
         self.learner.cycle_generation()
+    }
+
+    fn cycle_peak_bytes(&self) -> Option<u64> {
+        self.learner.cycle_peak_bytes()
     }
 
     fn state(&self) -> PlannerState {

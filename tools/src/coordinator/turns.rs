@@ -5,9 +5,18 @@
 //! has started, because every change of turns costs the card a working set written out and
 //! another brought in:
 //!
+//! - **A job still learning its need runs alone**, or joins others only into half the card
+//!   ([`grants::admitted`]): a job's need is what its iteration holds, and until its planner
+//!   has found the iteration (or it has run 8 s without growing) the job grows as it allocates,
+//!   to a size nobody knows. Let in beside others, such jobs outgrew the card within seconds,
+//!   and the one stopped wrote out what it had allocated. A running job that learns its need
+//!   opens the room beyond it to the waiting jobs, as a job leaving does. Beside a
+//!   high-priority job still learning, other learners wait at once.
 //! - **A turn lasts** at least `--turn`, and [`CHANGE_SHARE`] times longer than the last changes
 //!   of turns took (measured, below), so that changing turns costs the jobs at most about a
-//!   tenth of the card's time, however slow the card's copies and remaps are.
+//!   tenth of the card's time, however slow the card's copies and remaps are. While every job
+//!   runs, the turn of all of them restarts at every tick: a job that comes next joins it as
+//!   any turn, and the incumbents are not stopped for it.
 //! - **Within a turn the running jobs keep the card.** A job that joins runs at once only if no
 //!   job of the turn waits and it fits beside them (a high-priority job always does); a running
 //!   job whose need grows so that the turn no longer fits makes the job that joined the turn
