@@ -38,13 +38,29 @@ pub struct Claim {
     pub need: u64,
     /// Whether `need` is known: the job's planner has found its iteration, or the job has run
     /// long enough for its footprint to show its peak. A job still learning grows as it
-    /// allocates, to any size, so [`turns`] lets it in beside others only into
-    /// [`UNKNOWN_NEED_ROOM`] of the card or more, and no job in beside it.
+    /// allocates, up to its limit, so [`turns`] lets one without a limit below the card in
+    /// beside others only into [`UNKNOWN_NEED_ROOM`] of the card or more, and no job in beside
+    /// it.
     pub known: bool,
     pub priority: Priority,
     /// The job's predicted step (ns) at budgets (bytes), ascending by budget, the last at or
     /// near its need; empty while not known.
     pub curve: Vec<(u64, u64)>,
+}
+
+impl Claim {
+    /// The most the job may come to hold while it runs on a card of `available` bytes: its
+    /// need (at least its floor) where known, else its own limit where that is below the card;
+    /// `None` where it may grow to the card.
+    pub fn bound(&self, available: u64) -> Option<u64> {
+        if self.known {
+            Some(self.need.max(self.floor).min(self.limit))
+        } else if self.limit < available {
+            Some(self.limit)
+        } else {
+            None
+        }
+    }
 }
 
 /// The targets [`divide`] decides.
@@ -189,34 +205,31 @@ pub const UNKNOWN_NEED_ROOM: u64 = 2;
 
 /// Whether job `j` may join the jobs marked in `running` (the others keep their floors).
 ///
-/// - Nobody joins beside a running job whose need is not known yet: it may grow to the card.
-/// - A job whose need is known joins if every running job's need, the others' floors and its
-///   own need fit.
-/// - A job whose need is not known joins if what is left after the running jobs' needs and
+/// - Nobody joins beside a running job that may grow to the card ([`Claim::bound`]).
+/// - A job whose bound is known joins if the running jobs' bounds, the others' floors and its
+///   own bound fit.
+/// - A job that may grow to the card joins if what is left after the running jobs' bounds and
 ///   the others' floors is at least [`UNKNOWN_NEED_ROOM`] of the card.
 pub fn admitted(available: u64, claims: &[Claim], running: &[bool], j: usize) -> bool {
-    let keeps =
-        |c: &Claim, runs: bool| if runs { c.need.max(c.floor) } else { c.floor }.min(c.limit);
-    if claims
-        .iter()
-        .zip(running)
-        .any(|(c, &runs)| runs && !c.known)
-    {
-        return false;
+    let mut held = 0u64;
+    for (i, (c, &runs)) in claims.iter().zip(running).enumerate() {
+        if i == j {
+            continue;
+        }
+        held += if runs {
+            match c.bound(available) {
+                Some(b) => b,
+                None => return false,
+            }
+        } else {
+            c.floor.min(c.limit)
+        };
     }
-    let held: u64 = claims
-        .iter()
-        .zip(running)
-        .enumerate()
-        .filter(|&(i, _)| i != j)
-        .map(|(_, (c, &runs))| keeps(c, runs))
-        .sum();
     let room = available.saturating_sub(held);
     let c = &claims[j];
-    if c.known {
-        keeps(c, true) <= room
-    } else {
-        room >= available / UNKNOWN_NEED_ROOM && c.floor.min(c.limit) <= room
+    match c.bound(available) {
+        Some(b) => b <= room,
+        None => room >= available / UNKNOWN_NEED_ROOM && c.floor.min(c.limit) <= room,
     }
 }
 
@@ -499,6 +512,24 @@ mod tests {
         let mut high = three.clone();
         high[2].priority = Priority::High;
         assert_eq!(turns(11 * G, &high, &[0, 0, 100]), vec![true, false, true]);
+    }
+
+    #[test]
+    fn a_job_still_learning_is_bounded_by_its_own_limit_where_it_set_one() {
+        let learning = |need: u64, limit: u64| Claim {
+            known: false,
+            limit,
+            ..claim(need, G / 8, Priority::Normal)
+        };
+        // Without a limit it may grow to the card: it runs alone, and nobody joins it.
+        let free = [learning(G, u64::MAX), learning(G, u64::MAX)];
+        assert_eq!(turns(10 * G, &free, &[0, 0]), vec![true, false]);
+        // With limits of 4 GiB both fit: both run, though neither knows its need yet.
+        let capped = [learning(G, 4 * G), learning(G, 4 * G)];
+        assert_eq!(turns(10 * G, &capped, &[0, 0]), vec![true, true]);
+        // A third of 4 GiB does not fit beside them.
+        let three = [capped[0].clone(), capped[1].clone(), learning(0, 4 * G)];
+        assert_eq!(turns(10 * G, &three, &[0, 0, 0]), vec![true, true, false]);
     }
 
     #[test]

@@ -239,12 +239,13 @@ impl Turns {
         // to write out. (A rerun let in as a high one left was stopped 1.6 s later, when the
         // high one's next run had grown, and its eviction held back the high run's memory for
         // 15 s.) Jobs whose needs are known keep running until the card is too small.
+        let unbounded = |j: &Contender<'_>| j.claim.bound(available).is_none();
         let high_learning = jobs.iter().any(|j| {
-            t.running.contains(&j.slot) && j.claim.priority == Priority::High && !j.claim.known
+            t.running.contains(&j.slot) && j.claim.priority == Priority::High && unbounded(j)
         });
         if high_learning {
             t.running.retain(|&s| {
-                job(s).is_some_and(|j| j.claim.priority == Priority::High || j.claim.known)
+                job(s).is_some_and(|j| j.claim.priority == Priority::High || !unbounded(j))
             });
         }
         let fits = |running: &[u32]| {
