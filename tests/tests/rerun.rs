@@ -264,6 +264,14 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
         assert!(log.contains(want), "{want:?} not in {file}:\n{log}");
     }
     assert!(logs.join("native.log").exists());
+    // And each managed run's trace, which trace-info reads.
+    let info = Command::new(&artifacts().tensile)
+        .arg("trace-info")
+        .arg(logs.join("plan.trace"))
+        .output()
+        .expect("tensile trace-info");
+    assert!(info.status.success(), "{}", text(&info));
+    assert!(logs.join("plan-baseline.trace").exists());
     // Four launches of 1.0 ms per step: the native step is at least the recorded compute
     // only once the simulator keeps kernel time; here it must at least have run.
     assert!(doc["native_step_ns"].as_u64() > Some(0));

@@ -87,7 +87,9 @@ pub struct RerunArgs {
     #[arg(long)]
     pub priority: Option<String>,
     /// Keep each run's whole log (the player's and the library's lines on stderr) in DIR, as
-    /// native.log, lru.log, lru-baseline.log, plan.log, plan-baseline.log.
+    /// native.log, lru.log, lru-baseline.log, plan.log, plan-baseline.log, and each managed
+    /// run's trace beside it (lru.trace, ...: `tensile trace-info TRACE --timeline out.json`
+    /// shows what the GPU waited on).
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
 }
@@ -545,6 +547,15 @@ impl Session {
         self.logs.as_ref().map(|d| d.join(format!("{name}.log")))
     }
 
+    /// Where the library writes the trace of managed run `name`: beside its log with `--logs`,
+    /// else in the work directory, removed at the end.
+    fn trace_path(&self, name: &str) -> PathBuf {
+        self.logs
+            .as_ref()
+            .unwrap_or(&self.work.path)
+            .join(format!("{name}.trace"))
+    }
+
     /// A measured time in trace time.
     fn trace_time(&self, ns: u64) -> u64 {
         (ns as f64 / self.time_scale).round() as u64
@@ -661,7 +672,7 @@ impl Session {
             }
             None => {}
         }
-        let full_trace = self.work.path.join(format!("{name}.trace"));
+        let full_trace = self.trace_path(name);
         let full = run_player(
             &self.pieces,
             &self.script,
@@ -698,7 +709,7 @@ impl Session {
         // 1): the difference holds only steady-state iterations, without the first one after
         // the prologue and without the final check of every stamp, which both runs make.
         let baseline_iterations = self.iterations.min(2) - 1;
-        let baseline_trace = self.work.path.join(format!("{name}-baseline.trace"));
+        let baseline_trace = self.trace_path(&format!("{name}-baseline"));
         let baseline = run_player(
             &self.pieces,
             &self.script,
