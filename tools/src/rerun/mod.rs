@@ -252,6 +252,29 @@ struct PlayerOutput {
 }
 
 /// The `name value` pairs of the library's `plan executor: ...` line, if the log has one.
+/// The library's lines on the plans a run learned and dropped (the executor's warning says
+/// where and why), from `plan ` on. A plan dropped at the player's last launch, the check of
+/// every stamp, was dropped after the last iteration, which the executor cannot tell: the line
+/// says so.
+fn plan_lines(log: &[String]) -> Vec<String> {
+    let final_check = format!("got `tensile_rerun_op_k{}`", script::FINAL_CHECK_KERNEL);
+    log.iter()
+        .filter_map(|l| {
+            let at = l
+                .find("plan ")
+                .filter(|_| l.contains(" learned: ") || l.contains(" dropped at launch "))?;
+            let mut line = l[at..].to_owned();
+            if let Some(end) = line.find(&final_check).map(|i| i + final_check.len()) {
+                line.insert_str(
+                    end,
+                    " (the final check of every stamp, after the last iteration)",
+                );
+            }
+            Some(line)
+        })
+        .collect()
+}
+
 fn executor_line(log: &[String]) -> Option<BTreeMap<String, u64>> {
     let line = log.iter().rev().find_map(|l| {
         l.find("plan executor: ")
@@ -333,15 +356,7 @@ fn run_player(
         Some(t) if !stamp_failure => Some(read_stats(t)?),
         _ => None,
     };
-    let plans_learned = log
-        .iter()
-        .filter_map(|l| {
-            // Plans learned, and plans dropped (the executor's warning says where and why).
-            l.find("plan ")
-                .filter(|_| l.contains(" learned: ") || l.contains(" dropped at launch "))
-                .map(|at| l[at..].to_owned())
-        })
-        .collect();
+    let plans_learned = plan_lines(&log);
     Ok(PlayerOutput {
         json,
         stats,
@@ -1279,6 +1294,35 @@ mod tests {
         assert_eq!(e["mismatches"], 1);
         assert_eq!(e["steps_done"], 40);
         assert_eq!(executor_line(&log[..1]), None);
+    }
+
+    #[test]
+    fn a_plan_dropped_at_the_final_check_is_said_to_be_after_the_last_iteration() {
+        let dropped = |kernel: u32| {
+            format!(
+                "WARN tensile: plan 1 dropped at launch 2097 (position 35 of 222): expected \
+                 kernel `tensile_rerun_op_k5`, got `tensile_rerun_op_k{kernel}`; swapping on \
+                 demand until a new plan"
+            )
+        };
+        let log = vec![
+            "INFO tensile: plan 1 learned: 222 launches per iteration".to_owned(),
+            "INFO tensile: something else".to_owned(),
+            dropped(7),
+            dropped(script::FINAL_CHECK_KERNEL),
+        ];
+        let lines = plan_lines(&log);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].starts_with("plan 1 learned: "));
+        assert!(!lines[1].contains("final check"), "{}", lines[1]);
+        assert!(
+            lines[2].contains(
+                "k4294967292` (the final check of every stamp, after the last \
+                               iteration); swapping"
+            ),
+            "{}",
+            lines[2]
+        );
     }
 
     #[test]
