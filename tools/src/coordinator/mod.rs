@@ -88,7 +88,7 @@ pub struct CoordinatorArgs {
 
 /// Default `--turn`: the shortest turn, before any change of turns (the paused jobs' working
 /// sets go out, the resumed ones' come in) is measured, and while one is measured to take less
-/// than 3 s. Changes of turns on the shared simulated card took 2 to 10 s (docs/sharing.md);
+/// than 6 s (turns last ten times a change). Changes of turns on the shared simulated card took 2 to 10 s (docs/sharing.md);
 /// turns of 10 s before the first was measured stopped a BERT rerun a few seconds before its
 /// end, and the change cost more than the turn it bought.
 pub const DEFAULT_TURN: Duration = Duration::from_secs(60);
@@ -381,11 +381,11 @@ impl Job {
         true
     }
 
-    /// Whether its need is known: its planner has found its iteration (whose peak the
-    /// footprint has then shown), or it has run for a [`NEED_WINDOW`] without (a job whose
-    /// stream has no iteration, or whose planner is not told it) without its footprint
-    /// growing: a ResNet-50 rerun's learning takes longer than that at `--time-scale 16`,
-    /// and counted known after 8 s of running, it let a waiting job in and grew past it.
+    /// Whether its need is known: its planner has found its iteration (the need is then at
+    /// least the iteration's peak), or it has run for a [`NEED_WINDOW`] without its footprint
+    /// growing (a job whose stream has no iteration, or whose planner is not told it). Counted
+    /// known after 8 s of running however it grew, a ResNet-50 rerun still learning at
+    /// `--time-scale 16` let a waiting job in and grew past it.
     fn need_known(&self) -> bool {
         self.planner.cycle_generation() > 0 || self.steady_ns >= NEED_WINDOW.as_nanos() as u64
     }
@@ -734,7 +734,8 @@ impl Coordinator {
                     .zip(&claims)
                     .zip(&division.targets)
                     .any(|((s, c), &target)| {
-                        let floor = c.floor.max(MIN_GRANT).min(c.limit).min(target);
+                        // (Floors are at least a page: see the claims above.)
+                        let floor = c.floor.min(c.limit).min(target);
                         self.jobs[s].granted < floor
                     });
             let standings: Vec<Standing> = order

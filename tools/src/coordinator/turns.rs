@@ -170,7 +170,7 @@ impl Turns {
             .turn
             .take()
             .filter(|t| now.saturating_duration_since(t.started) < length)
-            .and_then(|t| Self::carry_on(t, available, jobs, &fresh));
+            .and_then(|t| Self::carry_on(t, available, jobs, &claims, &fresh));
         let turn = match kept {
             Some(t) => t,
             None => {
@@ -213,6 +213,7 @@ impl Turns {
         mut t: Turn,
         available: u64,
         jobs: &[Contender<'_>],
+        claims: &[Claim],
         fresh: &[bool],
     ) -> Option<Turn> {
         let job = |s: u32| jobs.iter().find(|j| j.slot == s);
@@ -292,10 +293,9 @@ impl Turns {
             .filter(|&i| someone_left || learned || (newcomer(jobs[i].slot) && !queue))
             .collect();
         waiting.sort_by_key(|&i| (jobs[i].claim.priority, !fresh[i], jobs[i].ran, i));
-        let claims: Vec<Claim> = jobs.iter().map(|j| j.claim.clone()).collect();
         for i in waiting {
             let running: Vec<bool> = jobs.iter().map(|j| t.running.contains(&j.slot)).collect();
-            if grants::admitted(available, &claims, &running, i) {
+            if grants::admitted(available, claims, &running, i) {
                 t.running.push(jobs[i].slot);
             }
         }

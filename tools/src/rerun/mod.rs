@@ -251,7 +251,6 @@ struct PlayerOutput {
     plans_learned: Vec<String>,
 }
 
-/// The `name value` pairs of the library's `plan executor: ...` line, if the log has one.
 /// The library's lines on the plans a run learned and dropped (the executor's warning says
 /// where and why), from `plan ` on. A plan dropped at the player's last launch, the check of
 /// every stamp, was dropped after the last iteration, which the executor cannot tell: the line
@@ -275,6 +274,7 @@ fn plan_lines(log: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The `name value` pairs of the library's `plan executor: ...` line, if the log has one.
 fn executor_line(log: &[String]) -> Option<BTreeMap<String, u64>> {
     let line = log.iter().rev().find_map(|l| {
         l.find("plan executor: ")
