@@ -366,6 +366,10 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     let as_driver: Arc<dyn Driver> = driver.clone();
     let mm = MemoryManager::new(as_driver, mc)
         .map_err(|e| SetupError::Driver("reserving the arena", e))?;
+    if config.trace.is_some() {
+        // Every swap and stall into the trace, for `tensile trace-info --timeline`.
+        mm.set_journal(Arc::new(crate::recorder::TraceJournal));
+    }
     if shares_the_card(config) {
         // A grant grows as other jobs give memory back: an access larger than it waits
         // for that (a job just joined gets little until the others have shrunk) rather

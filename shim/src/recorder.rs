@@ -26,7 +26,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crossbeam::channel::{self, SendTimeoutError, Sender, TrySendError};
-use tensile_trace::{End, Header, Record, Stats, Writer, FORMAT_VERSION};
+use tensile_trace::{
+    Busy, BusyKind, End, Header, Record, Stats, Swap, SwapCause, SwapDir, Writer, FORMAT_VERSION,
+};
+
+use crate::memory::Journal;
 
 /// Records that may wait in the queue.
 pub const QUEUE_CAPACITY: usize = 1 << 16;
@@ -160,6 +164,12 @@ impl Recorder {
     #[inline]
     pub fn now_ns(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Nanoseconds from the trace's start to `at` (0 for an instant before it).
+    #[inline]
+    pub fn ns_at(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.start).as_nanos() as u64
     }
 
     /// Where the trace is written.
@@ -459,6 +469,55 @@ impl RecordTap {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// The memory manager's journal written to the trace: each swap a [`Record::Swap`], each
+/// span of host time a [`Record::Busy`] (the trace file only: the planner's tap carries what
+/// the application did, not what the library did).
+pub struct TraceJournal;
+
+impl TraceJournal {
+    fn recorder() -> Option<&'static Recorder> {
+        crate::runtime::existing().and_then(|rt| rt.recorder())
+    }
+}
+
+impl Journal for TraceJournal {
+    fn swap(&self, at: Instant, dir: SwapDir, cause: SwapCause, pages: usize, bytes: u64) {
+        if let Some(rec) = Self::recorder() {
+            rec.record(Record::Swap(Swap {
+                t_ns: rec.ns_at(at),
+                dir,
+                cause,
+                pages: u32::try_from(pages).unwrap_or(u32::MAX),
+                bytes,
+            }));
+        }
+    }
+
+    fn busy(&self, start: Instant, end: Instant, kind: BusyKind, pages: usize) {
+        if let Some(rec) = Self::recorder() {
+            rec.record(Record::Busy(Busy {
+                t_ns: rec.ns_at(start),
+                dur_ns: end.saturating_duration_since(start).as_nanos() as u64,
+                kind,
+                thread: thread_id(),
+                pages: u32::try_from(pages).unwrap_or(u32::MAX),
+            }));
+        }
+    }
+}
+
+/// The calling thread's kernel id (`gettid`), asked once per thread.
+fn thread_id() -> u32 {
+    thread_local! {
+        static TID: u32 = {
+            // SAFETY: `gettid` takes no arguments and cannot fail.
+            let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+            u32::try_from(tid).unwrap_or(0)
+        };
+    }
+    TID.try_with(|t| *t).unwrap_or(0)
 }
 
 /// The command line of this process, arguments separated by spaces.

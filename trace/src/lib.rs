@@ -19,7 +19,10 @@
 //! # Versioning
 //! [`FORMAT_VERSION`] is bumped on any incompatible change; a reader refuses other versions
 //! with [`TraceError::UnsupportedVersion`] rather than misreading them. Adding a record
-//! variant at the end of [`Record`] is a compatible change for old files, not for old readers.
+//! variant at the end of [`Record`] is a compatible change for old files, not for old readers:
+//! the version is bumped, and this crate reads every version from [`OLDEST_READ_VERSION`].
+//! Version 2 added the library's own work ([`Record::Swap`], [`Record::Busy`],
+//! [`Record::Plan`]).
 
 mod crc32;
 mod reader;
@@ -33,8 +36,11 @@ pub use writer::Writer;
 /// The first eight bytes of every trace file.
 pub const MAGIC: [u8; 8] = *b"TNSLTRC\0";
 
-/// The format version this crate writes and reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this crate writes (and the newest it reads).
+pub const FORMAT_VERSION: u16 = 2;
+
+/// The oldest format version this crate reads: later versions only added records.
+pub const OLDEST_READ_VERSION: u16 = 1;
 
 /// The largest payload a frame may carry; anything bigger is corruption, not data.
 pub const MAX_FRAME_BYTES: u32 = 64 << 20;

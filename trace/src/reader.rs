@@ -6,7 +6,7 @@ use std::path::Path;
 
 use crate::crc32::crc32;
 use crate::record::{Header, Record};
-use crate::{FORMAT_VERSION, MAGIC, MAX_FRAME_BYTES};
+use crate::{FORMAT_VERSION, MAGIC, MAX_FRAME_BYTES, OLDEST_READ_VERSION};
 
 /// Why a trace could not be read (completely).
 #[derive(Debug, thiserror::Error)]
@@ -16,9 +16,13 @@ pub enum TraceError {
     #[error("not a libtensile trace (bad magic bytes)")]
     NotATrace,
     #[error(
-        "trace format version {found} is not supported (this build reads version {supported})"
+        "trace format version {found} is not supported (this build reads versions {oldest} to {supported})"
     )]
-    UnsupportedVersion { found: u16, supported: u16 },
+    UnsupportedVersion {
+        found: u16,
+        oldest: u16,
+        supported: u16,
+    },
     #[error(
         "trace is truncated after {records_read} complete records \
          (the recording process probably died)"
@@ -70,9 +74,10 @@ impl<R: Read> Reader<R> {
             return Err(TraceError::Truncated { records_read: 0 });
         }
         let found = u16::from_le_bytes(version);
-        if found != FORMAT_VERSION {
+        if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&found) {
             return Err(TraceError::UnsupportedVersion {
                 found,
+                oldest: OLDEST_READ_VERSION,
                 supported: FORMAT_VERSION,
             });
         }

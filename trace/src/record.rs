@@ -32,6 +32,13 @@ pub enum Record {
     Stats(Stats),
     /// Clean close. Absent when the process died.
     End(End),
+    /// The library queued a copy of pages between the device and its host pool (format 2).
+    Swap(Swap),
+    /// Host time the library spent on a call of the application's or on its own threads
+    /// (format 2).
+    Busy(Busy),
+    /// A plan came into force or was dropped (format 2).
+    Plan(PlanChange),
 }
 
 /// Who wrote the trace, and when.
@@ -177,6 +184,93 @@ pub struct Stats {
     pub host_pool_bytes: u64,
 }
 
+/// Which way a swap moved pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SwapDir {
+    /// Device to the host pool (a swap-out).
+    ToHost,
+    /// Host pool to the device (a swap-in).
+    ToDevice,
+}
+
+/// Why the library moved pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum SwapCause {
+    /// A plan's step named them (a planned swap-out, or a prefetch).
+    Plan,
+    /// An access (launch, copy, memset) found them on the host and waited for them; or, out,
+    /// the frames were wanted for such an access.
+    Access,
+    /// Out: the frames were wanted for a prefetch.
+    Prefetch,
+    /// Out: the frames were wanted for a new allocation's pages.
+    Allocation,
+    /// Out: the free reserve kept ahead of need.
+    Reserve,
+    /// Out: the budget shrank.
+    Budget,
+}
+
+/// One copy the library queued (on its own stream for that direction) and the pages it
+/// moves. Written when the copy is queued: when the device ran it is not measured.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Swap {
+    pub t_ns: u64,
+    pub dir: SwapDir,
+    pub cause: SwapCause,
+    /// Pages that change place (a unit moves whole).
+    pub pages: u32,
+    /// Bytes copied: pages no allocation holds any more move without a copy.
+    pub bytes: u64,
+}
+
+/// What the library spent host time on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BusyKind {
+    /// An access of the application's waited for pages to be brought in (or for frames): the
+    /// whole call, waits and driver calls included.
+    Stall,
+    /// The driver calls that remap pages whose swap-in was decided (made without the lock).
+    RemapIn,
+    /// The driver calls that complete landed swap-outs (made without the lock).
+    RemapOut,
+    /// Pinning host memory for the pool.
+    HostPin,
+    /// Waiting for the memory manager's lock, which another thread held.
+    LockWait,
+}
+
+/// A span of host time the library spent, on the thread named by its kernel thread id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Busy {
+    pub t_ns: u64,
+    pub dur_ns: u64,
+    pub kind: BusyKind,
+    /// The thread's id (`gettid`).
+    pub thread: u32,
+    /// Pages concerned, where the kind has any (0 otherwise).
+    pub pages: u32,
+}
+
+/// A plan came into force or was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanChange {
+    pub t_ns: u64,
+    /// The plan's version, as the executor numbers them (from 1).
+    pub version: u64,
+    /// Launches the process had made when it happened.
+    pub launches: u64,
+    pub change: PlanChangeKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PlanChangeKind {
+    /// The plan was loaded: its encoding (`tensile_protocol::ExecPlan::encode`).
+    Loaded { plan: Vec<u8> },
+    /// The plan was dropped, and why.
+    Dropped { reason: String },
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct End {
     pub t_ns: u64,
@@ -195,6 +289,9 @@ impl Record {
             Record::Memset(r) => Some(r.t_ns),
             Record::Sync(r) => Some(r.t_ns),
             Record::End(r) => Some(r.t_ns),
+            Record::Swap(r) => Some(r.t_ns),
+            Record::Busy(r) => Some(r.t_ns),
+            Record::Plan(r) => Some(r.t_ns),
             Record::Header(_) | Record::Kernel(_) | Record::LaunchTime(_) | Record::Stats(_) => {
                 None
             }

@@ -106,8 +106,9 @@ impl TraceBuilder {
     }
 
     /// Adds one record of the project's own format (a file being read, or the online
-    /// learner's live stream). `Header`, `Stats` and `End` describe the stream, not the run:
-    /// nothing to add (the caller decides what they mean).
+    /// learner's live stream). `Header`, `Stats` and `End` describe the stream, not the run,
+    /// and `Swap`, `Busy` and `Plan` what the library did, not the program: nothing to add
+    /// (the caller decides what they mean).
     pub(crate) fn record(&mut self, record: &Record) -> Result<(), ModelError> {
         match record {
             Record::Kernel(k) => {
@@ -143,7 +144,12 @@ impl TraceBuilder {
                 self.sync(s.t_ns, scope);
                 Ok(())
             }
-            Record::Header(_) | Record::Stats(_) | Record::End(_) => Ok(()),
+            Record::Header(_)
+            | Record::Stats(_)
+            | Record::End(_)
+            | Record::Swap(_)
+            | Record::Busy(_)
+            | Record::Plan(_) => Ok(()),
         }
     }
 

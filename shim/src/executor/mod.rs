@@ -37,6 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use arc_swap::ArcSwapOption;
 use tensile_driver_abi::CUresult;
 use tensile_protocol::plan::{Action, ExecPlan, PieceRef, Step, When};
+use tensile_trace::{PlanChange, PlanChangeKind, Record};
 
 use crate::kernels::KernelMeta;
 use crate::memory::advice::{EvictionAdvice, NextUse};
@@ -211,6 +212,13 @@ impl Executor {
             }
         }
         let version = plan.version;
+        trace_plan_change(
+            version,
+            next,
+            PlanChangeKind::Loaded {
+                plan: plan.encode(),
+            },
+        );
         self.mover.set_unit_pages(
             unit_pages(&plan, self.mover.page_bytes()).map(|g| g.max(MIN_UNIT_PAGES)),
         );
@@ -584,13 +592,32 @@ impl Executor {
                     .unwrap_or_else(|| format!("<kernel {id}, not launched in this process>"))
             })
             .unwrap_or_default();
-        tracing::warn!(
-            "tensile: plan {} dropped at launch {seq} (position {position} of {}): expected \
-             kernel `{expected}`, got `{}`; swapping on demand until a new plan",
-            loaded.plan.version,
-            loaded.plan.period,
-            kernel.name
+        let reason = format!(
+            "at launch {seq} (position {position} of {}): expected kernel `{expected}`, got `{}`",
+            loaded.plan.period, kernel.name
         );
+        tracing::warn!(
+            "tensile: plan {} dropped {reason}; swapping on demand until a new plan",
+            loaded.plan.version,
+        );
+        trace_plan_change(
+            loaded.plan.version,
+            seq,
+            PlanChangeKind::Dropped { reason },
+        );
+    }
+}
+
+/// Writes a plan's coming into force or its drop into the trace, when one is written (for
+/// `tensile replay --plan-from`).
+fn trace_plan_change(version: u32, launches: u64, change: PlanChangeKind) {
+    if let Some(rec) = crate::runtime::existing().and_then(|rt| rt.recorder()) {
+        rec.record(Record::Plan(PlanChange {
+            t_ns: rec.now_ns(),
+            version: u64::from(version),
+            launches,
+            change,
+        }));
     }
 }
 

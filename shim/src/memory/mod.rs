@@ -24,6 +24,7 @@
 //! | [`suballoc`] | carving allocations out of the arena, stream-ordered reuse |
 //! | [`failures`] | out-of-memory failures by cause: log once, count, summarize |
 //! | [`fences`] | per-stream fences: which queued work has finished |
+//! | [`journal`] | each swap and span of host time, told as it happens (to the trace) |
 //! | [`manager`] | the manager tying these together |
 //! | [`stats`] | swap statistics |
 
@@ -39,6 +40,7 @@ pub mod failures;
 pub mod fake;
 pub mod fences;
 pub mod frames;
+pub mod journal;
 pub mod manager;
 pub mod page;
 pub mod stats;
@@ -57,6 +59,7 @@ mod vmm_count;
 pub use budget::{parse_size, BudgetError, SizeSpec};
 pub use driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
 pub use failures::FailureCause;
+pub use journal::Journal;
 pub use manager::{AccessTicket, ManagerConfig, MemoryManager};
 pub use page::{PageTable, ResidencyState};
 pub use stats::{Demand, EvictedFor, MemoryStats};

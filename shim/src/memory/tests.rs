@@ -185,6 +185,57 @@ fn data_survives_swapping_four_times_the_budget() {
 }
 
 #[test]
+fn the_journal_hears_of_every_swap_and_stall_the_counters_count() {
+    use super::journal::{BusyKind, Kept, SwapCause, SwapDir};
+    let (fake, mm) = setup(4, 64, Progress::Immediate);
+    let journal = Arc::new(Kept::default());
+    assert!(mm.set_journal(journal.clone()));
+    assert!(!mm.set_journal(Arc::new(Kept::default())), "set once");
+    let s = fake.stream_create().unwrap();
+    let bufs: Vec<CUdeviceptr> = (0..8)
+        .map(|_| mm.alloc(2 * PAGE, Some(s)).unwrap())
+        .collect();
+    for (i, &b) in bufs.iter().enumerate() {
+        write(&fake, &mm, s, b, pattern(i as u8, 2 * PAGE));
+    }
+    for (i, &b) in bufs.iter().enumerate().rev() {
+        let r = read(&fake, &mm, s, b, 2 * PAGE);
+        assert_eq!(r.get().as_deref(), Some(&pattern(i as u8, 2 * PAGE)[..]));
+    }
+    let st = mm.stats();
+    let swaps = journal.swaps.lock().unwrap().clone();
+    let total = |dir: SwapDir| -> (u64, u64) {
+        swaps
+            .iter()
+            .filter(|w| w.0 == dir)
+            .fold((0, 0), |(p, b), w| (p + w.2 as u64, b + w.3))
+    };
+    assert_eq!(total(SwapDir::ToHost), (st.pages_evicted, st.bytes_to_host));
+    assert_eq!(
+        total(SwapDir::ToDevice),
+        (st.pages_swapped_in, st.bytes_to_device)
+    );
+    // Reading back brings pages in for the accesses, and evicts for them.
+    assert!(swaps
+        .iter()
+        .any(|w| w.0 == SwapDir::ToDevice && w.1 == SwapCause::Access));
+    assert!(swaps.iter().all(|w| w.1 != SwapCause::Plan), "{swaps:?}");
+    let busy = journal.busy.lock().unwrap().clone();
+    let stalls: Vec<_> = busy.iter().filter(|b| b.0 == BusyKind::Stall).collect();
+    assert_eq!(stalls.len() as u64, st.stalled_launches, "{busy:?}");
+    let stalled_ns: u128 = stalls.iter().map(|b| b.2.as_nanos()).sum();
+    assert_eq!(stalled_ns, u128::from(st.stall_ns), "{st:?}");
+    assert_eq!(
+        stalls.iter().map(|b| b.1 as u64).sum::<u64>(),
+        st.pages_swapped_in,
+        "every page brought in on demand is a stalled access's"
+    );
+    assert!(busy.iter().any(|b| b.0 == BusyKind::RemapIn));
+    assert!(busy.iter().any(|b| b.0 == BusyKind::RemapOut));
+    assert_consistent(&fake, &mm);
+}
+
+#[test]
 fn a_swapped_out_page_still_reads_right_without_prepare_access() {
     let (fake, mm) = setup(2, 64, Progress::Immediate);
     let s = Stream(0);

@@ -21,10 +21,13 @@
 //! landed) when it looks again and it waits for their copy on its stream like for any page
 //! coming in.
 
+use std::time::Instant;
+
 use tensile_driver_abi::{CUdeviceptr, CUresult};
 
 use crate::memory::driver::{Driver, Event, PhysHandle, Stream};
 use crate::memory::frames::DevFrame;
+use crate::memory::journal::{BusyKind, SwapCause, SwapDir};
 use crate::memory::page::ResidencyState;
 use crate::memory::stats::Demand;
 
@@ -64,6 +67,8 @@ pub(super) struct ArrivalOutcome {
     /// Everything was done: mapped, copies and event queued.
     queued: bool,
     error: Option<CUresult>,
+    /// When the driver calls started and ended (for the journal).
+    ran: (Instant, Instant),
 }
 
 impl ArrivalOutcome {
@@ -95,21 +100,29 @@ impl Arrival {
     /// unmaps the device units, so the commit can map the host frames back). Called without
     /// the manager's lock.
     pub(super) fn run(&self, driver: &dyn Driver) -> ArrivalOutcome {
+        let started = Instant::now();
         let mut outcome = ArrivalOutcome {
             host_unmapped: 0,
             queued: false,
             error: None,
+            ran: (started, started),
         };
+        self.run_calls(driver, &mut outcome);
+        outcome.ran.1 = Instant::now();
+        outcome
+    }
+
+    fn run_calls(&self, driver: &dyn Driver, outcome: &mut ArrivalOutcome) {
         for &(a, n) in &self.host_unmaps {
             if let Err(e) = driver.mem_unmap(self.va(a), n * self.page) {
                 outcome.error = Some(e);
-                return outcome;
+                return;
             }
             outcome.host_unmapped += 1;
         }
         if let Err(e) = map_and_give_access(driver, &self.device_maps, &self.access, self.device) {
             outcome.error = Some(e);
-            return outcome;
+            return;
         }
         let queued = self
             .copies
@@ -129,7 +142,6 @@ impl Arrival {
                 }
             }
         }
-        outcome
     }
 }
 
@@ -204,6 +216,10 @@ impl Inner {
     /// `remap_host`) and the device frames free.
     pub(super) fn commit_arrival(&mut self, a: Arrival, outcome: ArrivalOutcome) {
         self.remaps_committed += 1;
+        if let Some(j) = &self.journal {
+            let (start, end) = outcome.ran;
+            j.busy(start, end, BusyKind::RemapIn, a.pages.len());
+        }
         for p in &a.pages {
             self.arriving.remove(p);
         }
@@ -237,6 +253,15 @@ impl Inner {
         }
         self.ref_event(a.event, a.pages.len() as u32);
         self.stats.bytes_to_device += (a.pages.len() * self.page) as u64;
+        if let Some(j) = &self.journal {
+            let cause = if a.on_demand {
+                SwapCause::Access
+            } else {
+                SwapCause::Plan
+            };
+            let bytes = (a.pages.len() * self.page) as u64;
+            j.swap(outcome.ran.1, SwapDir::ToDevice, cause, a.pages.len(), bytes);
+        }
         self.stats.pages_swapped_in += a.pages.len() as u64;
         // The access that wanted the pages stalled (counted when it returns), even if they
         // have landed by the time it looks again.

@@ -8,9 +8,12 @@
 //! swap-out (their address may be unmapped at any moment), so an access to one waits for the
 //! commit (`remap_stall`) and eviction, polling and the other completions leave them alone.
 
+use std::time::Instant;
+
 use tensile_driver_abi::{CUdeviceptr, CUresult};
 
 use crate::memory::driver::{Driver, Event, PhysHandle};
+use crate::memory::journal::BusyKind;
 use crate::memory::page::ResidencyState;
 
 use super::backing::map_and_give_access;
@@ -52,6 +55,8 @@ pub(super) struct CompletionOutcome {
     unmapped: usize,
     mapped: bool,
     error: Option<CUresult>,
+    /// When the driver calls started and ended (for the journal).
+    ran: (Instant, Instant),
 }
 
 impl CompletionOutcome {
@@ -75,11 +80,19 @@ impl Completions {
     /// then the host frames of the units unmapped mapped and given access (a failure undoes
     /// its own maps). Called without the manager's lock.
     pub(super) fn run(&self, driver: &dyn Driver) -> CompletionOutcome {
+        let started = Instant::now();
         let mut outcome = CompletionOutcome {
             unmapped: 0,
             mapped: true,
             error: None,
+            ran: (started, started),
         };
+        self.run_calls(driver, &mut outcome);
+        outcome.ran.1 = Instant::now();
+        outcome
+    }
+
+    fn run_calls(&self, driver: &dyn Driver, outcome: &mut CompletionOutcome) {
         for u in &self.units {
             if let Err(e) = driver.mem_unmap(self.va(u.first), u.pages * self.page) {
                 outcome.error = Some(e);
@@ -88,7 +101,7 @@ impl Completions {
             outcome.unmapped += 1;
         }
         if !self.host_mapped || outcome.unmapped == 0 {
-            return outcome;
+            return;
         }
         let done = &self.units[..outcome.unmapped];
         let maps: Vec<(CUdeviceptr, usize, PhysHandle)> = done
@@ -107,7 +120,6 @@ impl Completions {
             outcome.mapped = false;
             outcome.error = outcome.error.or(Some(e));
         }
-        outcome
     }
 }
 
@@ -204,6 +216,10 @@ impl Inner {
     /// later; none is completing any more.
     pub(super) fn commit_completions(&mut self, c: Completions, outcome: CompletionOutcome) {
         self.remaps_committed += 1;
+        if let Some(j) = &self.journal {
+            let pages = c.units[..outcome.unmapped].iter().map(|u| u.pages).sum();
+            j.busy(outcome.ran.0, outcome.ran.1, BusyKind::RemapOut, pages);
+        }
         for (i, u) in c.units.iter().enumerate() {
             let span = u.first..u.first + u.pages;
             for q in span.clone() {

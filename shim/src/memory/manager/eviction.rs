@@ -8,6 +8,7 @@ use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 use crate::memory::advice::NextUse;
 use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, DevicePool};
+use crate::memory::journal::eviction_cause;
 use crate::memory::page::{PageEntry, ResidencyState, Use};
 use crate::memory::stats::Demand;
 
@@ -321,12 +322,17 @@ impl Inner {
         busy: Vec<usize>,
         busy_need: usize,
     ) -> Result<(), CUresult> {
-        self.swap_out_pages(idle, idle_need, SwapOrder::Idle)?;
+        self.swap_out_pages(idle, idle_need, SwapOrder::Idle, eviction_cause(self.demand))?;
         if busy.is_empty() {
             return Ok(());
         }
         self.order_swap_out_after_uses(&busy)?;
-        self.swap_out_pages(busy, busy_need, SwapOrder::AfterUses)
+        self.swap_out_pages(
+            busy,
+            busy_need,
+            SwapOrder::AfterUses,
+            eviction_cause(self.demand),
+        )
     }
 
     /// Unpinned `Device` pages as (rank, page, idle), the first to evict first: least

@@ -56,7 +56,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use tensile_driver_abi::{
@@ -67,6 +67,7 @@ use super::advice::EvictionAdvice;
 use super::driver::{Driver, Event, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
+use super::journal::{BusyKind, Journal};
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolRefill};
 use super::page::{PageTable, ResidencyState};
 use super::stats::{Demand, MemoryStats};
@@ -276,6 +277,8 @@ struct Inner {
     max_unit_pages: usize,
     /// What the frames being found now are for (counted in `stats.evicted_for`).
     demand: Demand,
+    /// Who hears of each swap and span of host time, if anyone ([`Journal`]).
+    journal: Option<Arc<dyn Journal>>,
 }
 
 /// An operation's state across its rounds in [`MemoryManager::waiting_for_pins`]: kept by
@@ -342,6 +345,10 @@ pub const DEFAULT_PIN_WAIT: Duration = Duration::from_secs(10);
 /// memory and completing swap-outs (its caller renews a pause of 500 ms at every step).
 const SHRINK_STEP: Duration = Duration::from_millis(150);
 
+/// Waits for the lock shorter than this are counted but not told to the journal (each
+/// launch of a busy job may wait a few microseconds).
+const JOURNAL_LOCK_WAIT_NS: u64 = 50_000;
+
 /// What a swap-out's copy is ordered after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SwapOrder {
@@ -374,6 +381,8 @@ pub struct MemoryManager {
     lock_wait_ns: [AtomicU64; 2],
     /// The host pool's pinning, made without the lock ([`HostWant`]).
     host_refill: HostPoolRefill,
+    /// [`Inner::journal`], for what is done without the lock.
+    journal: OnceLock<Arc<dyn Journal>>,
 }
 
 impl MemoryManager {
@@ -460,6 +469,7 @@ impl MemoryManager {
             host_wanted: None,
             max_unit_pages: MAX_UNIT_PAGES,
             demand: Demand::Access,
+            journal: None,
         };
         Ok(Self {
             inner: Mutex::new(inner),
@@ -473,6 +483,7 @@ impl MemoryManager {
             lock_waits: [AtomicU64::new(0), AtomicU64::new(0)],
             lock_wait_ns: [AtomicU64::new(0), AtomicU64::new(0)],
             host_refill,
+            journal: OnceLock::new(),
         })
     }
 
@@ -493,6 +504,9 @@ impl MemoryManager {
         let who = usize::from(library);
         self.lock_waits[who].fetch_add(1, Ordering::Relaxed);
         self.lock_wait_ns[who].fetch_add(waited, Ordering::Relaxed);
+        if let Some(j) = guard.journal.as_ref().filter(|_| waited >= JOURNAL_LOCK_WAIT_NS) {
+            j.busy(started, Instant::now(), BusyKind::LockWait, 0);
+        }
         guard
     }
 
@@ -682,8 +696,12 @@ impl MemoryManager {
                     if op_state.stalled {
                         // From the call to here: the copies in and any waits made without
                         // the lock on the way.
+                        let end = Instant::now();
                         s.stats.stalled_launches += 1;
-                        s.stats.stall_ns += started.elapsed().as_nanos() as u64;
+                        s.stats.stall_ns += end.duration_since(started).as_nanos() as u64;
+                        if let Some(j) = &s.journal {
+                            j.busy(started, end, BusyKind::Stall, op_state.arrived_pages);
+                        }
                     }
                     return Ok(v);
                 }
@@ -849,9 +867,19 @@ impl MemoryManager {
 
     /// Has the host pool make what an operation found missing; called without the lock.
     fn provide_host(&self, want: HostWant) {
-        match want {
-            HostWant::Frames => self.host_refill.frames(),
-            HostWant::Unit(pages) => self.host_refill.unit(pages),
+        let started = Instant::now();
+        let pages = match want {
+            HostWant::Frames => {
+                self.host_refill.frames();
+                0
+            }
+            HostWant::Unit(pages) => {
+                self.host_refill.unit(pages);
+                pages
+            }
+        };
+        if let Some(j) = self.journal.get() {
+            j.busy(started, Instant::now(), BusyKind::HostPin, pages);
         }
     }
 
@@ -1065,6 +1093,16 @@ impl MemoryManager {
     /// the configured value ([`ManagerConfig::free_reserve_pages`]) back when it stops.
     pub fn set_free_reserve_pages(&self, pages: usize) {
         self.lock().cfg.free_reserve_pages = pages;
+    }
+
+    /// Tells `journal` of every swap and span of host time from now on (once: a later call
+    /// changes nothing and returns false).
+    pub fn set_journal(&self, journal: Arc<dyn Journal>) -> bool {
+        if self.journal.set(Arc::clone(&journal)).is_err() {
+            return false;
+        }
+        self.lock().journal = Some(journal);
+        true
     }
 
     /// Asks `advice` which pages to evict first from now on (`None`: least recently used

@@ -3,11 +3,13 @@
 //! Copies are ordered on the device wherever possible; the host waits are here too.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
 use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, HostFrame};
+use crate::memory::journal::{SwapCause, SwapDir};
 use crate::memory::page::{ResidencyState, Use};
 use crate::memory::stats::Demand;
 
@@ -125,6 +127,7 @@ impl Inner {
         mut victims: Vec<usize>,
         need: usize,
         order: SwapOrder,
+        cause: SwapCause,
     ) -> Result<(), CUresult> {
         if victims.is_empty() {
             return Ok(());
@@ -271,6 +274,10 @@ impl Inner {
         self.ref_event(ev, copy.len() as u32);
         self.stats.bytes_to_host += (copied * self.page) as u64;
         self.stats.pages_evicted += copy.len() as u64;
+        if let Some(j) = &self.journal {
+            let bytes = (copied * self.page) as u64;
+            j.swap(Instant::now(), SwapDir::ToHost, cause, copy.len(), bytes);
+        }
         Ok(())
     }
 

@@ -6,6 +6,7 @@
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
 
 use crate::memory::frames::HostFrame;
+use crate::memory::journal::SwapCause;
 use crate::memory::page::{PageEntry, ResidencyState};
 
 use super::{coalesce, AccessTicket, Inner, SwapOrder};
@@ -172,7 +173,7 @@ impl Inner {
             if !victims.is_empty() {
                 self.order_swap_out_after_uses(&victims)?;
                 let need = victims.len();
-                self.swap_out_pages(victims, need, SwapOrder::AfterUses)?;
+                self.swap_out_pages(victims, need, SwapOrder::AfterUses, SwapCause::Access)?;
             }
             self.wait_outgoing()
         })();

@@ -5,6 +5,7 @@
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
 use crate::memory::driver::Event;
+use crate::memory::journal::{SwapCause, SwapDir};
 use crate::memory::page::ResidencyState;
 use crate::memory::stats::Demand;
 
@@ -35,7 +36,7 @@ impl Inner {
             matches!(e.state, ResidencyState::Device(_)) && e.is_idle(completed)
         });
         let before = self.outgoing.len();
-        self.swap_out_pages(victims, 0, SwapOrder::Idle)?;
+        self.swap_out_pages(victims, 0, SwapOrder::Idle, SwapCause::Plan)?;
         Ok(self.outgoing.len() - before)
     }
 
@@ -85,7 +86,7 @@ impl Inner {
         if !victims.is_empty() {
             // The copy stream waits (on the device, not here) for the last use of each page.
             self.order_swap_out_after_uses(&victims)?;
-            self.swap_out_pages(victims, 0, SwapOrder::AfterUses)?;
+            self.swap_out_pages(victims, 0, SwapOrder::AfterUses, SwapCause::Plan)?;
         }
         if !arriving.is_empty() {
             self.swap_out_arriving(arriving)?;
@@ -167,6 +168,11 @@ impl Inner {
         }
         self.stats.bytes_to_host += u64::from(started) * self.page as u64;
         self.stats.pages_evicted += u64::from(started);
+        if let Some(j) = &self.journal {
+            let bytes = u64::from(started) * self.page as u64;
+            let at = std::time::Instant::now();
+            j.swap(at, SwapDir::ToHost, SwapCause::Plan, started as usize, bytes);
+        }
         Ok(())
     }
 

@@ -1,0 +1,57 @@
+//! The manager's journal: each copy it queues between the device and the host pool, and each
+//! span of host time it spends (stalled accesses, remaps, pinning host memory, waits for its
+//! lock), told as they happen to whoever listens: the trace, when one is written
+//! (`Record::Swap`, `Record::Busy`). The counters of [`super::MemoryStats`] say how much; the
+//! journal says when, so a timeline can show what the GPU waited for.
+//!
+//! Mechanism only: the manager says what it did, the listener decides what to keep. Without a
+//! listener the manager pays one branch per event (and the two clock reads a remap takes
+//! anyway).
+
+use std::time::Instant;
+
+pub use tensile_trace::{BusyKind, SwapCause, SwapDir};
+
+use super::stats::Demand;
+
+/// Listens to the manager's journal. Called with the manager's lock held, on the thread that
+/// did the work: it must not block (a full queue drops).
+pub trait Journal: Send + Sync {
+    /// A copy of `pages` pages (`bytes` of them copied) was queued at `at`.
+    fn swap(&self, at: Instant, dir: SwapDir, cause: SwapCause, pages: usize, bytes: u64);
+    /// The calling thread spent `start..end` on `kind`, concerning `pages` pages.
+    fn busy(&self, start: Instant, end: Instant, kind: BusyKind, pages: usize);
+}
+
+/// Why pages were evicted for a [`Demand`].
+pub fn eviction_cause(demand: Demand) -> SwapCause {
+    match demand {
+        Demand::Access => SwapCause::Access,
+        Demand::Prefetch => SwapCause::Prefetch,
+        Demand::Allocation => SwapCause::Allocation,
+        Demand::Reserve => SwapCause::Reserve,
+        Demand::Budget => SwapCause::Budget,
+    }
+}
+
+/// A journal that keeps everything, for tests.
+#[cfg(test)]
+#[derive(Default)]
+pub struct Kept {
+    pub swaps: std::sync::Mutex<Vec<(SwapDir, SwapCause, usize, u64)>>,
+    pub busy: std::sync::Mutex<Vec<(BusyKind, usize, std::time::Duration)>>,
+}
+
+#[cfg(test)]
+impl Journal for Kept {
+    fn swap(&self, _at: Instant, dir: SwapDir, cause: SwapCause, pages: usize, bytes: u64) {
+        self.swaps.lock().unwrap().push((dir, cause, pages, bytes));
+    }
+
+    fn busy(&self, start: Instant, end: Instant, kind: BusyKind, pages: usize) {
+        self.busy
+            .lock()
+            .unwrap()
+            .push((kind, pages, end.duration_since(start)));
+    }
+}
