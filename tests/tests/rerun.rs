@@ -271,6 +271,16 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
         .output()
         .expect("tensile trace-info");
     assert!(info.status.success(), "{}", text(&info));
+    // With the library's own work in it: its swaps and host time (a budget of 75% swaps),
+    // and the plan, where one came.
+    let report = String::from_utf8_lossy(&info.stdout);
+    for want in ["library swaps out: ", "library swaps in: ", "library host time: "] {
+        assert!(report.contains(want), "{want:?} not in:\n{report}");
+    }
+    let log = std::fs::read_to_string(logs.join("plan.log")).unwrap();
+    if log.contains("plan 1 installed") {
+        assert!(report.contains("plan 1 loaded at launch "), "{report}");
+    }
     assert!(logs.join("plan-baseline.trace").exists());
     // Four launches of 1.0 ms per step: the native step is at least the recorded compute
     // only once the simulator keeps kernel time; here it must at least have run.

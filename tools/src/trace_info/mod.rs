@@ -6,6 +6,7 @@
 //! is summarized up to the cut and says so; a foreign file is refused with the importer's
 //! message. The timeline (`timeline`) is written from the analyzer's model for both formats.
 
+mod library;
 mod model;
 mod native;
 mod timeline;
@@ -20,6 +21,7 @@ use tensile_analyzer::model::SourceFormat;
 use tensile_analyzer::Trace;
 use tensile_trace::{Reader, TraceError, MAGIC};
 
+pub use library::LibraryWork;
 pub use native::TraceSummary;
 
 /// Arguments of `tensile trace-info`.
@@ -32,7 +34,7 @@ pub struct TraceInfoArgs {
     pub top: usize,
     /// Also write the recorded run as a timeline for Perfetto (ui.perfetto.dev) or
     /// chrome://tracing: Chrome trace-event JSON, kernels and copies per stream, host waits,
-    /// allocated bytes, and the swap statistics.
+    /// allocated bytes, and the library's swaps, stalls, remaps and plans.
     #[arg(long, value_name = "OUT.json")]
     pub timeline: Option<PathBuf>,
 }
@@ -47,9 +49,9 @@ pub fn run(args: TraceInfoArgs) -> Result<(), String> {
 fn render(args: &TraceInfoArgs) -> Result<String, String> {
     let path = &args.trace;
     let mut out = String::new();
-    let (stats, mut loaded) = if is_native(path)? {
+    let (stats, library, mut loaded) = if is_native(path)? {
         let summary = native_report(path, args.top, &mut out)?;
-        (summary.stats, None)
+        (summary.stats, summary.library, None)
     } else {
         let (trace, cut) = load_model(path)?;
         out.push_str(&format!(
@@ -66,14 +68,14 @@ fn render(args: &TraceInfoArgs) -> Result<String, String> {
             None => {}
         }
         out.push_str(&model::report(&trace, args.top));
-        (Vec::new(), Some(trace))
+        (Vec::new(), LibraryWork::default(), Some(trace))
     };
     if let Some(target) = &args.timeline {
         let trace = match loaded.take() {
             Some(trace) => trace,
             None => load_model(path)?.0,
         };
-        let events = timeline::build(&trace, &stats);
+        let events = timeline::build(&trace, &stats, &library);
         events.write(target)?;
         out.push_str(&format!(
             "timeline: {} events written to {} (open it in ui.perfetto.dev or chrome://tracing)\n",

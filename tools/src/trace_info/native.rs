@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 
 use tensile_trace::{CopyKind, Record, Stats};
 
+use super::library::LibraryWork;
 use super::{bytes, ms, pct, write_top_kernels, KernelStats};
 
 /// Running totals over a trace's records.
@@ -41,6 +42,8 @@ pub struct TraceSummary {
     span_ns: u64,
     /// Swap statistics records, in file order (the shim writes one at a clean exit).
     pub stats: Vec<Stats>,
+    /// The library's own swaps, host time and plans (format 2).
+    pub library: LibraryWork,
 }
 
 impl TraceSummary {
@@ -106,6 +109,9 @@ impl TraceSummary {
                 self.ended = true;
                 self.dropped = e.dropped_records;
             }
+            Record::Swap(_) | Record::Busy(_) | Record::Plan(_) => {
+                self.library.add(record);
+            }
         }
     }
 
@@ -160,6 +166,7 @@ impl TraceSummary {
         }
         let _ = writeln!(out, "memsets: {}; host syncs: {}", self.memsets, self.syncs);
         out.push_str(&stats_report(&self.stats));
+        out.push_str(&self.library.report());
         write_top_kernels(
             &mut out,
             &self.kernels,

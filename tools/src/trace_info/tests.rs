@@ -86,6 +86,42 @@ fn native_trace(syncs: u64) -> Vec<u8> {
             seq: 2,
             gpu_ns: 200_000,
         }),
+        Record::Swap(Swap {
+            t_ns: 50_000,
+            dir: SwapDir::ToHost,
+            cause: SwapCause::Reserve,
+            pages: 3,
+            bytes: 6 << 20,
+        }),
+        Record::Busy(Busy {
+            t_ns: 60_000,
+            dur_ns: 40_000,
+            kind: BusyKind::RemapOut,
+            thread: 77,
+            pages: 3,
+        }),
+        Record::Swap(Swap {
+            t_ns: 100_000,
+            dir: SwapDir::ToDevice,
+            cause: SwapCause::Access,
+            pages: 4,
+            bytes: 8 << 20,
+        }),
+        Record::Busy(Busy {
+            t_ns: 90_000,
+            dur_ns: 1_500_000,
+            kind: BusyKind::Stall,
+            thread: 78,
+            pages: 4,
+        }),
+        Record::Plan(PlanChange {
+            t_ns: 1_000_000,
+            version: 3,
+            launches: 2,
+            change: PlanChangeKind::Dropped {
+                reason: "at launch 2 (position 0 of 2): expected kernel `a`, got `b`".into(),
+            },
+        }),
         Record::Free(Free {
             t_ns: 2_000_000,
             stream: 0,
@@ -146,6 +182,25 @@ fn native_trace_shows_its_detail_and_swap_statistics() {
     assert!(
         !out.contains("state:"),
         "a complete trace has no state line:\n{out}"
+    );
+    assert!(
+        out.contains(
+            "library swaps out: 1 copies, 3 pages, 6.00 MiB copied; pages by cause: for the \
+             free reserve 3 (6.00 MiB)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("library swaps in: 1 copies, 4 pages, 8.00 MiB copied; pages by cause: on demand 4"),
+        "{out}"
+    );
+    assert!(
+        out.contains("library host time: remaps out 1 for 0.040 ms; stalled accesses 1 for 1.500 ms"),
+        "{out}"
+    );
+    assert!(
+        out.contains("plan 3 dropped at launch 2 (position 0 of 2)"),
+        "{out}"
     );
 }
 
@@ -324,8 +379,38 @@ fn native_timeline_places_ops_in_stream_order_and_carries_the_swap_totals() {
     assert_eq!(untimed["ts"].as_f64().unwrap(), copy_end + 500.0);
     let swap = events["i"]
         .iter()
-        .find(|e| e["cat"] == "swap")
+        .find(|e| e["name"] == "swap statistics (process totals at exit)")
         .expect("the swap statistics");
     assert_eq!(swap["args"]["bytes_to_device"], 8 << 20);
     assert_eq!(swap["args"]["stalled_launches"], 3);
+    // The library's own work: each copy queued at its host time on its direction's track,
+    // each span of host time as measured on its thread's track, the plan's drop.
+    let queued: Vec<&Value> = events["i"].iter().filter(|e| e["cat"] == "swap").collect();
+    let out = queued
+        .iter()
+        .find(|e| e["name"] == "out 3 pages (for the free reserve)")
+        .expect("the swap-out");
+    let inn = queued
+        .iter()
+        .find(|e| e["name"] == "in 4 pages (on demand)")
+        .expect("the swap-in");
+    assert_eq!((out["ts"].as_f64(), inn["ts"].as_f64()), (Some(50.0), Some(100.0)));
+    assert_ne!(out["tid"], inn["tid"]);
+    assert_eq!(inn["args"]["bytes"], 8 << 20);
+    let stall = x
+        .iter()
+        .find(|e| e["name"] == "stalled accesses")
+        .expect("the stall");
+    assert_eq!((stall["ts"].as_f64(), stall["dur"].as_f64()), (Some(90.0), Some(1500.0)));
+    let remap = x.iter().find(|e| e["name"] == "remaps out").expect("the remap");
+    assert_ne!(remap["tid"], stall["tid"], "two threads, two tracks");
+    assert!(events["i"]
+        .iter()
+        .any(|e| e["cat"] == "plan" && e["name"] == "plan 3 dropped"));
+    let moved = events["C"]
+        .iter()
+        .filter(|e| e["name"] == "bytes swapped so far")
+        .last()
+        .expect("the swapped bytes counter");
+    assert_eq!(moved["args"]["to device"], f64::from(8u32 << 20));
 }

@@ -11,18 +11,23 @@
 //!   length (bytes at the analyzer's default bandwidths, named in their `args`): the trace
 //!   records their size, not their duration. A counter track follows the bytes allocated.
 //! - Process "host": the host's waits for the device (syncs), as instants at their call time.
-//! - Process "libtensile swapping": the swap statistics the shim wrote at exit, as one
-//!   instant at the end of the run with the totals (bytes each way, stalled launches, stall
-//!   time) in its `args`. The trace format records no individual swaps or stalls, so none
-//!   are drawn; a timeline of a simulated policy is `tensile replay --timeline`.
+//! - Process "libtensile": what the library did (format 2 traces). Each copy it queued is an
+//!   instant at its host time on the track of its direction ("swap-outs queued", "swap-ins
+//!   queued"; pages, bytes and cause in `args`: when the device ran the copy is not
+//!   recorded), with counters of the bytes moved each way so far; each span of host time it
+//!   spent (stalled accesses, remaps, pinning host memory, lock waits) is a span on a track
+//!   per thread, as measured; plans loaded and dropped are instants across the process. The
+//!   swap statistics written at exit are one instant at the end with the totals. A timeline
+//!   of a simulated policy is `tensile replay --timeline`.
 
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 use tensile_analyzer::model::{CopyDir, OpKind, SyncScope, Trace};
 use tensile_analyzer::CostModel;
-use tensile_trace::Stats;
+use tensile_trace::{PlanChangeKind, Stats, SwapDir};
 
+use super::library::{busy_name, cause_name, LibraryWork};
 use crate::chrome_trace::{us, ChromeTrace, InstantScope};
 
 const DEVICE_PID: u32 = 1;
@@ -49,8 +54,9 @@ fn modelled_ns(bytes: u64, gbps: f64) -> u64 {
     (bytes as f64 / gbps).round() as u64
 }
 
-/// Builds the timeline of `trace`; `stats` are the swap statistics records the file held.
-pub fn build(trace: &Trace, stats: &[Stats]) -> ChromeTrace {
+/// Builds the timeline of `trace`; `stats` are the swap statistics records the file held,
+/// `library` the library's own records.
+pub fn build(trace: &Trace, stats: &[Stats], library: &LibraryWork) -> ChromeTrace {
     let cost = CostModel::default();
     let mut out = ChromeTrace::new();
     out.process_name(DEVICE_PID, "device (recorded; ops placed in stream order)");
@@ -171,8 +177,13 @@ pub fn build(trace: &Trace, stats: &[Stats]) -> ChromeTrace {
         end_ns = end_ns.max(s.t_ns);
     }
 
+    if !library.is_empty() {
+        end_ns = end_ns.max(library_tracks(&mut out, library));
+    }
     if !stats.is_empty() {
-        out.process_name(SWAP_PID, "libtensile swapping (process totals at exit)");
+        if library.is_empty() {
+            out.process_name(SWAP_PID, "libtensile swapping (process totals at exit)");
+        }
         out.thread_name(SWAP_PID, 1, "swap statistics", 0);
         for s in stats {
             let a = args(&[
@@ -186,7 +197,7 @@ pub fn build(trace: &Trace, stats: &[Stats]) -> ChromeTrace {
             out.instant(
                 SWAP_PID,
                 1,
-                "swap statistics (totals; the trace records no single swaps)",
+                "swap statistics (process totals at exit)",
                 "swap",
                 us(end_ns),
                 InstantScope::Process,
@@ -195,4 +206,99 @@ pub fn build(trace: &Trace, stats: &[Stats]) -> ChromeTrace {
         }
     }
     out
+}
+
+/// Tracks of the swap process for the library's own records; returns the latest time drawn.
+fn library_tracks(out: &mut ChromeTrace, library: &LibraryWork) -> u64 {
+    const OUT_TID: u32 = 2;
+    const IN_TID: u32 = 3;
+    out.process_name(
+        SWAP_PID,
+        "libtensile (swaps as queued on the host; host time as measured)",
+    );
+    out.thread_name(SWAP_PID, OUT_TID, "swap-outs queued", 1);
+    out.thread_name(SWAP_PID, IN_TID, "swap-ins queued", 2);
+    let mut end_ns = 0u64;
+    let (mut to_host, mut to_device) = (0u64, 0u64);
+    for s in &library.swaps {
+        let (tid, moved, label) = match s.dir {
+            SwapDir::ToHost => (OUT_TID, &mut to_host, "out"),
+            SwapDir::ToDevice => (IN_TID, &mut to_device, "in"),
+        };
+        *moved += s.bytes;
+        let cause = cause_name(s.dir, s.cause);
+        out.instant(
+            SWAP_PID,
+            tid,
+            &format!("{label} {} pages ({cause})", s.pages),
+            "swap",
+            us(s.t_ns),
+            InstantScope::Thread,
+            args(&[
+                ("pages", json!(s.pages)),
+                ("bytes", json!(s.bytes)),
+                ("cause", json!(cause)),
+            ]),
+        );
+        out.counter(
+            SWAP_PID,
+            "bytes swapped so far",
+            us(s.t_ns),
+            &[("to host", to_host as f64), ("to device", to_device as f64)],
+        );
+        end_ns = end_ns.max(s.t_ns);
+    }
+    // One track per thread, numbered in order of first appearance after the swap tracks.
+    let mut tids: HashMap<u32, u32> = HashMap::new();
+    for b in &library.busy {
+        let next = 10 + tids.len() as u32;
+        let tid = *tids.entry(b.thread).or_insert_with(|| {
+            out.thread_name(
+                SWAP_PID,
+                next,
+                &format!("thread {} (library host time)", b.thread),
+                i64::from(next),
+            );
+            next
+        });
+        out.complete(
+            SWAP_PID,
+            tid,
+            busy_name(b.kind),
+            "library host time",
+            us(b.t_ns),
+            us(b.dur_ns),
+            args(&[("pages", json!(b.pages))]),
+        );
+        end_ns = end_ns.max(b.t_ns + b.dur_ns);
+    }
+    for p in &library.plans {
+        let (name, a) = match &p.change {
+            PlanChangeKind::Loaded { plan } => (
+                format!("plan {} loaded", p.version),
+                args(&[
+                    ("launches", json!(p.launches)),
+                    ("plan_bytes", json!(plan.len())),
+                ]),
+            ),
+            PlanChangeKind::Dropped { reason } => (
+                format!("plan {} dropped", p.version),
+                args(&[
+                    ("launches", json!(p.launches)),
+                    ("reason", json!(reason)),
+                ]),
+            ),
+        };
+        out.instant(
+            SWAP_PID,
+            OUT_TID,
+            &name,
+            "plan",
+            us(p.t_ns),
+            InstantScope::Process,
+            a,
+        );
+        end_ns = end_ns.max(p.t_ns);
+    }
+    end_ns
 }
