@@ -238,6 +238,10 @@ pub enum BusyKind {
     HostPin,
     /// Waiting for the memory manager's lock, which another thread held.
     LockWait,
+    /// A call that is not a stalled access (an allocation, an access whose pages were on the
+    /// device, a prefetch, a budget change) stopped for the library's own work: swap-outs to
+    /// land or be completed, pinned pages, host memory. The whole call.
+    Waited,
 }
 
 /// A span of host time the library spent, on the thread named by its kernel thread id.

@@ -121,5 +121,6 @@ pub fn busy_name(kind: BusyKind) -> &'static str {
         BusyKind::RemapOut => "remaps out",
         BusyKind::HostPin => "pinning host memory",
         BusyKind::LockWait => "lock waits",
+        BusyKind::Waited => "other calls that waited",
     }
 }

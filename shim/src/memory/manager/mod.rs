@@ -663,7 +663,10 @@ impl MemoryManager {
         };
         // Time counted toward the budget wait's bound, and when it was last counted.
         let mut budget_waited: Option<(Duration, Instant)> = None;
+        // Rounds made: after the first, the operation stopped for the library's own work.
+        let mut rounds = 0u32;
         loop {
+            rounds += 1;
             s.pin_stall = None;
             s.budget_stall = None;
             s.copy_waits.clear();
@@ -701,6 +704,10 @@ impl MemoryManager {
                         s.stats.stall_ns += end.duration_since(started).as_nanos() as u64;
                         if let Some(j) = &s.journal {
                             j.busy(started, end, BusyKind::Stall, op_state.arrived_pages);
+                        }
+                    } else if rounds > 1 {
+                        if let Some(j) = &s.journal {
+                            j.busy(started, Instant::now(), BusyKind::Waited, 0);
                         }
                     }
                     return Ok(v);
