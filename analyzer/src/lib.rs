@@ -12,7 +12,8 @@
 //!    with the simulator as judge.
 //! 6. [`sim`]: replays a cycle under a policy and checks the budget and residency invariants.
 //! 7. [`exec_plan`]: restates a plan in the shim's terms (launch positions, allocation roles),
-//!    and [`online`]: the learner that runs steps 2 to 7 on a live stream of trace records.
+//!    [`restore`]: the other way, a run's plan back on a cycle for the simulator, and
+//!    [`online`]: the learner that runs steps 2 to 7 on a live stream of trace records.
 //!
 //! Not here: anything that touches a GPU or the driver (that is the shim's job).
 
@@ -27,6 +28,7 @@ pub mod model;
 pub mod online;
 pub mod pieces;
 pub mod plan;
+pub mod restore;
 pub mod schedule_bound;
 pub mod search;
 pub mod sim;

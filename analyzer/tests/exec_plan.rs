@@ -13,6 +13,8 @@ use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::iteration::detect;
 use tensile_analyzer::model::{AllocIdx, Allocation, FreeEvent, Op, OpKind, SourceFormat, Trace};
 use tensile_analyzer::plan::plan;
+use tensile_analyzer::restore::{restore, RestoreError};
+use tensile_analyzer::sim::{simulate, Policy, SimOptions};
 use tensile_analyzer::search::{improve, SearchOptions};
 use tensile_analyzer::timeline::Footprint;
 use tensile_analyzer::{Budget, CostModel};
@@ -67,6 +69,36 @@ fn plans_for_the_shared_traces_name_the_next_iterations_allocations() {
                 plan.compute_ns as f64 / 1e6
             );
             check_plan(name, &trace, plan, &[1, -1]);
+            // Restated on the cycle again (`replay --plan-from`), the plan is the one the
+            // prediction was made for, up to the launch points its moves were placed on.
+            let restored = restore(&trace, &cycle, plan, budget.bytes).unwrap();
+            assert_eq!((restored.unplaced, restored.on_demand), (0, 0), "{name}");
+            assert_eq!(
+                restored.plan.evictions.len(),
+                conversion.executed.evictions.len(),
+                "{name} at {fraction}"
+            );
+            assert_eq!(
+                restored.plan.tail_outs.len(),
+                conversion.executed.tail_outs.len(),
+                "{name} at {fraction}"
+            );
+            assert_eq!(
+                restored.plan.host_resident.len(),
+                conversion.executed.host_resident.len()
+            );
+            let step = simulate(
+                &cycle,
+                Policy::Plan(&restored.plan),
+                budget,
+                &cost,
+                SimOptions::default(),
+            )
+            .unwrap()
+            .step_ns;
+            let ratio = step as f64 / plan.predicted_step_ns as f64;
+            println!("{name} at {fraction}: restored plan simulates at {ratio:.4} of the prediction");
+            assert!((0.995..=1.005).contains(&ratio), "{name} at {fraction}: {ratio}");
             for s in &plan.steps {
                 kinds[match s.piece.role {
                     Role::Persistent { .. } => 0,
@@ -90,6 +122,32 @@ fn plans_for_the_shared_traces_name_the_next_iterations_allocations() {
         "persistent and transient roles are exercised"
     );
     assert!(tails_out > 0, "tail write-outs are exercised");
+}
+
+#[test]
+fn a_plan_is_not_restated_on_another_programs_iteration() {
+    let cost = CostModel::default();
+    let cycle_of = |trace: &Trace| {
+        let iters = detect(trace).unwrap();
+        Cycle::from_trace(trace, &iters, &cost).with_units(MoveUnits::ShimPages)
+    };
+    let mlp = shared("mlp.trace.gz");
+    let cycle = cycle_of(&mlp);
+    let budget = Budget::new(Footprint::of(&cycle).peak_allocated / 2);
+    let planned = plan(&cycle, &budget, &cost).unwrap();
+    let exec = convert(&mlp, &cycle, &planned, &cost, 1).unwrap().plan;
+    let resnet = shared("resnet50.trace.gz");
+    let err = restore(&resnet, &cycle_of(&resnet), &exec, budget.bytes).unwrap_err();
+    assert!(
+        matches!(err, RestoreError::Kernel { .. } | RestoreError::Period { .. }),
+        "{err}"
+    );
+    // The same program, its kernels at other positions: refused by kernel.
+    let mut shifted = exec.clone();
+    shifted.anchor_seq += 1;
+    let err = restore(&mlp, &cycle, &shifted, budget.bytes).unwrap_err();
+    assert!(matches!(err, RestoreError::Kernel { .. }), "{err}");
+    assert!(err.to_string().contains("made for another program"), "{err}");
 }
 
 /// A training loop of 8 launches and a memset per step whose gradient-like tensor `g` is
