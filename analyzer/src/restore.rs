@@ -55,7 +55,11 @@ pub enum RestoreError {
         trace: u32,
     },
     #[error("the cycle (ops {start}..{end}) does not lie in the trace of {ops} ops")]
-    ForeignCycle { start: usize, end: usize, ops: usize },
+    ForeignCycle {
+        start: usize,
+        end: usize,
+        ops: usize,
+    },
     #[error("the plan moves overlapping pieces of tensor {tensor} (at byte {offset})")]
     Overlap { tensor: TensorId, offset: u64 },
 }
@@ -157,10 +161,9 @@ pub fn restore(
         let op = op_at_position[s.position as usize];
         match (s.action, s.when) {
             (Action::SwapOut, When::AfterLaunch) => outs.entry(id).or_default().push(op),
-            (Action::SwapOut, When::BeforeLaunch) => outs
-                .entry(id)
-                .or_default()
-                .push((op + period - 1) % period),
+            (Action::SwapOut, When::BeforeLaunch) => {
+                outs.entry(id).or_default().push((op + period - 1) % period)
+            }
             (Action::Prefetch, _) => fetches.entry(id).or_default().push(op),
         }
     }

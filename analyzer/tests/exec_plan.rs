@@ -14,8 +14,8 @@ use tensile_analyzer::iteration::detect;
 use tensile_analyzer::model::{AllocIdx, Allocation, FreeEvent, Op, OpKind, SourceFormat, Trace};
 use tensile_analyzer::plan::plan;
 use tensile_analyzer::restore::{restore, RestoreError};
-use tensile_analyzer::sim::{simulate, Policy, SimOptions};
 use tensile_analyzer::search::{improve, SearchOptions};
+use tensile_analyzer::sim::{simulate, Policy, SimOptions};
 use tensile_analyzer::timeline::Footprint;
 use tensile_analyzer::{Budget, CostModel};
 use tensile_protocol::{Action, Iteration, Role, Step, When};
@@ -97,8 +97,13 @@ fn plans_for_the_shared_traces_name_the_next_iterations_allocations() {
             .unwrap()
             .step_ns;
             let ratio = step as f64 / plan.predicted_step_ns as f64;
-            println!("{name} at {fraction}: restored plan simulates at {ratio:.4} of the prediction");
-            assert!((0.995..=1.005).contains(&ratio), "{name} at {fraction}: {ratio}");
+            println!(
+                "{name} at {fraction}: restored plan simulates at {ratio:.4} of the prediction"
+            );
+            assert!(
+                (0.995..=1.005).contains(&ratio),
+                "{name} at {fraction}: {ratio}"
+            );
             for s in &plan.steps {
                 kinds[match s.piece.role {
                     Role::Persistent { .. } => 0,
@@ -139,7 +144,10 @@ fn a_plan_is_not_restated_on_another_programs_iteration() {
     let resnet = shared("resnet50.trace.gz");
     let err = restore(&resnet, &cycle_of(&resnet), &exec, budget.bytes).unwrap_err();
     assert!(
-        matches!(err, RestoreError::Kernel { .. } | RestoreError::Period { .. }),
+        matches!(
+            err,
+            RestoreError::Kernel { .. } | RestoreError::Period { .. }
+        ),
         "{err}"
     );
     // The same program, its kernels at other positions: refused by kernel.
@@ -147,7 +155,10 @@ fn a_plan_is_not_restated_on_another_programs_iteration() {
     shifted.anchor_seq += 1;
     let err = restore(&mlp, &cycle, &shifted, budget.bytes).unwrap_err();
     assert!(matches!(err, RestoreError::Kernel { .. }), "{err}");
-    assert!(err.to_string().contains("made for another program"), "{err}");
+    assert!(
+        err.to_string().contains("made for another program"),
+        "{err}"
+    );
 }
 
 /// A training loop of 8 launches and a memset per step whose gradient-like tensor `g` is

@@ -156,6 +156,8 @@ fn create_once() -> Result<Option<&'static Runtime>, String> {
         libc::atexit(at_exit);
     }
     if let Some(rt) = RUNTIME.get() {
+        // Once the runtime is reachable: the plan's coming into force goes into the trace.
+        rt.install_plan_file();
         crate::planning::start_for(rt);
     }
     Ok(RUNTIME.get())
@@ -183,21 +185,6 @@ impl Runtime {
         let records = RecordSink::new(recorder, config.policy == Policy::Plan);
         let tracker = Tracker::new(driver.introspection);
         let executor = Executor::new(std::sync::Arc::new(ManagerMover));
-        if let Some(path) = &config.plan_file {
-            if config.policy != Policy::Plan {
-                tracing::warn!(
-                    "tensile: TENSILE_PLAN={} is ignored: plans run under TENSILE_POLICY=plan",
-                    path.display()
-                );
-            } else {
-                match executor::plan_file::read(path) {
-                    Ok(plan) => {
-                        executor.install(plan, &tracker);
-                    }
-                    Err(why) => tracing::warn!("tensile: {why}; swapping on demand (lru)"),
-                }
-            }
-        }
         Runtime {
             config,
             driver,
@@ -207,6 +194,26 @@ impl Runtime {
             executor,
             memory: MemorySlot::default(),
             pid: std::process::id(),
+        }
+    }
+
+    /// Installs the plan of `TENSILE_PLAN`, if one is set (under `TENSILE_POLICY=plan` only).
+    fn install_plan_file(&self) {
+        let Some(path) = &self.config.plan_file else {
+            return;
+        };
+        if self.config.policy != Policy::Plan {
+            tracing::warn!(
+                "tensile: TENSILE_PLAN={} is ignored: plans run under TENSILE_POLICY=plan",
+                path.display()
+            );
+            return;
+        }
+        match executor::plan_file::read(path) {
+            Ok(plan) => {
+                self.executor.install(plan, &self.tracker);
+            }
+            Err(why) => tracing::warn!("tensile: {why}; swapping on demand (lru)"),
         }
     }
 

@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use tensile_protocol::plan::{
     Action, ExecPlan, Iteration, PieceRef, Role, Step, When, PLAN_FORMAT_VERSION,
 };
-use tensile_tests::check::{read_trace, trace_stats};
+use tensile_tests::check::read_trace;
 use tensile_tests::expect::named_digests;
 use tensile_tests::harness::{temp_trace, Output, Run};
 use tensile_trace::{Record, Stats};
@@ -53,6 +53,13 @@ fn train() -> Run {
 
 /// A run under the shim at [`BUDGET`], traced (for its swap statistics).
 fn under_budget(policy: &str, plan: Option<&Path>, name: &str) -> (Output, Stats) {
+    let (out, stats, trace) = under_budget_traced(policy, plan, name);
+    let _ = std::fs::remove_file(&trace);
+    (out, stats)
+}
+
+/// [`under_budget`], keeping its trace.
+fn under_budget_traced(policy: &str, plan: Option<&Path>, name: &str) -> (Output, Stats, PathBuf) {
     let trace = temp_trace(name);
     let mut run = train()
         .trace(&trace)
@@ -64,9 +71,27 @@ fn under_budget(policy: &str, plan: Option<&Path>, name: &str) -> (Output, Stats
     }
     let out = run.output();
     out.assert_ok(name);
-    let stats = trace_stats(&trace);
-    let _ = std::fs::remove_file(&trace);
-    (out, stats)
+    let stats = read_trace(&trace)
+        .records
+        .iter()
+        .find_map(|r| match r {
+            Record::Stats(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("the trace has a Stats record");
+    (out, stats, trace)
+}
+
+/// `tensile replay TRACE --plan-from TRACE --json`.
+fn replay_plan_from(trace: &Path) -> std::process::Output {
+    std::process::Command::new(&tensile_tests::harness::artifacts().tensile)
+        .arg("replay")
+        .arg(trace)
+        .arg("--plan-from")
+        .arg(trace)
+        .args(["--json", "--search-ms", "0"])
+        .output()
+        .expect("tensile replay")
 }
 
 /// What one traced run of the workload says about its launches and allocations.
@@ -293,12 +318,13 @@ fn a_plan_from_the_trace_moves_ahead_of_need_and_stalls_less_than_lru() {
         .count() as u64;
     assert!(swap_outs >= 2 * LAYERS, "{plan:?}");
     let path = write_plan(&plan, "simple");
-    let ((lru, lru_stats), (planned, plan_stats)) = std::thread::scope(|s| {
+    let ((lru, lru_stats), planned) = std::thread::scope(|s| {
         let lru = s.spawn(|| under_budget("lru", None, "plan-exec-lru"));
-        let planned = s.spawn(|| under_budget("plan", Some(&path), "plan-exec-plan"));
+        let planned = s.spawn(|| under_budget_traced("plan", Some(&path), "plan-exec-plan"));
         (lru.join().unwrap(), planned.join().unwrap())
     });
     let _ = std::fs::remove_file(&path);
+    let (planned, plan_stats, planned_trace) = planned;
     assert_same_results(&lru, "lru");
     assert_same_results(&planned, "plan");
     let c = executor_counters(&planned);
@@ -333,6 +359,32 @@ fn a_plan_from_the_trace_moves_ahead_of_need_and_stalls_less_than_lru() {
         plan_stats.stalled_launches,
         lru_stats.stalled_launches
     );
+    // The run's trace holds the plan: replayed with what the run measured beside it.
+    let out = replay_plan_from(&planned_trace);
+    let _ = std::fs::remove_file(&planned_trace);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_str(&text).expect("replay --json");
+    let from = &doc["plan_from"];
+    assert_eq!(from["version"], 1, "{from}");
+    assert_eq!(from["steps"], plan.steps.len(), "{from}");
+    assert_eq!(from["left_out"], 0, "{from}");
+    assert_eq!(doc["budget_bytes"], plan.budget_bytes, "{from}");
+    let round_trips = from["round_trips"].as_u64().unwrap() + from["tails_out"].as_u64().unwrap();
+    assert_eq!(
+        round_trips, swap_outs,
+        "every swap-out of the plan is placed: {from}"
+    );
+    let measured = &from["measured"];
+    // Iterations 1 to 3 ran under the plan: two whole ones between their first launches.
+    assert_eq!(measured["iterations"], ITERATIONS - 2, "{from}");
+    assert!(measured["step_ns"].as_u64() > Some(0), "{from}");
+    assert!(measured["bytes_d2h"].as_u64() > Some(0), "{from}");
+    assert!(doc["predicted_ns"].as_u64() > Some(0), "{doc}");
 }
 
 #[test]
@@ -344,8 +396,17 @@ fn a_plan_whose_kernels_do_not_match_is_dropped_with_one_line() {
     assert_ne!(expected, actual);
     plan.kernels[4] = expected;
     let path = write_plan(&plan, "mismatch");
-    let (out, stats) = under_budget("plan", Some(&path), "plan-exec-mismatch");
+    let (out, stats, trace) = under_budget_traced("plan", Some(&path), "plan-exec-mismatch");
     let _ = std::fs::remove_file(&path);
+    // The trace says the plan was dropped; replayed, it does not fit the program.
+    let replay = replay_plan_from(&trace);
+    let _ = std::fs::remove_file(&trace);
+    let err = String::from_utf8_lossy(&replay.stderr);
+    assert!(!replay.status.success());
+    assert!(
+        err.contains("its plan does not fit this trace") && err.contains("position 4"),
+        "{err}"
+    );
     assert_same_results(&out, "mismatch");
     assert!(stats.bytes_to_host > 0, "{stats:?}");
     let lines: Vec<&str> = out

@@ -274,7 +274,11 @@ fn work_on_two_streams_is_ordered_where_it_shares_allocations() {
     // With the library's own work in it: its swaps and host time (a budget of 75% swaps),
     // and the plan, where one came.
     let report = String::from_utf8_lossy(&info.stdout);
-    for want in ["library swaps out: ", "library swaps in: ", "library host time: "] {
+    for want in [
+        "library swaps out: ",
+        "library swaps in: ",
+        "library host time: ",
+    ] {
         assert!(report.contains(want), "{want:?} not in:\n{report}");
     }
     let log = std::fs::read_to_string(logs.join("plan.log")).unwrap();

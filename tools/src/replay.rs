@@ -6,6 +6,7 @@
 //! objects (several policies); `--plot` writes an SVG of the footprint. All the modelling is in
 //! `tensile-analyzer`; this module parses arguments and formats results.
 
+mod plan_from;
 mod plot;
 mod timeline;
 
@@ -23,6 +24,7 @@ use tensile_analyzer::import::{load_with_progress, LoadOptions};
 use tensile_analyzer::model::SourceFormat;
 use tensile_analyzer::schedule_bound::{ops_per_phase, DEFAULT_MAX_VARIABLES};
 use tensile_analyzer::search::{SearchOptions, DEFAULT_SEARCH_MS};
+use tensile_analyzer::sim::{simulate, Policy, SimOptions};
 use tensile_analyzer::timeline::Liveness;
 use tensile_analyzer::{
     analyze, evaluate_many_with, Analysis, BoundOptions, Budget, Evaluation, PolicyKind, Trace,
@@ -34,9 +36,10 @@ pub struct ReplayArgs {
     /// Trace file (the project's format or capture format v1, gzipped or not).
     pub trace: PathBuf,
     /// Device memory budget: bytes with a unit (4GiB, 512MiB, 6GB) or a percentage of the
-    /// steady-state iteration's peak allocated bytes (50%).
-    #[arg(long)]
-    pub budget: String,
+    /// steady-state iteration's peak allocated bytes (50%). With --plan-from, the plan's own
+    /// budget unless given.
+    #[arg(long, required_unless_present = "plan_from")]
+    pub budget: Option<String>,
     /// Policies to simulate: plan, lru, none, or several (repeat the flag, separate with commas,
     /// or say `all`).
     #[arg(long, value_delimiter = ',', default_value = "plan")]
@@ -109,6 +112,11 @@ pub struct ReplayArgs {
     /// whole pages (--shim-pages); needs the `plan` policy.
     #[arg(long)]
     pub emit_plan: Option<PathBuf>,
+    /// Replay the plan a recorded run used instead of planning: the last plan loaded in
+    /// RUN.trace (written with TENSILE_TRACE under TENSILE_POLICY=plan; usually the trace
+    /// replayed), simulated as the `plan` policy, with what the run measured under it beside.
+    #[arg(long, value_name = "RUN.trace")]
+    pub plan_from: Option<PathBuf>,
 }
 
 /// Files at least this large get a progress indicator on a terminal.
@@ -123,7 +131,17 @@ pub fn run(args: ReplayArgs) -> Result<(), String> {
 
 /// Does the work of `tensile replay` and returns what it prints.
 fn render(args: &ReplayArgs) -> Result<String, String> {
-    let policies = parse_policies(&args.policy)?;
+    let mut policies = parse_policies(&args.policy)?;
+    // The run's plan first: a run without one is said before any planning.
+    let run_plan = match &args.plan_from {
+        Some(run) => {
+            if !policies.contains(&PolicyKind::Plan) {
+                policies.insert(0, PolicyKind::Plan);
+            }
+            Some(plan_from::read(run)?)
+        }
+        None => None,
+    };
     if let Some(path) = &args.plot {
         plot::format_for(path)?;
     }
@@ -158,12 +176,23 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     } else {
         copies
     };
-    if args.shim_pages || args.emit_plan.is_some() {
+    if args.shim_pages || args.emit_plan.is_some() || run_plan.is_some() {
         analysis.cycle = analysis.cycle.with_units(MoveUnits::ShimPages);
     }
+    if let Some(rp) = &run_plan {
+        // A plan moves whole pages of the shim's: a scaled run's pages are smaller.
+        analysis.cycle = analysis
+            .cycle
+            .with_page_bytes(plan_from::page_bytes(&rp.plan));
+    }
     let peak = analysis.footprint.peak_allocated;
-    let budget =
-        Budget::new(parse_size(&args.budget, Some(peak)).map_err(|e| format!("--budget {e}"))?);
+    let budget = match (&args.budget, &run_plan) {
+        (Some(b), _) => {
+            Budget::new(parse_size(b, Some(peak)).map_err(|e| format!("--budget {e}"))?)
+        }
+        (None, Some(rp)) => Budget::new(rp.plan.budget_bytes),
+        (None, None) => return Err("--budget is required".into()),
+    };
     let bound_options = BoundOptions {
         lp_max_variables: args.lp_variables,
         // An explicit request for a large LP is honoured however coarse its phases.
@@ -189,6 +218,27 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         &search,
     )
     .map_err(|(policy, e)| format!("policy {}: {e}", policy_name(policy)))?;
+    let mut results = results;
+    let restored = match (&args.plan_from, &run_plan) {
+        (Some(run), Some(rp)) => {
+            let restored = plan_from::restate(run, &trace, &analysis.cycle, &rp.plan)?;
+            let report = simulate(
+                &analysis.cycle,
+                Policy::Plan(&restored.plan),
+                budget,
+                &cost,
+                SimOptions::default(),
+            )
+            .map_err(|e| format!("--plan-from {}: {e}", run.display()))?;
+            if let Some(r) = results.iter_mut().find(|r| r.policy == PolicyKind::Plan) {
+                r.report = report;
+                r.plan = Some(restored.plan.clone());
+                r.search = None;
+            }
+            Some((run, rp, restored))
+        }
+        _ => None,
+    };
     if let Some(path) = &args.plan_out {
         let plan = results
             .iter()
@@ -224,7 +274,13 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     if args.json {
         let objects: Vec<Value> = results
             .iter()
-            .map(|r| json_object(args, &trace, &analysis, budget, r))
+            .map(|r| {
+                let mut o = json_object(args, &trace, &analysis, budget, r);
+                if let (Some((run, rp, restored)), PolicyKind::Plan) = (&restored, r.policy) {
+                    o["plan_from"] = plan_from::json(run, rp, restored);
+                }
+                o
+            })
             .collect();
         let out = if objects.len() == 1 {
             objects.into_iter().next().unwrap_or(Value::Null)
@@ -240,6 +296,9 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         Ok(text)
     } else {
         let mut text = human(args, &trace, &analysis, budget, &results);
+        if let Some((run, rp, restored)) = &restored {
+            text.push_str(&plan_from::human(run, rp, restored));
+        }
         if let Some(line) = emitted {
             text.push_str(&line);
             text.push('\n');

@@ -109,6 +109,7 @@ fn sample_records() -> Vec<Record> {
             version: 1,
             launches: 400,
             change: PlanChangeKind::Loaded {
+                applies_from: 444,
                 plan: vec![1, 2, 3],
             },
         }),

@@ -216,6 +216,7 @@ impl Executor {
             version,
             next,
             PlanChangeKind::Loaded {
+                applies_from: start,
                 plan: plan.encode(),
             },
         );
@@ -600,11 +601,7 @@ impl Executor {
             "tensile: plan {} dropped {reason}; swapping on demand until a new plan",
             loaded.plan.version,
         );
-        trace_plan_change(
-            loaded.plan.version,
-            seq,
-            PlanChangeKind::Dropped { reason },
-        );
+        trace_plan_change(loaded.plan.version, seq, PlanChangeKind::Dropped { reason });
     }
 }
 

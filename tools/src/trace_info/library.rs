@@ -83,9 +83,9 @@ impl LibraryWork {
         }
         for p in &self.plans {
             let _ = match &p.change {
-                PlanChangeKind::Loaded { plan } => writeln!(
+                PlanChangeKind::Loaded { applies_from, plan } => writeln!(
                     out,
-                    "plan {} loaded at launch {} ({} bytes)",
+                    "plan {} loaded at launch {}, applying from launch {applies_from} ({} bytes)",
                     p.version,
                     p.launches,
                     plan.len()

@@ -191,11 +191,15 @@ fn native_trace_shows_its_detail_and_swap_statistics() {
         "{out}"
     );
     assert!(
-        out.contains("library swaps in: 1 copies, 4 pages, 8.00 MiB copied; pages by cause: on demand 4"),
+        out.contains(
+            "library swaps in: 1 copies, 4 pages, 8.00 MiB copied; pages by cause: on demand 4"
+        ),
         "{out}"
     );
     assert!(
-        out.contains("library host time: remaps out 1 for 0.040 ms; stalled accesses 1 for 1.500 ms"),
+        out.contains(
+            "library host time: remaps out 1 for 0.040 ms; stalled accesses 1 for 1.500 ms"
+        ),
         "{out}"
     );
     assert!(
@@ -394,23 +398,32 @@ fn native_timeline_places_ops_in_stream_order_and_carries_the_swap_totals() {
         .iter()
         .find(|e| e["name"] == "in 4 pages (on demand)")
         .expect("the swap-in");
-    assert_eq!((out["ts"].as_f64(), inn["ts"].as_f64()), (Some(50.0), Some(100.0)));
+    assert_eq!(
+        (out["ts"].as_f64(), inn["ts"].as_f64()),
+        (Some(50.0), Some(100.0))
+    );
     assert_ne!(out["tid"], inn["tid"]);
     assert_eq!(inn["args"]["bytes"], 8 << 20);
     let stall = x
         .iter()
         .find(|e| e["name"] == "stalled accesses")
         .expect("the stall");
-    assert_eq!((stall["ts"].as_f64(), stall["dur"].as_f64()), (Some(90.0), Some(1500.0)));
-    let remap = x.iter().find(|e| e["name"] == "remaps out").expect("the remap");
+    assert_eq!(
+        (stall["ts"].as_f64(), stall["dur"].as_f64()),
+        (Some(90.0), Some(1500.0))
+    );
+    let remap = x
+        .iter()
+        .find(|e| e["name"] == "remaps out")
+        .expect("the remap");
     assert_ne!(remap["tid"], stall["tid"], "two threads, two tracks");
     assert!(events["i"]
         .iter()
         .any(|e| e["cat"] == "plan" && e["name"] == "plan 3 dropped"));
     let moved = events["C"]
         .iter()
-        .filter(|e| e["name"] == "bytes swapped so far")
-        .last()
+        .rev()
+        .find(|e| e["name"] == "bytes swapped so far")
         .expect("the swapped bytes counter");
     assert_eq!(moved["args"]["to device"], f64::from(8u32 << 20));
 }

@@ -274,19 +274,17 @@ fn library_tracks(out: &mut ChromeTrace, library: &LibraryWork) -> u64 {
     }
     for p in &library.plans {
         let (name, a) = match &p.change {
-            PlanChangeKind::Loaded { plan } => (
+            PlanChangeKind::Loaded { applies_from, plan } => (
                 format!("plan {} loaded", p.version),
                 args(&[
                     ("launches", json!(p.launches)),
+                    ("applies_from_launch", json!(applies_from)),
                     ("plan_bytes", json!(plan.len())),
                 ]),
             ),
             PlanChangeKind::Dropped { reason } => (
                 format!("plan {} dropped", p.version),
-                args(&[
-                    ("launches", json!(p.launches)),
-                    ("reason", json!(reason)),
-                ]),
+                args(&[("launches", json!(p.launches)), ("reason", json!(reason))]),
             ),
         };
         out.instant(

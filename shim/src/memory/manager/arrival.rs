@@ -260,7 +260,13 @@ impl Inner {
                 SwapCause::Plan
             };
             let bytes = (a.pages.len() * self.page) as u64;
-            j.swap(outcome.ran.1, SwapDir::ToDevice, cause, a.pages.len(), bytes);
+            j.swap(
+                outcome.ran.1,
+                SwapDir::ToDevice,
+                cause,
+                a.pages.len(),
+                bytes,
+            );
         }
         self.stats.pages_swapped_in += a.pages.len() as u64;
         // The access that wanted the pages stalled (counted when it returns), even if they

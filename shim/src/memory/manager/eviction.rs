@@ -322,7 +322,12 @@ impl Inner {
         busy: Vec<usize>,
         busy_need: usize,
     ) -> Result<(), CUresult> {
-        self.swap_out_pages(idle, idle_need, SwapOrder::Idle, eviction_cause(self.demand))?;
+        self.swap_out_pages(
+            idle,
+            idle_need,
+            SwapOrder::Idle,
+            eviction_cause(self.demand),
+        )?;
         if busy.is_empty() {
             return Ok(());
         }

@@ -67,8 +67,8 @@ use super::advice::EvictionAdvice;
 use super::driver::{Driver, Event, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
-use super::journal::{BusyKind, Journal};
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolRefill};
+use super::journal::{BusyKind, Journal};
 use super::page::{PageTable, ResidencyState};
 use super::stats::{Demand, MemoryStats};
 use super::suballoc::Suballocator;
@@ -504,7 +504,11 @@ impl MemoryManager {
         let who = usize::from(library);
         self.lock_waits[who].fetch_add(1, Ordering::Relaxed);
         self.lock_wait_ns[who].fetch_add(waited, Ordering::Relaxed);
-        if let Some(j) = guard.journal.as_ref().filter(|_| waited >= JOURNAL_LOCK_WAIT_NS) {
+        if let Some(j) = guard
+            .journal
+            .as_ref()
+            .filter(|_| waited >= JOURNAL_LOCK_WAIT_NS)
+        {
             j.busy(started, Instant::now(), BusyKind::LockWait, 0);
         }
         guard

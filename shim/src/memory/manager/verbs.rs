@@ -171,7 +171,13 @@ impl Inner {
         if let Some(j) = &self.journal {
             let bytes = u64::from(started) * self.page as u64;
             let at = std::time::Instant::now();
-            j.swap(at, SwapDir::ToHost, SwapCause::Plan, started as usize, bytes);
+            j.swap(
+                at,
+                SwapDir::ToHost,
+                SwapCause::Plan,
+                started as usize,
+                bytes,
+            );
         }
         Ok(())
     }

@@ -1,0 +1,247 @@
+//! `tensile replay TRACE --plan-from RUN.trace`: the plan a recorded run used, replayed, with
+//! what the run measured beside it.
+//!
+//! A run under `TENSILE_POLICY=plan` with `TENSILE_TRACE` set records each plan it loads (the
+//! encoded [`ExecPlan`], `Record::Plan`), the copies the library queued (`Record::Swap`) and the
+//! host time it stalled (`Record::Busy`). This module takes the last plan loaded, restates it on
+//! the replayed trace's cycle ([`tensile_analyzer::restore`]) for the simulator, and measures the
+//! run over the iterations that plan was in force: the host time between the launches at its
+//! position 0 (the step), and per step the bytes each way and the stalled accesses' time.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+use tensile_analyzer::restore::{restore, Restored};
+use tensile_analyzer::Trace;
+use tensile_protocol::ExecPlan;
+use tensile_trace::{BusyKind, PlanChangeKind, Reader, Record, SwapDir, TraceError};
+
+use tensile_analyzer::cycle::Cycle;
+
+/// The plan a run used and what the run measured while it was in force.
+pub struct RunPlan {
+    pub plan: ExecPlan,
+    /// The launch the plan applied from (an iteration boundary).
+    pub applies_from: u64,
+    /// Why it was dropped, if it was.
+    pub dropped: Option<String>,
+    /// The run's figures over the plan's whole iterations (`None`: fewer than two began).
+    pub measured: Option<Measured>,
+}
+
+/// What a run measured per step under its plan.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    /// Whole iterations measured.
+    pub iterations: usize,
+    /// Median host time from one position-0 launch to the next.
+    pub step_ns: u64,
+    pub bytes_h2d: u64,
+    pub bytes_d2h: u64,
+    /// Stalled accesses' host time.
+    pub stall_ns: u64,
+    pub stalled_accesses: u64,
+}
+
+/// A plan a run loaded, as its trace tells.
+struct LoadedPlan {
+    version: u64,
+    applies_from: u64,
+    bytes: Vec<u8>,
+    /// At which launch it was dropped, and why.
+    dropped: Option<(u64, String)>,
+}
+
+/// Reads the last plan `run` loaded and measures the run under it.
+pub fn read(run: &Path) -> Result<RunPlan, String> {
+    let cant = |why: String| format!("--plan-from {}: {why}", run.display());
+    let reader = Reader::open(run).map_err(|e| cant(e.to_string()))?;
+    let mut launches: Vec<(u64, u64)> = Vec::new();
+    let mut swaps: Vec<(u64, SwapDir, u64)> = Vec::new();
+    let mut stalls: Vec<(u64, u64)> = Vec::new();
+    let mut plans: Vec<LoadedPlan> = Vec::new();
+    for record in reader {
+        let record = match record {
+            Ok(r) => r,
+            // A cut run: what was written is still the run.
+            Err(TraceError::Truncated { .. }) => break,
+            Err(e) => return Err(cant(e.to_string())),
+        };
+        match record {
+            Record::Launch(l) => launches.push((l.seq, l.t_ns)),
+            Record::Swap(s) => swaps.push((s.t_ns, s.dir, s.bytes)),
+            Record::Busy(b) if b.kind == BusyKind::Stall => stalls.push((b.t_ns, b.dur_ns)),
+            Record::Plan(p) => match p.change {
+                PlanChangeKind::Loaded { applies_from, plan } => plans.push(LoadedPlan {
+                    version: p.version,
+                    applies_from,
+                    bytes: plan,
+                    dropped: None,
+                }),
+                PlanChangeKind::Dropped { reason } => {
+                    if let Some(last) = plans.iter_mut().rev().find(|q| q.version == p.version) {
+                        last.dropped.get_or_insert((p.launches, reason));
+                    }
+                }
+            },
+            _ => {}
+        }
+    }
+    let Some(LoadedPlan {
+        applies_from,
+        bytes,
+        dropped,
+        ..
+    }) = plans.pop()
+    else {
+        return Err(cant(
+            "the run loaded no plan (trace a run under TENSILE_POLICY=plan with TENSILE_TRACE \
+             set, with a libtensile that records its plans)"
+                .into(),
+        ));
+    };
+    let plan = ExecPlan::decode(&bytes).map_err(|e| cant(format!("its plan: {e}")))?;
+    // Iterations start at the launches at position 0 from the load on, until the drop.
+    let period = u64::from(plan.period.max(1));
+    let until = dropped.as_ref().map_or(u64::MAX, |d| d.0);
+    let starts: Vec<u64> = launches
+        .iter()
+        .filter(|&&(seq, _)| {
+            seq >= applies_from
+                && seq < until
+                && (seq + period - plan.anchor_seq % period).is_multiple_of(period)
+        })
+        .map(|&(_, t)| t)
+        .collect();
+    let measured = (starts.len() >= 2).then(|| {
+        let (first, last) = (starts[0], starts[starts.len() - 1]);
+        let n = (starts.len() - 1) as u64;
+        let mut steps: Vec<u64> = starts
+            .windows(2)
+            .map(|w| w[1].saturating_sub(w[0]))
+            .collect();
+        steps.sort_unstable();
+        let within = |t: u64| t >= first && t < last;
+        let bytes = |dir: SwapDir| {
+            swaps
+                .iter()
+                .filter(|s| s.1 == dir && within(s.0))
+                .map(|s| s.2)
+                .sum::<u64>()
+                / n
+        };
+        let stalled: Vec<u64> = stalls.iter().filter(|s| within(s.0)).map(|s| s.1).collect();
+        Measured {
+            iterations: n as usize,
+            step_ns: steps[steps.len() / 2],
+            bytes_h2d: bytes(SwapDir::ToDevice),
+            bytes_d2h: bytes(SwapDir::ToHost),
+            stall_ns: stalled.iter().sum::<u64>() / n,
+            stalled_accesses: stalled.len() as u64 / n,
+        }
+    });
+    Ok(RunPlan {
+        plan,
+        applies_from,
+        dropped: dropped.map(|d| d.1),
+        measured,
+    })
+}
+
+/// The shim's page the plan was made with: the largest power of two, at most the H100's 2 MiB,
+/// that divides every moved piece's offset and size (a scaled run on the simulated GPU has
+/// smaller pages).
+pub fn page_bytes(plan: &ExecPlan) -> u64 {
+    let mut page = tensile_analyzer::cycle::PAGE_BYTES;
+    for r in plan
+        .steps
+        .iter()
+        .map(|s| &s.piece)
+        .chain(&plan.host_resident)
+    {
+        for v in [r.offset, r.bytes] {
+            if v != 0 {
+                page = page.min(1 << v.trailing_zeros());
+            }
+        }
+    }
+    page.max(4096)
+}
+
+/// The run's plan on `cycle` (of `trace`), simulated at the plan's own budget.
+pub fn restate(
+    run: &Path,
+    trace: &Trace,
+    cycle: &Cycle,
+    plan: &ExecPlan,
+) -> Result<Restored, String> {
+    restore(trace, cycle, plan, plan.budget_bytes).map_err(|e| {
+        format!(
+            "--plan-from {}: its plan does not fit this trace: {e}",
+            run.display()
+        )
+    })
+}
+
+/// The human lines that say which plan ran and what the run measured.
+pub fn human(run: &Path, rp: &RunPlan, restored: &Restored) -> String {
+    let ms = |ns: u64| format!("{:.2} ms", ns as f64 / 1e6);
+    let bytes = tensile_analyzer::cost::format_bytes;
+    let p = &restored.plan;
+    let mut out = format!(
+        "plan from {}: version {}, applied from launch {}{}; {} steps: {} round trips ({} read back \
+         on demand), {} tails out, {} host-resident pieces, {} left out; predicted by the run's \
+         planner {}\n",
+        run.display(),
+        rp.plan.version,
+        rp.applies_from,
+        rp.dropped
+            .as_ref()
+            .map_or(String::new(), |r| format!(", dropped {r}")),
+        rp.plan.steps.len(),
+        p.evictions.len(),
+        restored.on_demand,
+        p.tail_outs.len(),
+        p.host_resident.len(),
+        restored.unplaced,
+        ms(rp.plan.predicted_step_ns),
+    );
+    match rp.measured {
+        Some(m) => out.push_str(&format!(
+            "measured   in that run, over {} iterations under the plan: step {} (median host \
+             time between its first launches), per step {} in, {} out, {} accesses stalled for {}\n",
+            m.iterations,
+            ms(m.step_ns),
+            bytes(m.bytes_h2d),
+            bytes(m.bytes_d2h),
+            m.stalled_accesses,
+            ms(m.stall_ns),
+        )),
+        None => out.push_str("measured   nothing: fewer than two iterations ran under the plan\n"),
+    }
+    out
+}
+
+/// The same as JSON, under the policy's object's `plan_from`.
+pub fn json(run: &Path, rp: &RunPlan, restored: &Restored) -> Value {
+    json!({
+        "run": run.display().to_string(),
+        "version": rp.plan.version,
+        "applies_from_launch": rp.applies_from,
+        "dropped": rp.dropped,
+        "steps": rp.plan.steps.len(),
+        "round_trips": restored.plan.evictions.len(),
+        "read_back_on_demand": restored.on_demand,
+        "tails_out": restored.plan.tail_outs.len(),
+        "left_out": restored.unplaced,
+        "planner_predicted_ns": rp.plan.predicted_step_ns,
+        "measured": rp.measured.map(|m| json!({
+            "iterations": m.iterations,
+            "step_ns": m.step_ns,
+            "bytes_h2d": m.bytes_h2d,
+            "bytes_d2h": m.bytes_d2h,
+            "stall_ns": m.stall_ns,
+            "stalled_accesses": m.stalled_accesses,
+        })),
+    })
+}
