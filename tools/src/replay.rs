@@ -181,9 +181,7 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     }
     if let Some(rp) = &run_plan {
         // A plan moves whole pages of the shim's: a scaled run's pages are smaller.
-        analysis.cycle = analysis
-            .cycle
-            .with_page_bytes(plan_from::page_bytes(&rp.plan));
+        analysis.cycle = analysis.cycle.with_page_bytes(rp.page_bytes);
     }
     let peak = analysis.footprint.peak_allocated;
     let budget = match (&args.budget, &run_plan) {
@@ -229,7 +227,15 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
                 &cost,
                 SimOptions::default(),
             )
-            .map_err(|e| format!("--plan-from {}: {e}", run.display()))?;
+            .map_err(|e| {
+                format!(
+                    "--plan-from {}: the run's plan, simulated at {} on this trace's iteration: \
+                     {e} (the run's planner saw the iteration otherwise; a larger --budget \
+                     shows what the plan does with more room)",
+                    run.display(),
+                    format_bytes(budget.bytes)
+                )
+            })?;
             if let Some(r) = results.iter_mut().find(|r| r.policy == PolicyKind::Plan) {
                 r.report = report;
                 r.plan = Some(restored.plan.clone());

@@ -270,8 +270,13 @@ pub struct PlanChange {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PlanChangeKind {
     /// The plan was loaded, to apply from the launch numbered `applies_from` (an iteration
-    /// boundary): its encoding (`tensile_protocol::ExecPlan::encode`).
-    Loaded { applies_from: u64, plan: Vec<u8> },
+    /// boundary), in a process whose memory manager moves pages of `page_bytes`: its encoding
+    /// (`tensile_protocol::ExecPlan::encode`).
+    Loaded {
+        applies_from: u64,
+        page_bytes: u64,
+        plan: Vec<u8>,
+    },
     /// The plan was dropped, and why.
     Dropped { reason: String },
 }

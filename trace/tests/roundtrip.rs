@@ -110,6 +110,7 @@ fn sample_records() -> Vec<Record> {
             launches: 400,
             change: PlanChangeKind::Loaded {
                 applies_from: 444,
+                page_bytes: 2 << 20,
                 plan: vec![1, 2, 3],
             },
         }),

@@ -23,6 +23,8 @@ pub struct RunPlan {
     pub plan: ExecPlan,
     /// The launch the plan applied from (an iteration boundary).
     pub applies_from: u64,
+    /// The run's page (the memory manager's): what the plan's pieces are made of.
+    pub page_bytes: u64,
     /// Why it was dropped, if it was.
     pub dropped: Option<String>,
     /// The run's figures over the plan's whole iterations (`None`: fewer than two began).
@@ -47,6 +49,7 @@ pub struct Measured {
 struct LoadedPlan {
     version: u64,
     applies_from: u64,
+    page_bytes: u64,
     bytes: Vec<u8>,
     /// At which launch it was dropped, and why.
     dropped: Option<(u64, String)>,
@@ -72,9 +75,14 @@ pub fn read(run: &Path) -> Result<RunPlan, String> {
             Record::Swap(s) => swaps.push((s.t_ns, s.dir, s.bytes)),
             Record::Busy(b) if b.kind == BusyKind::Stall => stalls.push((b.t_ns, b.dur_ns)),
             Record::Plan(p) => match p.change {
-                PlanChangeKind::Loaded { applies_from, plan } => plans.push(LoadedPlan {
+                PlanChangeKind::Loaded {
+                    applies_from,
+                    page_bytes,
+                    plan,
+                } => plans.push(LoadedPlan {
                     version: p.version,
                     applies_from,
+                    page_bytes,
                     bytes: plan,
                     dropped: None,
                 }),
@@ -89,6 +97,7 @@ pub fn read(run: &Path) -> Result<RunPlan, String> {
     }
     let Some(LoadedPlan {
         applies_from,
+        page_bytes,
         bytes,
         dropped,
         ..
@@ -143,29 +152,10 @@ pub fn read(run: &Path) -> Result<RunPlan, String> {
     Ok(RunPlan {
         plan,
         applies_from,
+        page_bytes,
         dropped: dropped.map(|d| d.1),
         measured,
     })
-}
-
-/// The shim's page the plan was made with: the largest power of two, at most the H100's 2 MiB,
-/// that divides every moved piece's offset and size (a scaled run on the simulated GPU has
-/// smaller pages).
-pub fn page_bytes(plan: &ExecPlan) -> u64 {
-    let mut page = tensile_analyzer::cycle::PAGE_BYTES;
-    for r in plan
-        .steps
-        .iter()
-        .map(|s| &s.piece)
-        .chain(&plan.host_resident)
-    {
-        for v in [r.offset, r.bytes] {
-            if v != 0 {
-                page = page.min(1 << v.trailing_zeros());
-            }
-        }
-    }
-    page.max(4096)
 }
 
 /// The run's plan on `cycle` (of `trace`), simulated at the plan's own budget.
@@ -190,8 +180,8 @@ pub fn human(run: &Path, rp: &RunPlan, restored: &Restored) -> String {
     let p = &restored.plan;
     let mut out = format!(
         "plan from {}: version {}, applied from launch {}{}; {} steps: {} round trips ({} read back \
-         on demand), {} tails out, {} host-resident pieces, {} left out; predicted by the run's \
-         planner {}\n",
+         on demand), {} tails out, {} host-resident pieces, {} left out, in pages of {}; \
+         predicted by the run's planner {}\n",
         run.display(),
         rp.plan.version,
         rp.applies_from,
@@ -204,6 +194,7 @@ pub fn human(run: &Path, rp: &RunPlan, restored: &Restored) -> String {
         p.tail_outs.len(),
         p.host_resident.len(),
         restored.unplaced,
+        bytes(rp.page_bytes),
         ms(rp.plan.predicted_step_ns),
     );
     match rp.measured {
@@ -228,6 +219,7 @@ pub fn json(run: &Path, rp: &RunPlan, restored: &Restored) -> Value {
         "run": run.display().to_string(),
         "version": rp.plan.version,
         "applies_from_launch": rp.applies_from,
+        "page_bytes": rp.page_bytes,
         "dropped": rp.dropped,
         "steps": rp.plan.steps.len(),
         "round_trips": restored.plan.evictions.len(),

@@ -83,7 +83,9 @@ impl LibraryWork {
         }
         for p in &self.plans {
             let _ = match &p.change {
-                PlanChangeKind::Loaded { applies_from, plan } => writeln!(
+                PlanChangeKind::Loaded {
+                    applies_from, plan, ..
+                } => writeln!(
                     out,
                     "plan {} loaded at launch {}, applying from launch {applies_from} ({} bytes)",
                     p.version,

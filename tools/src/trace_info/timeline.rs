@@ -274,7 +274,9 @@ fn library_tracks(out: &mut ChromeTrace, library: &LibraryWork) -> u64 {
     }
     for p in &library.plans {
         let (name, a) = match &p.change {
-            PlanChangeKind::Loaded { applies_from, plan } => (
+            PlanChangeKind::Loaded {
+                applies_from, plan, ..
+            } => (
                 format!("plan {} loaded", p.version),
                 args(&[
                     ("launches", json!(p.launches)),
