@@ -217,7 +217,7 @@ impl Executor {
             next,
             PlanChangeKind::Loaded {
                 applies_from: start,
-                page_bytes: self.mover.page_bytes() as u64,
+                page_bytes: self.mover.page_bytes(),
                 plan: plan.encode(),
             },
         );
