@@ -155,13 +155,30 @@ impl Cycle {
     /// in a unit of its own, and a tensor smaller than a page shares its page's unit. What
     /// the remap calls' per-mapping costs are shared by ([`crate::RemapModel::per_page`]).
     pub fn pages_per_unit(&self, page_bytes: u64, max_unit_pages: u64) -> f64 {
+        self.pages_per_unit_weighted(page_bytes, max_unit_pages, |_| 1.0)
+    }
+
+    /// [`Self::pages_per_unit`] with each tensor counted `weight(t)` times: by how often it
+    /// moves, the units of the pages that move rather than of every page. LRU moves ResNet-50's
+    /// small activations far more than its large tensors (8.6 pages per unit moved against
+    /// 13.3 over all), the MLP's large ones (31.1 against 17.9).
+    pub fn pages_per_unit_weighted(
+        &self,
+        page_bytes: u64,
+        max_unit_pages: u64,
+        weight: impl Fn(TensorId) -> f64,
+    ) -> f64 {
         let page = page_bytes.max(1);
         let (mut pages, mut units) = (0.0, 0.0);
-        for t in &self.tensors {
+        for (i, t) in self.tensors.iter().enumerate() {
+            let w = weight(i as TensorId);
+            if w <= 0.0 {
+                continue;
+            }
             let full = t.bytes / page;
             let tail = (t.bytes % page) as f64 / page as f64;
-            pages += full as f64 + tail;
-            units += full.div_ceil(max_unit_pages.max(1)) as f64 + tail;
+            pages += w * (full as f64 + tail);
+            units += w * (full.div_ceil(max_unit_pages.max(1)) as f64 + tail);
         }
         if units > 0.0 {
             pages / units
@@ -570,6 +587,11 @@ mod tests {
         assert!((plan - pages / 12.0).abs() < 1e-9, "{plan}");
         let empty = Cycle::from_parts(&[10], Vec::new()).unwrap();
         assert_eq!(empty.pages_per_unit(PAGE, 32), 1.0);
+        // Counted by how often each moves: only the 3.5-page tensor, twice, is its own units.
+        let moved = cycle.pages_per_unit_weighted(PAGE, 32, |t| if t == 1 { 2.0 } else { 0.0 });
+        assert!((moved - 3.5 / 1.5).abs() < 1e-9, "{moved}");
+        // Nothing moves: as if every tensor counted once would be wrong, so 1.0 says so.
+        assert_eq!(cycle.pages_per_unit_weighted(PAGE, 32, |_| 0.0), 1.0);
     }
 
     #[test]

@@ -41,6 +41,39 @@ pub fn analyze(trace: &Trace, cost: &CostModel) -> Result<Analysis, IterationErr
     })
 }
 
+/// How many times per steady-state iteration LRU moves each tensor of `cycle` (in shim pages)
+/// whole, each way together: its bytes copied over its size, from one simulated iteration at
+/// `budget` with copies at `cost`. What the remaps' per-unit costs are shared by depends on
+/// which tensors move ([`Cycle::pages_per_unit_weighted`]).
+pub fn lru_moves_per_tensor(
+    cycle: &Cycle,
+    budget: Budget,
+    cost: &CostModel,
+) -> Result<Vec<f64>, SimError> {
+    let options = SimOptions {
+        record_curve: true,
+        ..SimOptions::default()
+    };
+    let report = simulate(cycle, Policy::Lru, budget, cost, options)?;
+    // LRU in shim pages runs on the cycle cut into its pages, in this order (`sim`).
+    let pages = crate::pieces::cut(cycle, cycle.page_bytes);
+    let mut moved = vec![0.0; cycle.tensors.len()];
+    for c in &report.copies {
+        let tensor = if crate::sim::lru_in_pages(cycle) {
+            pages.get(c.tensor as usize).map(|p| p.tensor)
+        } else {
+            Some(c.tensor)
+        };
+        if let Some(t) = tensor.filter(|&t| (t as usize) < moved.len()) {
+            moved[t as usize] += c.bytes as f64;
+        }
+    }
+    for (m, t) in moved.iter_mut().zip(&cycle.tensors) {
+        *m /= t.bytes.max(1) as f64;
+    }
+    Ok(moved)
+}
+
 /// A policy by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum PolicyKind {
@@ -189,4 +222,36 @@ pub fn evaluate_many_with(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cycle::{persistent_tensor, MoveUnits};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn lru_moves_are_counted_per_tensor() {
+        // Four 64 MiB tensors touched in turn, room for three: LRU sends pages of each out and
+        // back every iteration, the same share of each (the rotation is symmetric); a fifth,
+        // small and touched by every op, never moves.
+        let mut tensors: Vec<_> = (0..4)
+            .map(|i| persistent_tensor(i, 64 * MIB, vec![i, (i + 1) % 4]))
+            .collect();
+        tensors.push(persistent_tensor(4, 2 * MIB, vec![0, 1, 2, 3]));
+        let cycle = Cycle::from_parts(&[100_000; 4], tensors)
+            .unwrap()
+            .with_units(MoveUnits::ShimPages);
+        let moves =
+            lru_moves_per_tensor(&cycle, Budget::new(200 * MIB), &CostModel::default()).unwrap();
+        assert_eq!(moves.len(), 5);
+        assert_eq!(moves[4], 0.0, "{moves:?}");
+        // Each moves more than once (out, and most of it back), all alike.
+        assert!(moves[0] > 1.0, "{moves:?}");
+        assert!(
+            moves[..4].iter().all(|&m| (m - moves[0]).abs() < 1e-9),
+            "{moves:?}"
+        );
+    }
 }

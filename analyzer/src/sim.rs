@@ -409,7 +409,7 @@ pub const HOST_LEAD_OPS: u64 = 1024;
 
 /// Whether LRU runs page by page ([`simulate_with`]): in shim pages, where a tensor spans
 /// more than one page.
-fn lru_in_pages(cycle: &Cycle) -> bool {
+pub fn lru_in_pages(cycle: &Cycle) -> bool {
     cycle.units == MoveUnits::ShimPages && cycle.tensors.iter().any(|t| t.bytes > cycle.page_bytes)
 }
 

@@ -27,6 +27,7 @@ use serde_json::{json, Value};
 use tensile_analyzer::bound::BoundOptions;
 use tensile_analyzer::cost::{format_bytes, parse_size};
 use tensile_analyzer::cycle::{Cycle, MoveUnits};
+use tensile_analyzer::evaluate::lru_moves_per_tensor;
 use tensile_analyzer::import::{load, LoadOptions};
 use tensile_analyzer::model::Trace;
 use tensile_analyzer::online::{budgets_to_try, room_from_env};
@@ -764,7 +765,9 @@ impl Session {
 /// What each policy's prediction prices moves at: the card's copy rates slowed by the
 /// remaps of pages in units as that policy's run cuts them (the manager's own units of up to
 /// 32 pages under LRU, at most 8 under a plan), with the remap cost per page and the pages per
-/// unit it came from.
+/// unit it came from. LRU's units are those of the tensors it moves, each counted as often as
+/// it moves at the budget (`lru_moves_per_tensor`, priced first by every tensor's units); a
+/// plan's, every tensor's (the planner prices moves before it knows which it makes).
 struct PolicyCosts {
     lru: CostModel,
     plan: CostModel,
@@ -773,13 +776,33 @@ struct PolicyCosts {
 }
 
 impl PolicyCosts {
-    fn new(cycle: &Cycle, copies: CostModel, remaps: RemapModel) -> PolicyCosts {
+    fn new(cycle: &Cycle, copies: CostModel, remaps: RemapModel, budget: u64) -> PolicyCosts {
         let remap = |max_unit_pages| {
             let per_unit = cycle.pages_per_unit(CARD_PAGE_BYTES, max_unit_pages);
             (remaps.per_page(per_unit, CARD_PAGE_BYTES), per_unit)
         };
-        let lru_remap = remap(SHIM_MAX_UNIT_PAGES);
         let plan_remap = remap(SHIM_PLAN_UNIT_PAGES);
+        let every = remap(SHIM_MAX_UNIT_PAGES);
+        let pages = cycle
+            .clone()
+            .with_units(MoveUnits::ShimPages)
+            .with_page_bytes(CARD_PAGE_BYTES);
+        let moved = lru_moves_per_tensor(
+            &pages,
+            Budget::new(budget),
+            &copies.with_page_remaps(every.0),
+        );
+        let lru_remap = match moved {
+            Ok(moves) if moves.iter().any(|&m| m > 0.0) => {
+                let per_unit =
+                    pages.pages_per_unit_weighted(CARD_PAGE_BYTES, SHIM_MAX_UNIT_PAGES, |t| {
+                        moves[t as usize]
+                    });
+                (remaps.per_page(per_unit, CARD_PAGE_BYTES), per_unit)
+            }
+            // Nothing moves (or LRU does not simulate, which the prediction then says).
+            _ => every,
+        };
         PolicyCosts {
             lru: copies.with_page_remaps(lru_remap.0),
             plan: copies.with_page_remaps(plan_remap.0),
@@ -896,9 +919,6 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let copies = CostModel::default();
     let analysis =
         analyze(&trace, &copies).map_err(|e| format!("{}: {e}", args.trace.display()))?;
-    // Per page, the calls' per-mapping terms are shared by the pages of a unit: units the size
-    // of this trace's tensors, as each policy's run cuts them (`Cycle::pages_per_unit`).
-    let costs = PolicyCosts::new(&analysis.cycle, copies, remaps);
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
     let budget = match (&args.budget, &card) {
@@ -907,6 +927,9 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         (None, Some(card)) => card.capacity * scale,
         (None, None) => parse_size(DEFAULT_BUDGET, Some(peak)).expect("the default parses"),
     };
+    // Per page, the calls' per-mapping terms are shared by the pages of a unit: units the size
+    // of this trace's tensors, as each policy's run cuts them (`Cycle::pages_per_unit`).
+    let costs = PolicyCosts::new(&analysis.cycle, copies, remaps, budget);
     if let Some(allowance) = host_memory_allowance()? {
         let whole_peak = script::peak_live_bytes(&trace, 1, 1);
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
