@@ -1012,11 +1012,14 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     if let Some(problem) = problem {
         return Err(problem);
     }
-    for (policy, (remap, per_unit)) in [("lru", costs.lru_remap), ("plan", costs.plan_remap)] {
+    for (policy, (remap, per_unit), whose) in [
+        ("lru", costs.lru_remap, "of the tensors it moves"),
+        ("plan", costs.plan_remap, "of every tensor"),
+    ] {
         eprintln!(
             "tensile rerun: {policy}'s prediction charges remapping {:.1} µs per 2 MiB page in \
              and {:.1} out (the H100's VMM calls, shared by units of {per_unit:.1} pages on \
-             average)",
+             average, {whose})",
             remap.in_ns as f64 / 1e3,
             remap.out_ns as f64 / 1e3
         );
