@@ -75,6 +75,27 @@ fn check_contract(doc: &Value, out: &Output) {
             assert!(r[key].is_u64(), "{key}: {ctx}");
         }
         assert!(r["verified"].is_boolean(), "{ctx}");
+        if r["verified"] == Value::Bool(true) {
+            // The library's host time from its trace: the stalled accesses' spans sum to the
+            // stall its statistics count.
+            let host = &r["host_ns"];
+            for key in [
+                "stalled_accesses",
+                "other_calls_waited",
+                "remaps_in",
+                "remaps_out",
+            ] {
+                assert!(host[key].is_u64(), "{key}: {ctx}");
+            }
+            let (spans, stall) = (
+                host["stalled_accesses"].as_u64().unwrap(),
+                r["stall_ns"].as_u64().unwrap(),
+            );
+            assert!(
+                spans.abs_diff(stall) <= stall / 100 + 1_000,
+                "stalls: spans {spans} ns, statistics {stall} ns: {ctx}"
+            );
+        }
     }
 }
 

@@ -36,8 +36,9 @@ use tensile_analyzer::{
     analyze, evaluate_many_with, Analysis, Budget, CostModel, PageRemapCost, PolicyKind,
     RemapModel, SHIM_MAX_UNIT_PAGES, SHIM_PLAN_UNIT_PAGES,
 };
-use tensile_trace::{Reader, Record, Stats};
+use tensile_trace::{BusyKind, Reader, Record, Stats};
 
+use crate::trace_info::busy_name;
 use crate::workdir::{run_echoing, WorkDir};
 use script::Scaling;
 
@@ -246,6 +247,8 @@ fn planner_env(cost: &CostModel, scale: u64, time_scale: f64) -> (String, String
 struct PlayerOutput {
     json: Value,
     stats: Option<Stats>,
+    /// The library's host time over the run, by kind (`Record::Busy`).
+    host: HostTime,
     /// The library's line about the plan executor at exit, as `name value` pairs.
     executor: Option<BTreeMap<String, u64>>,
     /// Plans the library's planner announced (`plan N learned: ...` lines).
@@ -353,28 +356,76 @@ fn run_player(
         ));
     }
     let json = json.ok_or("the player printed no result")?;
-    let stats = match trace_out {
-        Some(t) if !stamp_failure => Some(read_stats(t)?),
-        _ => None,
+    let (stats, host) = match trace_out {
+        Some(t) if !stamp_failure => {
+            let (stats, host) = read_stats(t)?;
+            (Some(stats), host)
+        }
+        _ => (None, HostTime::default()),
     };
     let plans_learned = plan_lines(&log);
     Ok(PlayerOutput {
         json,
         stats,
+        host,
         executor: executor_line(&log),
         plans_learned,
     })
 }
 
-fn read_stats(trace: &Path) -> Result<Stats, String> {
-    let reader = Reader::open(trace)
-        .map_err(|e| format!("cannot read the trace {}: {e}", trace.display()))?;
-    for record in reader {
-        if let Ok(Record::Stats(s)) = record {
-            return Ok(s);
+/// The library's host time by kind, in ns, summed over a run's `Record::Busy` spans (in
+/// [`HOST_KINDS`] order). Kinds nest (a stalled access includes the remaps it made), so they
+/// are not added up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct HostTime([u64; HOST_KINDS.len()]);
+
+/// The kinds of host time a rerun reports, with their JSON names.
+const HOST_KINDS: [(BusyKind, &str); 6] = [
+    (BusyKind::Stall, "stalled_accesses"),
+    (BusyKind::Waited, "other_calls_waited"),
+    (BusyKind::RemapIn, "remaps_in"),
+    (BusyKind::RemapOut, "remaps_out"),
+    (BusyKind::LockWait, "lock_waits"),
+    (BusyKind::HostPin, "pinning_host_memory"),
+];
+
+impl HostTime {
+    fn add(&mut self, kind: BusyKind, ns: u64) {
+        if let Some(i) = HOST_KINDS.iter().position(|&(k, _)| k == kind) {
+            self.0[i] += ns;
         }
     }
-    Err(format!("the trace {} has no statistics", trace.display()))
+
+    /// Per iteration: `(self - before) / iterations`, each kind.
+    fn per_iteration(&self, before: &HostTime, iterations: u64) -> HostTime {
+        let mut out = HostTime::default();
+        for (i, v) in out.0.iter_mut().enumerate() {
+            *v = self.0[i].saturating_sub(before.0[i]) / iterations.max(1);
+        }
+        out
+    }
+
+    fn scaled(&self, f: impl Fn(u64) -> u64) -> HostTime {
+        HostTime(self.0.map(f))
+    }
+}
+
+/// A run's swap statistics and the library's host time, from its trace.
+fn read_stats(trace: &Path) -> Result<(Stats, HostTime), String> {
+    let reader = Reader::open(trace)
+        .map_err(|e| format!("cannot read the trace {}: {e}", trace.display()))?;
+    let mut host = HostTime::default();
+    let mut stats = None;
+    for record in reader {
+        match record {
+            Ok(Record::Busy(b)) => host.add(b.kind, b.dur_ns),
+            Ok(Record::Stats(s)) => stats = Some(s),
+            _ => {}
+        }
+    }
+    stats
+        .map(|s| (s, host))
+        .ok_or_else(|| format!("the trace {} has no statistics", trace.display()))
 }
 
 fn median(values: &[u64]) -> u64 {
@@ -536,6 +587,8 @@ struct ManagedRun {
     executor: Option<BTreeMap<String, u64>>,
     /// The plans the library learned, one line each (plan runs).
     plans_learned: Vec<String>,
+    /// The library's host time per steady-state iteration, by kind, in trace time.
+    host: HostTime,
 }
 
 /// What every run of one `tensile rerun` shares: where things are, how it is scaled, and the
@@ -719,6 +772,7 @@ impl Session {
                 ),
                 executor: full.executor,
                 plans_learned: full.plans_learned,
+                host: HostTime::default(),
             });
         }
         // The baseline run plays the prologue and one iteration (the prologue alone when N is
@@ -758,6 +812,13 @@ impl Session {
             ),
             executor: full.executor,
             plans_learned: full.plans_learned,
+            host: full
+                .host
+                .per_iteration(
+                    &baseline.host,
+                    u64::from(self.iterations - baseline_iterations),
+                )
+                .scaled(|ns| self.trace_time(ns)),
         })
     }
 }
@@ -1114,6 +1175,11 @@ fn run_json(r: &ManagedRun) -> Value {
         "run_bytes_d2h": r.run_bytes.1,
         "executor": r.executor,
         "plans_learned": r.plans_learned,
+        "host_ns": HOST_KINDS
+            .iter()
+            .zip(r.host.0)
+            .map(|(&(_, name), ns)| (name.to_string(), json!(ns)))
+            .collect::<serde_json::Map<String, Value>>(),
     })
 }
 
@@ -1214,6 +1280,22 @@ fn human(
                 let _ = writeln!(out, "{} predicted: no prediction", policy_name(r.policy));
             }
         }
+    }
+    for r in runs
+        .iter()
+        .filter(|r| r.verified && r.host != HostTime::default())
+    {
+        let kinds: Vec<String> = HOST_KINDS
+            .iter()
+            .zip(r.host.0)
+            .map(|(&(kind, _), ns)| format!("{} {}", busy_name(kind), ms(ns)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "host       {} per iteration, the library's threads included (spans nest): {}",
+            policy_name(r.policy),
+            kinds.join(", ")
+        );
     }
     for r in runs.iter().filter(|r| r.policy == PolicyKind::Plan) {
         let _ = writeln!(

@@ -21,7 +21,7 @@ use tensile_analyzer::model::SourceFormat;
 use tensile_analyzer::Trace;
 use tensile_trace::{Reader, TraceError, MAGIC};
 
-pub use library::LibraryWork;
+pub use library::{busy_name, LibraryWork};
 pub use native::TraceSummary;
 
 /// Arguments of `tensile trace-info`.
