@@ -149,25 +149,31 @@ fn pitched_allocations() {
     );
 }
 
-#[test]
-fn data_survives_swapping_four_times_the_budget() {
-    let (fake, mm) = setup(4, 64, Progress::Immediate);
+/// Eight buffers of two pages each written, then read back in reverse order, through a
+/// budget of four pages: every byte checked, the budget checked after every write.
+fn swap_eight_buffers_through_four_pages(fake: &FakeDriver, mm: &MemoryManager) {
     let s = fake.stream_create().unwrap();
     let bufs: Vec<CUdeviceptr> = (0..8)
         .map(|_| mm.alloc(2 * PAGE, Some(s)).unwrap())
         .collect();
     for (i, &b) in bufs.iter().enumerate() {
-        write(&fake, &mm, s, b, pattern(i as u8, 2 * PAGE));
+        write(fake, mm, s, b, pattern(i as u8, 2 * PAGE));
         assert!(fake.device_bytes().1 <= 4 * PAGE, "budget exceeded");
     }
     for (i, &b) in bufs.iter().enumerate().rev() {
-        let r = read(&fake, &mm, s, b, 2 * PAGE);
+        let r = read(fake, mm, s, b, 2 * PAGE);
         assert_eq!(
             r.get().as_deref(),
             Some(&pattern(i as u8, 2 * PAGE)[..]),
             "buffer {i}"
         );
     }
+}
+
+#[test]
+fn data_survives_swapping_four_times_the_budget() {
+    let (fake, mm) = setup(4, 64, Progress::Immediate);
+    swap_eight_buffers_through_four_pages(&fake, &mm);
     let st = mm.stats();
     assert!(
         fake.calls(FakeCall::Memcpy) < st.pages_evicted + st.pages_swapped_in,
@@ -191,17 +197,7 @@ fn the_journal_hears_of_every_swap_and_stall_the_counters_count() {
     let journal = Arc::new(Kept::default());
     assert!(mm.set_journal(journal.clone()));
     assert!(!mm.set_journal(Arc::new(Kept::default())), "set once");
-    let s = fake.stream_create().unwrap();
-    let bufs: Vec<CUdeviceptr> = (0..8)
-        .map(|_| mm.alloc(2 * PAGE, Some(s)).unwrap())
-        .collect();
-    for (i, &b) in bufs.iter().enumerate() {
-        write(&fake, &mm, s, b, pattern(i as u8, 2 * PAGE));
-    }
-    for (i, &b) in bufs.iter().enumerate().rev() {
-        let r = read(&fake, &mm, s, b, 2 * PAGE);
-        assert_eq!(r.get().as_deref(), Some(&pattern(i as u8, 2 * PAGE)[..]));
-    }
+    swap_eight_buffers_through_four_pages(&fake, &mm);
     let st = mm.stats();
     let swaps = journal.swaps.lock().unwrap().clone();
     let total = |dir: SwapDir| -> (u64, u64) {
