@@ -338,6 +338,8 @@ fn run(
     let mut reserve: Option<usize> = None;
     // A grant not met yet (the manager has not started, or copies out are under way).
     let mut grant: Option<Meeting> = None;
+    // The last grant met, and when it was last applied (see `regrow_after_refusal`).
+    let mut met: Option<(u64, Instant)> = None;
     let mut poller = Poller::new();
     while !STOP.load(Ordering::Relaxed) {
         match poller.next(tap) {
@@ -375,8 +377,12 @@ fn run(
                 budget_before: rt.memory().map(|m| m.mm.budget() as u64),
             });
         }
-        if grant.as_ref().is_some_and(|g| meet_grant(rt, g)) {
+        if let Some(g) = grant.as_ref().filter(|g| meet_grant(rt, g)) {
+            met = Some((g.grant, Instant::now()));
             grant = None;
+        }
+        if grant.is_none() {
+            regrow_after_refusal(rt, &mut met);
         }
         keep_reserve_in_step(rt, &mut reserve);
         source.report(rt);
@@ -426,6 +432,39 @@ fn meet_grant(rt: &Runtime, meeting: &Meeting) -> bool {
             tracing::warn!("tensile: cannot meet a grant of {bytes} bytes (CUresult {code})");
             true
         }
+    }
+}
+
+/// How often a budget the device cut below the grant is raised to the grant again.
+const REGROW_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Raises the budget back to the last grant met when the device cut it: a card shared with
+/// other jobs refuses memory while a job whose grant shrank is still writing out what it held
+/// over its new grant, and the manager then keeps what it holds as its budget
+/// (`DevicePool::take_unit`). Nothing else would raise it again: the grant has not changed, so
+/// the coordinator sends nothing, and an access a little larger than what is held would wait
+/// for a grant that never comes (seen after a coordinator restart, when grants are rebuilt
+/// while the jobs still hold the old ones). Once a second at most; a device still full cuts it
+/// again.
+fn regrow_after_refusal(rt: &Runtime, met: &mut Option<(u64, Instant)>) {
+    let (Some(m), Some((granted, at))) = (rt.memory(), met.as_mut()) else {
+        return;
+    };
+    let bytes = usize::try_from(*granted)
+        .unwrap_or(usize::MAX)
+        .min(m.limit.unwrap_or(usize::MAX));
+    if m.mm.budget() >= bytes || at.elapsed() < REGROW_INTERVAL {
+        return;
+    }
+    *at = Instant::now();
+    tracing::debug!(
+        "tensile: the budget is {} under a grant of {}: the device refused memory; raising it \
+         again",
+        format_size(m.mm.budget() as u64),
+        format_size(bytes as u64)
+    );
+    if let Err(code) = m.mm.set_budget_without_waiting(bytes) {
+        tracing::debug!("tensile: raising the budget failed (CUresult {code})");
     }
 }
 

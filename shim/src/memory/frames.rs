@@ -73,6 +73,8 @@ pub struct DevicePool {
     /// Free units by size in pages.
     free: BTreeMap<u32, Vec<u32>>,
     free_pages: usize,
+    /// Times the device refused more memory (the first is logged as a warning).
+    refusals: u64,
 }
 
 impl DevicePool {
@@ -86,6 +88,7 @@ impl DevicePool {
             created: 0,
             free: BTreeMap::new(),
             free_pages: 0,
+            refusals: 0,
         }
     }
 
@@ -174,10 +177,22 @@ impl DevicePool {
                 Ok(Some((DevFrame { unit: u, offset: 0 }, pages)))
             }
             Err(CUDA_ERROR_OUT_OF_MEMORY) => {
-                tracing::warn!(
-                    held = self.created * self.page,
-                    "the device refused more memory; the budget shrinks to what is held"
-                );
+                // On a shared card this recurs while other jobs shrink to their grants (the
+                // planning thread raises the budget to the grant again, once a second).
+                self.refusals += 1;
+                if self.refusals == 1 {
+                    tracing::warn!(
+                        held = self.created * self.page,
+                        "the device refused more memory; the budget shrinks to what is held \
+                         (later refusals are logged at debug level)"
+                    );
+                } else {
+                    tracing::debug!(
+                        held = self.created * self.page,
+                        refusals = self.refusals,
+                        "the device refused more memory again"
+                    );
+                }
                 self.budget_frames = self.created;
                 Ok(None)
             }

@@ -834,10 +834,20 @@ struct PolicyCosts {
     plan: CostModel,
     lru_remap: (PageRemapCost, f64),
     plan_remap: (PageRemapCost, f64),
+    /// Whether LRU's units are those of the tensors it moves (else every tensor's).
+    lru_by_moves: bool,
 }
 
 impl PolicyCosts {
-    fn new(cycle: &Cycle, copies: CostModel, remaps: RemapModel, budget: u64) -> PolicyCosts {
+    /// `budget` is the one LRU is predicted at; `lru` whether it is (if not, LRU's units stay
+    /// every tensor's and no simulation is spent on them).
+    fn new(
+        cycle: &Cycle,
+        copies: CostModel,
+        remaps: RemapModel,
+        budget: u64,
+        lru: bool,
+    ) -> PolicyCosts {
         let remap = |max_unit_pages| {
             let per_unit = cycle.pages_per_unit(CARD_PAGE_BYTES, max_unit_pages);
             (remaps.per_page(per_unit, CARD_PAGE_BYTES), per_unit)
@@ -848,27 +858,31 @@ impl PolicyCosts {
             .clone()
             .with_units(MoveUnits::ShimPages)
             .with_page_bytes(CARD_PAGE_BYTES);
-        let moved = lru_moves_per_tensor(
-            &pages,
-            Budget::new(budget),
-            &copies.with_page_remaps(every.0),
-        );
-        let lru_remap = match moved {
-            Ok(moves) if moves.iter().any(|&m| m > 0.0) => {
+        let moved = lru.then(|| {
+            lru_moves_per_tensor(
+                &pages,
+                Budget::new(budget),
+                &copies.with_page_remaps(every.0),
+            )
+        });
+        let (lru_remap, lru_by_moves) = match moved {
+            Some(Ok(moves)) if moves.iter().any(|&m| m > 0.0) => {
                 let per_unit =
                     pages.pages_per_unit_weighted(CARD_PAGE_BYTES, SHIM_MAX_UNIT_PAGES, |t| {
                         moves[t as usize]
                     });
-                (remaps.per_page(per_unit, CARD_PAGE_BYTES), per_unit)
+                ((remaps.per_page(per_unit, CARD_PAGE_BYTES), per_unit), true)
             }
-            // Nothing moves (or LRU does not simulate, which the prediction then says).
-            _ => every,
+            // Not asked for, nothing moves, or LRU does not simulate (which the prediction
+            // then says).
+            _ => (every, false),
         };
         PolicyCosts {
             lru: copies.with_page_remaps(lru_remap.0),
             plan: copies.with_page_remaps(plan_remap.0),
             lru_remap,
             plan_remap,
+            lru_by_moves,
         }
     }
 
@@ -990,7 +1004,13 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     };
     // Per page, the calls' per-mapping terms are shared by the pages of a unit: units the size
     // of this trace's tensors, as each policy's run cuts them (`Cycle::pages_per_unit`).
-    let costs = PolicyCosts::new(&analysis.cycle, copies, remaps, budget);
+    let costs = PolicyCosts::new(
+        &analysis.cycle,
+        copies,
+        remaps,
+        budget,
+        policies.contains(&PolicyKind::Lru),
+    );
     if let Some(allowance) = host_memory_allowance()? {
         let whole_peak = script::peak_live_bytes(&trace, 1, 1);
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
@@ -1073,8 +1093,13 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     if let Some(problem) = problem {
         return Err(problem);
     }
+    let lru_units = if costs.lru_by_moves {
+        "of the tensors it moves"
+    } else {
+        "of every tensor"
+    };
     for (policy, (remap, per_unit), whose) in [
-        ("lru", costs.lru_remap, "of the tensors it moves"),
+        ("lru", costs.lru_remap, lru_units),
         ("plan", costs.plan_remap, "of every tensor"),
     ] {
         eprintln!(
