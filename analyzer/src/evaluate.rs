@@ -56,13 +56,13 @@ pub fn lru_moves_per_tensor(
     };
     let report = simulate(cycle, Policy::Lru, budget, cost, options)?;
     // LRU in shim pages runs on the cycle cut into its pages, in this order (`sim`).
-    let pages = crate::pieces::cut(cycle, cycle.page_bytes);
+    let pages =
+        crate::sim::lru_in_pages(cycle).then(|| crate::pieces::cut(cycle, cycle.page_bytes));
     let mut moved = vec![0.0; cycle.tensors.len()];
     for c in &report.copies {
-        let tensor = if crate::sim::lru_in_pages(cycle) {
-            pages.get(c.tensor as usize).map(|p| p.tensor)
-        } else {
-            Some(c.tensor)
+        let tensor = match &pages {
+            Some(pages) => pages.get(c.tensor as usize).map(|p| p.tensor),
+            None => Some(c.tensor),
         };
         if let Some(t) = tensor.filter(|&t| (t as usize) < moved.len()) {
             moved[t as usize] += c.bytes as f64;

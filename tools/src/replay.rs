@@ -202,12 +202,19 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
             "tensile: planning, simulating and bounding (the bound's LP may take a few seconds)"
         );
     }
+    // With --plan-from the planner's plan only gives the bound: the run's plan replaces it, so
+    // no time goes on searching around it.
+    let search_ms = if run_plan.is_some() {
+        0
+    } else {
+        args.search_ms
+    };
     let search = SearchOptions {
-        time_limit: std::time::Duration::from_millis(args.search_ms),
+        time_limit: std::time::Duration::from_millis(search_ms),
         seed: args.search_seed,
         ..SearchOptions::default()
     };
-    let results = evaluate_many_with(
+    let mut results = evaluate_many_with(
         &analysis.cycle,
         &policies,
         budget,
@@ -216,10 +223,9 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         &search,
     )
     .map_err(|(policy, e)| format!("policy {}: {e}", policy_name(policy)))?;
-    let mut results = results;
-    let restored = match (&args.plan_from, &run_plan) {
-        (Some(run), Some(rp)) => {
-            let restored = plan_from::restate(run, &trace, &analysis.cycle, &rp.plan)?;
+    let restored = match &run_plan {
+        Some(rp) => {
+            let restored = plan_from::restate(rp, &trace, &analysis.cycle)?;
             let report = simulate(
                 &analysis.cycle,
                 Policy::Plan(&restored.plan),
@@ -232,7 +238,7 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
                     "--plan-from {}: the run's plan, simulated at {} on this trace's iteration: \
                      {e} (the run's planner saw the iteration otherwise; a larger --budget \
                      shows what the plan does with more room)",
-                    run.display(),
+                    rp.run.display(),
                     format_bytes(budget.bytes)
                 )
             })?;
@@ -241,9 +247,9 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
                 r.plan = Some(restored.plan.clone());
                 r.search = None;
             }
-            Some((run, rp, restored))
+            Some((rp, restored))
         }
-        _ => None,
+        None => None,
     };
     if let Some(path) = &args.plan_out {
         let plan = results
@@ -282,8 +288,8 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
             .iter()
             .map(|r| {
                 let mut o = json_object(args, &trace, &analysis, budget, r);
-                if let (Some((run, rp, restored)), PolicyKind::Plan) = (&restored, r.policy) {
-                    o["plan_from"] = plan_from::json(run, rp, restored);
+                if let (Some((rp, restored)), PolicyKind::Plan) = (&restored, r.policy) {
+                    o["plan_from"] = plan_from::json(rp, restored);
                 }
                 o
             })
@@ -302,8 +308,8 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         Ok(text)
     } else {
         let mut text = human(args, &trace, &analysis, budget, &results);
-        if let Some((run, rp, restored)) = &restored {
-            text.push_str(&plan_from::human(run, rp, restored));
+        if let Some((rp, restored)) = &restored {
+            text.push_str(&plan_from::human(rp, restored));
         }
         if let Some(line) = emitted {
             text.push_str(&line);

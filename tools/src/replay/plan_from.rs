@@ -8,7 +8,7 @@
 //! run over the iterations that plan was in force: the host time between the launches at its
 //! position 0 (the step), and per step the bytes each way and the stalled accesses' time.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use tensile_analyzer::restore::{restore, Restored};
@@ -18,8 +18,12 @@ use tensile_trace::{BusyKind, PlanChangeKind, Reader, Record, SwapDir, TraceErro
 
 use tensile_analyzer::cycle::Cycle;
 
+use super::ms;
+
 /// The plan a run used and what the run measured while it was in force.
 pub struct RunPlan {
+    /// The run's trace.
+    pub run: PathBuf,
     pub plan: ExecPlan,
     /// The launch the plan applied from (an iteration boundary).
     pub applies_from: u64,
@@ -150,6 +154,7 @@ pub fn read(run: &Path) -> Result<RunPlan, String> {
         }
     });
     Ok(RunPlan {
+        run: run.to_path_buf(),
         plan,
         applies_from,
         page_bytes,
@@ -158,31 +163,25 @@ pub fn read(run: &Path) -> Result<RunPlan, String> {
     })
 }
 
-/// The run's plan on `cycle` (of `trace`), simulated at the plan's own budget.
-pub fn restate(
-    run: &Path,
-    trace: &Trace,
-    cycle: &Cycle,
-    plan: &ExecPlan,
-) -> Result<Restored, String> {
-    restore(trace, cycle, plan, plan.budget_bytes).map_err(|e| {
+/// The run's plan restated on `cycle` (of `trace`), for its own budget.
+pub fn restate(rp: &RunPlan, trace: &Trace, cycle: &Cycle) -> Result<Restored, String> {
+    restore(trace, cycle, &rp.plan, rp.plan.budget_bytes).map_err(|e| {
         format!(
             "--plan-from {}: its plan does not fit this trace: {e}",
-            run.display()
+            rp.run.display()
         )
     })
 }
 
 /// The human lines that say which plan ran and what the run measured.
-pub fn human(run: &Path, rp: &RunPlan, restored: &Restored) -> String {
-    let ms = |ns: u64| format!("{:.2} ms", ns as f64 / 1e6);
+pub fn human(rp: &RunPlan, restored: &Restored) -> String {
     let bytes = tensile_analyzer::cost::format_bytes;
     let p = &restored.plan;
     let mut out = format!(
         "plan from {}: version {}, applied from launch {}{}; {} steps: {} round trips ({} read back \
          on demand), {} tails out, {} host-resident pieces, {} left out, in pages of {}; \
          predicted by the run's planner {}\n",
-        run.display(),
+        rp.run.display(),
         rp.plan.version,
         rp.applies_from,
         rp.dropped
@@ -214,9 +213,9 @@ pub fn human(run: &Path, rp: &RunPlan, restored: &Restored) -> String {
 }
 
 /// The same as JSON, under the policy's object's `plan_from`.
-pub fn json(run: &Path, rp: &RunPlan, restored: &Restored) -> Value {
+pub fn json(rp: &RunPlan, restored: &Restored) -> Value {
     json!({
-        "run": run.display().to_string(),
+        "run": rp.run.display().to_string(),
         "version": rp.plan.version,
         "applies_from_launch": rp.applies_from,
         "page_bytes": rp.page_bytes,

@@ -358,7 +358,7 @@ fn run_player(
     let json = json.ok_or("the player printed no result")?;
     let (stats, host) = match trace_out {
         Some(t) if !stamp_failure => {
-            let (stats, host) = read_stats(t)?;
+            let (stats, host) = read_trace_figures(t)?;
             (Some(stats), host)
         }
         _ => (None, HostTime::default()),
@@ -411,7 +411,7 @@ impl HostTime {
 }
 
 /// A run's swap statistics and the library's host time, from its trace.
-fn read_stats(trace: &Path) -> Result<(Stats, HostTime), String> {
+fn read_trace_figures(trace: &Path) -> Result<(Stats, HostTime), String> {
     let reader = Reader::open(trace)
         .map_err(|e| format!("cannot read the trace {}: {e}", trace.display()))?;
     let mut host = HostTime::default();

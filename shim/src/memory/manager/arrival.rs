@@ -253,21 +253,13 @@ impl Inner {
         }
         self.ref_event(a.event, a.pages.len() as u32);
         self.stats.bytes_to_device += (a.pages.len() * self.page) as u64;
-        if let Some(j) = &self.journal {
-            let cause = if a.on_demand {
-                SwapCause::Access
-            } else {
-                SwapCause::Plan
-            };
-            let bytes = (a.pages.len() * self.page) as u64;
-            j.swap(
-                outcome.ran.1,
-                SwapDir::ToDevice,
-                cause,
-                a.pages.len(),
-                bytes,
-            );
-        }
+        let cause = if a.on_demand {
+            SwapCause::Access
+        } else {
+            SwapCause::Plan
+        };
+        let n = a.pages.len();
+        self.journal_swap(outcome.ran.1, SwapDir::ToDevice, cause, n, n);
         self.stats.pages_swapped_in += a.pages.len() as u64;
         // The access that wanted the pages stalled (counted when it returns), even if they
         // have landed by the time it looks again.

@@ -274,11 +274,23 @@ impl Inner {
         self.ref_event(ev, copy.len() as u32);
         self.stats.bytes_to_host += (copied * self.page) as u64;
         self.stats.pages_evicted += copy.len() as u64;
-        if let Some(j) = &self.journal {
-            let bytes = (copied * self.page) as u64;
-            j.swap(Instant::now(), SwapDir::ToHost, cause, copy.len(), bytes);
-        }
+        self.journal_swap(Instant::now(), SwapDir::ToHost, cause, copy.len(), copied);
         Ok(())
+    }
+
+    /// Tells the journal, if there is one, of a copy queued at `at` that moves `pages` pages,
+    /// `copied` of them with their bytes (dead pages move without a copy).
+    pub(super) fn journal_swap(
+        &self,
+        at: Instant,
+        dir: SwapDir,
+        cause: SwapCause,
+        pages: usize,
+        copied: usize,
+    ) {
+        if let Some(j) = &self.journal {
+            j.swap(at, dir, cause, pages, (copied * self.page) as u64);
+        }
     }
 
     /// Waits for the swap-ins in flight and completes them.

@@ -168,17 +168,8 @@ impl Inner {
         }
         self.stats.bytes_to_host += u64::from(started) * self.page as u64;
         self.stats.pages_evicted += u64::from(started);
-        if let Some(j) = &self.journal {
-            let bytes = u64::from(started) * self.page as u64;
-            let at = std::time::Instant::now();
-            j.swap(
-                at,
-                SwapDir::ToHost,
-                SwapCause::Plan,
-                started as usize,
-                bytes,
-            );
-        }
+        let (at, n) = (std::time::Instant::now(), started as usize);
+        self.journal_swap(at, SwapDir::ToHost, SwapCause::Plan, n, n);
         Ok(())
     }
 
