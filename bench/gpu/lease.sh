@@ -5,7 +5,8 @@
 #
 # Groups, in the order they run (default: all): probe (nvidia-smi, the kernels' PTX against
 # their CPU twins, what the driver's VMM accepts: vmm_probe.py), vmmsync (whether VMM and
-# pinning calls wait for the GPU's queued work: vmm_sync_probe.py), gate, nopressure, overhead
+# pinning calls wait for the GPU's queued work: vmm_sync_probe.py), gate, gpt2trace (GPT-2 at
+# 6 GiB under lru and under plan, traced with the library's records), nopressure, overhead
 # (the shim's cost without pressure, part by part), steady (the same over 40 steps, with CPU
 # seconds per thread), pressure, unmapped (the pressure runs with
 # TENSILE_SWAPPED=unmapped), alloc, rerun, peers, traced.
@@ -23,8 +24,9 @@
 # do today (activation checkpointing, save_on_cpu), a traced run. Each step's time is capped by
 # what is left of the deadline; a step that would not fit is skipped and says so. Results:
 # $OUT/summary.txt (a table), results.jsonl (one object per training run), logs.txt (the
-# first and last lines of every run's stderr), alloc_bench.txt, rerun.txt,
-# resnet50-trace-info.txt and resnet50.trace.gz: 7 files, what a device call brings back.
+# first and last lines of every run's stderr, then the coordinators' logs), alloc_bench.txt,
+# rerun.txt, trace-info.txt (`tensile trace-info` of each traced run) and traces.tar (the
+# traces, gzipped): 7 files, what a device call brings back.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=$(realpath "${TENSILE_BIN:-target/release}")
@@ -98,7 +100,7 @@ PY
 }
 
 groups=("$@")
-((${#groups[@]})) || groups=(probe vmmsync gate nopressure overhead steady pressure unmapped alloc rerun peers traced)
+((${#groups[@]})) || groups=(probe vmmsync gate gpt2trace nopressure overhead steady pressure unmapped alloc rerun peers traced)
 wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 
 say "lease started $(date -u +%FT%TZ), deadline in $(left)s, groups: ${groups[*]}"
@@ -126,6 +128,30 @@ if wants gate; then
         say "the shim could not train the MLP under pressure: stopping here (see logs.txt)"
         exit 1
     fi
+fi
+
+# traced NAME MODEL [VAR=VALUE...] -- [train.py args...]: a training run under the shim with
+# TENSILE_TRACE; its `tensile trace-info` report goes to trace-info.txt and its trace, gzipped,
+# to traces.tar at the end.
+mkdir -p "$WORK/traces"
+traced() {
+    local name=$1 model=$2
+    shift 2
+    train "$name" "$model" TENSILE_TRACE="$WORK/$name.trace" "$@" || return
+    {
+        echo "=== $name"
+        "$BIN/tensile" trace-info "$WORK/$name.trace" 2>&1
+    } >>"$OUT/trace-info.txt"
+    gzip -c "$WORK/$name.trace" >"$WORK/traces/$name.trace.gz"
+}
+
+# GPT-2 at 6 GiB traced (the library's swaps, host time per thread and plans are in the trace):
+# under lru it ran at 1.7 s a step on the H200 of session 22 against 0.87 s on the H100 of
+# session 15, and under plan the step the plan took effect took 11 s (docs/gpu-results.md).
+# The traces also let `tensile rerun` play GPT-2 on the simulated GPU.
+if wants gpt2trace; then
+    MAX_RUN=150 traced gpt2-lru-6GiB-traced gpt2 TENSILE_POLICY=lru TENSILE_DEVICE_MEMORY=6GiB -- --warmup 3 --steps 4
+    MAX_RUN=150 traced gpt2-plan-6GiB-traced gpt2 TENSILE_POLICY=plan TENSILE_DEVICE_MEMORY=6GiB -- --warmup 4 --steps 4
 fi
 
 if wants nopressure; then
@@ -191,10 +217,19 @@ if wants peers; then
     train resnet50-checkpoint resnet50 -- --peer checkpoint
 fi
 
-if wants traced && train resnet50-traced resnet50 TENSILE_POLICY=plan TENSILE_TRACE="$WORK/resnet50.trace" --; then
-    "$BIN/tensile" trace-info "$WORK/resnet50.trace" >"$OUT/resnet50-trace-info.txt" 2>&1
-    gzip -c "$WORK/resnet50.trace" >"$OUT/resnet50.trace.gz"
+if wants traced; then
+    traced resnet50-traced resnet50 TENSILE_POLICY=plan --
 fi
+
+if compgen -G "$WORK/traces/*" >/dev/null; then
+    tar -C "$WORK/traces" -cf "$OUT/traces.tar" .
+fi
+# A coordinator logs what it planned and why it did not, in its own file.
+for log in /tmp/tensile-coordinator-*.log; do
+    [[ -f $log ]] || continue
+    echo "=== $log"
+    tail -n 60 "$log"
+done >>"$OUT/logs.txt"
 
 [[ -f $OUT/results.jsonl ]] && python3 - "$OUT/results.jsonl" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
