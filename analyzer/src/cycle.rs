@@ -16,6 +16,7 @@
 //! garbage, contents after the last are never read), and between two accesses it may live on
 //! the host. Accesses are not known to be reads or writes, so every access may dirty a tensor.
 
+use std::collections::BTreeSet;
 use std::ops::Range;
 
 use serde::Serialize;
@@ -145,6 +146,10 @@ pub struct Cycle {
     /// The shim's page under [`MoveUnits::ShimPages`]: [`PAGE_BYTES`] on the H100, smaller
     /// on a simulated GPU set up for a scaled trace ([`Self::with_page_bytes`]).
     pub page_bytes: u64,
+    /// Trace allocations whose tensors a plan may not move, whatever the units: those the
+    /// shim cannot name from a plan ([`crate::exec_plan::unnameable`]). Pieces cut from such
+    /// a tensor keep its allocation, so they stay too.
+    pub immovable: BTreeSet<AllocIdx>,
 }
 
 impl Cycle {
@@ -197,15 +202,24 @@ impl Cycle {
         self.ops.is_empty()
     }
 
-    /// Whether a plan may move tensor `t` (see [`MoveUnits`]).
+    /// Whether a plan may move tensor `t` (see [`MoveUnits`] and [`Self::immovable`]).
     pub fn is_movable(&self, t: TensorId) -> bool {
+        let Some(tensor) = self.tensors.get(t as usize) else {
+            return false;
+        };
+        if self.immovable.contains(&tensor.source) {
+            return false;
+        }
         match self.units {
             MoveUnits::Bytes => true,
-            MoveUnits::ShimPages => self
-                .tensors
-                .get(t as usize)
-                .is_some_and(|t| t.bytes.is_multiple_of(self.page_bytes)),
+            MoveUnits::ShimPages => tensor.bytes.is_multiple_of(self.page_bytes),
         }
+    }
+
+    /// The same cycle, its plans leaving the tensors of `allocations` where they are.
+    pub fn with_immovable(mut self, allocations: BTreeSet<AllocIdx>) -> Cycle {
+        self.immovable = allocations;
+        self
     }
 
     /// The same cycle, with plans limited to `units`.
@@ -343,6 +357,7 @@ impl Cycle {
             estimated_launches: 0,
             units: MoveUnits::Bytes,
             page_bytes: PAGE_BYTES,
+            immovable: BTreeSet::new(),
         })
     }
 
@@ -545,6 +560,7 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
         estimated_launches,
         units: MoveUnits::Bytes,
         page_bytes: PAGE_BYTES,
+        immovable: BTreeSet::new(),
     }
 }
 

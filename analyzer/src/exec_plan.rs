@@ -27,6 +27,8 @@
 //!
 //! This module decides nothing about what to move; that is the planner's job.
 
+use std::collections::BTreeSet;
+
 use tensile_protocol::{Action, ExecPlan, Iteration, PieceRef, Role, Step, Use, When};
 
 use crate::cost::{Budget, CostModel};
@@ -227,6 +229,26 @@ fn out_unrolled(e: &Eviction, period: u32) -> u32 {
     e.gap_from + (e.out_after + period - e.gap_from % period) % period
 }
 
+/// The trace allocations behind `cycle`'s tensors that no role names in every iteration: a
+/// tensor the cycle treats as persistent although its span allocates it lives longer than a
+/// period (ResNet-50's input batch: the next one is copied in before the last is freed), so
+/// each iteration's is a new allocation with a new id. A plan for the shim leaves them where
+/// they are ([`Cycle::with_immovable`]); [`convert`] drops any move of theirs.
+pub fn unnameable(trace: &Trace, cycle: &Cycle) -> BTreeSet<AllocIdx> {
+    cycle
+        .tensors
+        .iter()
+        .filter(|t| {
+            t.is_persistent()
+                && trace
+                    .allocations
+                    .get(t.source as usize)
+                    .is_some_and(|a| cycle.span.contains(&(a.before_op as usize)))
+        })
+        .map(|t| t.source)
+        .collect()
+}
+
 /// Restates `plan` (made for `cycle`, which was built from `trace`'s representative span) as an
 /// [`ExecPlan`] numbered `version`, with the step the simulator predicts for it.
 pub fn convert(
@@ -265,13 +287,8 @@ pub fn convert(
         .collect();
     let period = cycle.len() as u32;
     let launches = map.launches;
-    // A tensor the cycle treats as persistent although the span allocates it (it lives longer
-    // than a period) is a new allocation in every iteration: no role names it in all of them,
-    // so the plan leaves it where it is.
-    let unnameable = |t: &Tensor| {
-        t.is_persistent()
-            && span.contains(&(trace.allocations[t.source as usize].before_op as usize))
-    };
+    let unnameable_sources = unnameable(trace, cycle);
+    let unnameable = |t: &Tensor| unnameable_sources.contains(&t.source);
 
     // How tensor `t` is named from the launch `launch` (unrolled: iteration 0 is the span's).
     let role_at = |t: TensorId, launch: u64| -> Result<Role, ExecPlanError> {
@@ -722,5 +739,26 @@ mod tests {
         assert!(c.plan.steps.is_empty());
         assert!(c.plan.uses.is_empty(), "no role names it, so no use either");
         assert!(c.executed.evictions.is_empty());
+    }
+
+    #[test]
+    fn what_no_role_names_is_immovable_to_the_planner_and_its_pieces_too() {
+        let t = trace();
+        let cost = CostModel::default();
+        // The first instance allocates the tensor: no role names it from there on.
+        let first = Cycle::from_span(&t, 0..5, 5, &cost).unwrap();
+        assert_eq!(unnameable(&t, &first), BTreeSet::from([0]));
+        // Seen from the second, it was allocated before: persistent, named by its id.
+        let second = Cycle::from_span(&t, 5..10, 10, &cost).unwrap();
+        assert!(unnameable(&t, &second).is_empty());
+
+        let immovable = unnameable(&t, &first);
+        let pinned = first.clone().with_immovable(immovable);
+        assert!(first.is_movable(0));
+        assert!(!pinned.is_movable(0));
+        let cut = pieces::cut(&pinned, 1 << 20);
+        assert_eq!(cut.len(), 4);
+        let split = pieces::split(&pinned, &cut).unwrap();
+        assert!((0..4).all(|p| !split.is_movable(p)));
     }
 }

@@ -38,7 +38,7 @@ use tensile_trace::Record;
 use crate::bound::{lower_bound_with, BoundOptions};
 use crate::cost::{Budget, CostModel, RemapModel, SHIM_PLAN_UNIT_PAGES};
 use crate::cycle::{Cycle, MoveUnits};
-use crate::exec_plan::{convert, ExecPlanError};
+use crate::exec_plan::{convert, unnameable, ExecPlanError};
 use crate::import::builder::TraceBuilder;
 use crate::iteration::{allocated_before_ops, detect, Iterations};
 use crate::model::{OpKind, SourceFormat};
@@ -247,6 +247,8 @@ pub struct Learner {
     /// Bumped each time an iteration is found anew (a prediction made for an earlier one is
     /// stale).
     cycle_generation: u64,
+    /// Why the last planning found no plan, until [`Learner::take_no_plan`] reports it.
+    unreported_no_plan: Option<String>,
 }
 
 impl Learner {
@@ -266,6 +268,7 @@ impl Learner {
             last_cycle: None,
             last_peak: None,
             cycle_generation: 0,
+            unreported_no_plan: None,
         }
     }
 
@@ -356,6 +359,7 @@ impl Learner {
                 Some(plan)
             }
             Err(reason) => {
+                self.unreported_no_plan = Some(reason.clone());
                 self.state = LearnerState::NoPlan { reason };
                 self.active = None;
                 // Trying again on the same pattern would fail the same way: wait for twice
@@ -400,6 +404,12 @@ impl Learner {
     /// Which iteration [`Learner::predict_step`] answers for: bumped each time one is found.
     pub fn cycle_generation(&self) -> u64 {
         self.cycle_generation
+    }
+
+    /// Why the last planning of an iteration found no plan, once: a job then swaps on demand
+    /// until its pattern or budget changes, and whoever runs the learner should say why.
+    pub fn take_no_plan(&mut self) -> Option<String> {
+        self.unreported_no_plan.take()
     }
 
     /// Where the learner stands.
@@ -577,7 +587,10 @@ impl Learner {
         let cycle = Cycle::from_trace(trace, &iters, &self.options.cost)
             .with_units(self.options.units)
             .with_page_bytes(self.options.page_bytes);
-        Ok((iters, cycle))
+        // What the shim cannot name stays put: a plan that moved it would lose those moves in
+        // conversion and might not run at its budget without them.
+        let immovable = unnameable(trace, &cycle);
+        Ok((iters, cycle.with_immovable(immovable)))
     }
 
     fn plan_cycle(&mut self, cycle: &Cycle) -> Result<ExecPlan, String> {

@@ -249,6 +249,7 @@ pub fn split(cycle: &Cycle, pieces: &[Piece]) -> Result<Cycle, String> {
     split.estimated_launches = cycle.estimated_launches;
     split.units = cycle.units;
     split.page_bytes = cycle.page_bytes;
+    split.immovable = cycle.immovable.clone();
     Ok(split)
 }
 

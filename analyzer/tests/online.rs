@@ -321,6 +321,80 @@ fn the_shims_own_trace_read_with_its_reader_gives_a_plan_that_resolves_on_the_ru
     check_plan("wl_train", &trace, plan, &[1, 2]);
 }
 
+/// ResNet-50 as PyTorch trained it on an H200 under the shim (`bench/gpu/lease.sh traced`,
+/// session 22, no budget). Its input batch lives a little longer than a period: the next batch
+/// is copied in just before the last one is freed. The cycle calls such a tensor persistent,
+/// yet each iteration's is a new allocation that no role names, so a plan cannot move it. At
+/// 2 GiB of its 5.5 the planner used to send it out, the conversion dropped that move, and the
+/// plan deadlocked without it: the learner made no plan at all, and the job on the card ran on
+/// demand for good.
+#[test]
+fn a_tensor_that_outlives_its_period_stays_put_and_the_plan_runs_without_it() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/resnet50-h200-shim.trace.gz");
+    let file = std::fs::File::open(&path).unwrap();
+    let reader = Reader::new(flate2::read::GzDecoder::new(file)).unwrap();
+    let records: Vec<Record> = reader.map(|r| r.unwrap()).collect();
+    let trace = load(&path, LoadOptions::default()).unwrap();
+    // The batch: 64 x 3 x 224 x 224 floats, allocated in one iteration and freed in the next.
+    let batch = 64 * 3 * 224 * 224 * 4;
+    let period = detect(&trace).unwrap().period;
+    let outliving: Vec<_> = trace
+        .allocations
+        .iter()
+        .filter(|a| {
+            a.bytes == batch
+                && a.free
+                    .is_some_and(|f| (f.before_op - a.before_op) as usize > period)
+        })
+        .map(|a| a.trace_id)
+        .collect();
+    assert!(
+        outliving.len() >= 5,
+        "{} batches outlive a period",
+        outliving.len()
+    );
+
+    let mut learner = Learner::new(LearnerOptions::for_budget(2 << 30));
+    let plans = feed(&mut learner, &records, 1000, |_, _| {});
+    let (at, plan) = plans.first().unwrap_or_else(|| {
+        panic!("no plan at 2 GiB: {:?}", learner.state());
+    });
+    println!(
+        "resnet50 (H200, under the shim): plan v{} after {at} ops, {} launches, {} steps, \
+         {:.0} MiB out per iteration, predicted {:.2} ms",
+        plan.version,
+        plan.period,
+        plan.steps.len(),
+        plan.bytes_out_per_iteration() as f64 / (1 << 20) as f64,
+        plan.predicted_step_ns as f64 / 1e6
+    );
+    assert!(
+        plan.bytes_out_per_iteration() > 2 << 30,
+        "it swaps: 5.5 GiB into 2"
+    );
+    // No step names a batch: it could name only one iteration's.
+    let named = |id: u64| {
+        plan.steps.iter().any(|s| {
+            matches!(s.piece.role, tensile_protocol::Role::Persistent { alloc_id } if alloc_id == id)
+        })
+    };
+    assert!(!outliving.iter().any(|&id| named(id)));
+}
+
+#[test]
+fn a_budget_no_plan_fits_is_said_once_with_its_reason() {
+    let (records, _) = wl_train();
+    // 1 MiB: less than one launch of wl_train touches.
+    let mut learner = Learner::new(LearnerOptions::for_budget(1 << 20));
+    let plans = feed(&mut learner, &records, 50, |_, _| {});
+    assert!(plans.is_empty());
+    let LearnerState::NoPlan { reason } = learner.state() else {
+        panic!("{:?}", learner.state());
+    };
+    assert_eq!(learner.take_no_plan(), Some(reason));
+    assert_eq!(learner.take_no_plan(), None, "said once");
+}
+
 #[test]
 fn after_a_change_of_pattern_a_new_plan_comes_within_three_iterations() {
     let mlp = shared("mlp.trace.gz");

@@ -108,6 +108,11 @@ impl PlanSource for LocalLearner {
                 cost.window_ops
             );
         }
+        if let Some(reason) = self.learner.take_no_plan() {
+            tracing::info!(
+                "tensile: no plan for the iteration found: {reason}; swapping on demand"
+            );
+        }
         plan
     }
 }

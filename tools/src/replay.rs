@@ -177,7 +177,12 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         copies
     };
     if args.shim_pages || args.emit_plan.is_some() || run_plan.is_some() {
-        analysis.cycle = analysis.cycle.with_units(MoveUnits::ShimPages);
+        // As the shim runs a plan: whole pages, and nothing it cannot name moves.
+        let immovable = exec_plan::unnameable(&trace, &analysis.cycle);
+        analysis.cycle = analysis
+            .cycle
+            .with_units(MoveUnits::ShimPages)
+            .with_immovable(immovable);
     }
     if let Some(rp) = &run_plan {
         // A plan moves whole pages of the shim's: a scaled run's pages are smaller.

@@ -625,6 +625,12 @@ impl Coordinator {
                         Err(e) => log.line(&format!("job {}: plan not sent: {e}", job.pid)),
                     }
                 }
+                if let Some(reason) = job.planner.take_no_plan() {
+                    log.line(&format!(
+                        "job {}: no plan for its iteration: {reason}; it swaps on demand",
+                        job.pid
+                    ));
+                }
             }
             let failures = job.planner.failures();
             if failures > job.planner_failures {

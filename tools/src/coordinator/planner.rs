@@ -47,6 +47,10 @@ pub trait JobPlanner: Send {
     fn cycle_peak_bytes(&self) -> Option<u64> {
         None
     }
+    /// Why its last planning found no plan, once (`None`: nothing new to say).
+    fn take_no_plan(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// The analyzer's online learner as a job's planner: the same learning and planning a job runs
@@ -128,6 +132,10 @@ impl JobPlanner for LearnerPlanner {
 
     fn cycle_peak_bytes(&self) -> Option<u64> {
         self.learner.cycle_peak_bytes()
+    }
+
+    fn take_no_plan(&mut self) -> Option<String> {
+        self.learner.take_no_plan()
     }
 
     fn state(&self) -> PlannerState {

@@ -992,8 +992,11 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let config = tensile_shim::config::Config::from_env().0;
     let remaps = tensile_shim::planning::page_remaps(config.swapped_unmapped, config.host_frames);
     let copies = CostModel::default();
-    let analysis =
+    let mut analysis =
         analyze(&trace, &copies).map_err(|e| format!("{}: {e}", args.trace.display()))?;
+    // The plan is predicted as the library's learner makes it: leaving what it cannot name.
+    let immovable = tensile_analyzer::exec_plan::unnameable(&trace, &analysis.cycle);
+    analysis.cycle = analysis.cycle.with_immovable(immovable);
     let peak = analysis.footprint.peak_allocated;
     let card = shared_card(&args, &policies)?;
     let budget = match (&args.budget, &card) {
