@@ -299,7 +299,7 @@ impl Runtime {
                 "swapped {} MiB to host and {} MiB to device ({} pages out, {} in); {} accesses \
                  stalled for {:.3} ms in all; the memory manager's lock found held {} times by \
                  the application's threads ({:.3} ms in all) and {} times by the library's \
-                 ({:.3} ms); peak resident {} MiB; host pool {} MiB",
+                 ({:.3} ms), and {} waits were made holding it; peak resident {} MiB; host pool {} MiB",
                 stats.bytes_to_host >> 20,
                 stats.bytes_to_device >> 20,
                 mm.pages_evicted,
@@ -310,6 +310,7 @@ impl Runtime {
                 mm.app_lock_wait_ns as f64 / 1e6,
                 mm.library_lock_waits,
                 mm.library_lock_wait_ns as f64 / 1e6,
+                mm.locked_waits,
                 stats.peak_resident_bytes >> 20,
                 stats.host_pool_bytes >> 20,
             ));

@@ -42,6 +42,10 @@ pub struct MemoryStats {
     pub app_lock_wait_ns: u64,
     pub library_lock_waits: u64,
     pub library_lock_wait_ns: u64,
+    /// Times an operation that had used up its unlocked rounds waited for copies or fences,
+    /// or made a swap's VMM calls, with the manager's lock held: every other thread that
+    /// wanted the lock waited with it. Bounded retries end there; a large swap should not.
+    pub locked_waits: u64,
     /// Gauges, as of the snapshot: device frames in use, and those of them holding pages no
     /// allocation holds any more.
     pub frames_in_use: u64,

@@ -552,6 +552,72 @@ fn a_swap_out_is_completed_without_the_lock_and_its_pages_wait_for_the_commit() 
 }
 
 #[test]
+fn an_access_short_of_frames_waits_for_copies_without_the_lock_while_another_thread_completes() {
+    // No frame free: A's copy out has landed and the maintenance thread is completing it
+    // (held in the fake's cuMemUnmap), B's copy out has not landed. An access that needs a
+    // frame must wait for B's copy without the lock. It used to take A's landed copy for a
+    // reason to stop and complete, find nothing to complete (A is another thread's), spin
+    // through its rounds, then wait and complete with the lock held: a launch on resident
+    // data waited behind it (70 such waits in an MLP rerun under its plan).
+    let mut cfg = config(4, 64);
+    cfg.free_reserve_pages = 0;
+    cfg.evict_batch = 1;
+    let (fake, mm) = setup_with(cfg, Progress::Manual);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let pages: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in pages.iter().enumerate() {
+        write(fake, mm, s, p, pattern(i as u8, PAGE));
+    }
+    fake.run_all();
+    let (a, b, c, d) = (pages[0], pages[1], pages[2], pages[3]);
+    // D goes to the host and a fifth page takes its frame: the budget is full.
+    assert_eq!(mm.start_swap_out(&[(d, PAGE)]).unwrap(), 1);
+    fake.run_all();
+    mm.maintain().unwrap();
+    let f = mm.alloc(PAGE, None).unwrap();
+    write(fake, mm, s, f, pattern(5, PAGE));
+    fake.run_all();
+    assert_eq!(mm.start_swap_out(&[(a, PAGE)]).unwrap(), 1);
+    fake.run_all();
+    assert_eq!(mm.start_swap_out(&[(b, PAGE)]).unwrap(), 1);
+    std::thread::scope(|scope| {
+        let _open = close_gate(fake, FakeCall::Unmap);
+        let maintenance = scope.spawn(move || mm.maintain());
+        wait_at_gate(fake, FakeCall::Unmap);
+        // D's access (a launch writing it) needs a frame.
+        let (done, d_written) = std::sync::mpsc::channel();
+        scope.spawn(move || {
+            write(fake, mm, s, d, pattern(8, PAGE));
+            done.send(()).unwrap();
+        });
+        // It waits for B's copy, then completes B: held at the gate too, but without the
+        // lock, so a launch on resident data goes on.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_goes_on(
+            scope,
+            "a launch on resident data waited behind an access that held the lock",
+            move || write(fake, mm, s, c, pattern(7, PAGE)),
+        );
+        assert_eq!(mm.stats().locked_waits, 0);
+        fake.open_gate(FakeCall::Unmap);
+        maintenance.join().unwrap().unwrap();
+        d_written.recv_timeout(Duration::from_secs(10)).unwrap();
+    });
+    fake.run_all();
+    for (p, seed) in [(a, 0), (b, 1), (c, 7), (d, 8), (f, 5)] {
+        let r = read(fake, mm, s, p, PAGE);
+        fake.run_all();
+        assert!(
+            r.get() == Some(pattern(seed, PAGE)),
+            "the page of seed {seed}"
+        );
+    }
+    assert_eq!(mm.stats().locked_waits, 0);
+    assert_consistent(fake, mm);
+}
+
+#[test]
 fn a_swap_in_is_remapped_without_the_lock_and_its_pages_wait_for_the_commit() {
     let (fake, mm) = setup(8, 64, Progress::Immediate);
     let (fake, mm) = (&*fake, &mm);

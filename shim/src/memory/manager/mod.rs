@@ -696,6 +696,7 @@ impl MemoryManager {
                     // the driver's error, its pages still on the host.
                     return Err(e);
                 }
+                self.refund_round(&mut op_state, started);
                 continue;
             }
             let err = match result {
@@ -732,6 +733,7 @@ impl MemoryManager {
                 // threads whose data is resident go on meanwhile, finish the swaps (the
                 // swap-outs' VMM calls also without it), then start over. A failed wait is
                 // seen again (and reported) by the retry's polling of the swaps.
+                let committed = s.remaps_committed;
                 if !waits.is_empty() {
                     let driver = s.driver.clone();
                     drop(s);
@@ -746,6 +748,16 @@ impl MemoryManager {
                     }
                 }
                 s = self.complete(s);
+                // A round in which swaps were committed (by this thread or another) freed
+                // frames or brought pages in: it does not count against the rounds, which
+                // bound the retries that achieve nothing. A swap of many units may take a
+                // round per batch of copies landing; once out of rounds, an operation waits
+                // for copies and makes VMM calls with the lock held, every other thread
+                // waiting with it (`MemoryStats::locked_waits`). Refunded only within the pin
+                // wait's bound, after which the rounds run out and end the operation.
+                if s.remaps_committed != committed {
+                    self.refund_round(&mut op_state, started);
+                }
                 continue;
             }
             if s.remap_stall {
@@ -834,6 +846,16 @@ impl MemoryManager {
             // Re-check at least every few milliseconds: frames also come back through swaps
             // completing and the maintenance thread, which do not signal.
             s = self.wait_for_wake(s, (end - now).min(Duration::from_millis(2)));
+        }
+    }
+
+    /// Gives an operation back the unlocked round it just spent, if that round moved swaps on
+    /// (see the caller) and the operation started within the pin wait's bound: the rounds
+    /// bound the retries that achieve nothing, not the batches of a large swap.
+    fn refund_round(&self, op: &mut OpState, started: Instant) {
+        let bound = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
+        if started.elapsed() < bound {
+            op.unlocked_rounds_left = (op.unlocked_rounds_left + 1).min(UNLOCKED_ROUNDS);
         }
     }
 
@@ -1231,6 +1253,8 @@ impl Inner {
         let left = self.op.unlocked_rounds_left > 0;
         if left {
             self.op.unlocked_rounds_left -= 1;
+        } else {
+            self.stats.locked_waits += 1;
         }
         left
     }

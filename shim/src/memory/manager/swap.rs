@@ -329,6 +329,19 @@ impl Inner {
         })
     }
 
+    /// [`Self::outgoing_events`] of the swap-outs no thread is completing yet.
+    pub(super) fn uncompleted_outgoing_events(&self) -> Vec<Event> {
+        let pages = self
+            .outgoing
+            .iter()
+            .copied()
+            .filter(|p| !self.completing.contains(p));
+        self.swap_events(pages, |state| match state {
+            ResidencyState::ToHost { event, .. } => Some(event),
+            _ => None,
+        })
+    }
+
     /// The events of `pages` still in a swap (`event` gives it for a page still in that
     /// swap), each once, in order.
     pub(super) fn swap_events(
