@@ -332,6 +332,10 @@ pub const MAX_UNIT_PAGES: usize = tensile_analyzer::SHIM_MAX_UNIT_PAGES as usize
 /// a retry from the start).
 const UNLOCKED_ROUNDS: u32 = 16;
 
+/// The rounds an operation may make before its unlocked rounds stop being refunded
+/// (`MemoryManager::refund_round`).
+const REFUNDED_ROUNDS: u32 = 256;
+
 /// [`OpState::host_rounds_left`] of an operation whose caller can pin without the lock.
 const HOST_ROUNDS: u32 = 4096;
 
@@ -696,7 +700,7 @@ impl MemoryManager {
                     // the driver's error, its pages still on the host.
                     return Err(e);
                 }
-                self.refund_round(&mut op_state, started);
+                self.refund_round(&mut op_state, rounds, started);
                 continue;
             }
             let err = match result {
@@ -756,7 +760,7 @@ impl MemoryManager {
                 // waiting with it (`MemoryStats::locked_waits`). Refunded only within the pin
                 // wait's bound, after which the rounds run out and end the operation.
                 if s.remaps_committed != committed {
-                    self.refund_round(&mut op_state, started);
+                    self.refund_round(&mut op_state, rounds, started);
                 }
                 continue;
             }
@@ -850,11 +854,14 @@ impl MemoryManager {
     }
 
     /// Gives an operation back the unlocked round it just spent, if that round moved swaps on
-    /// (see the caller) and the operation started within the pin wait's bound: the rounds
-    /// bound the retries that achieve nothing, not the batches of a large swap.
-    fn refund_round(&self, op: &mut OpState, started: Instant) {
+    /// (see the caller), the operation has made fewer than [`REFUNDED_ROUNDS`] rounds and it
+    /// started within the pin wait's bound: the rounds bound the retries that achieve nothing,
+    /// not the batches of a large swap. Commits by other threads count too, so an operation
+    /// whose frames keep going to others still ends, with the lock held, after a bounded
+    /// number of rounds.
+    fn refund_round(&self, op: &mut OpState, rounds: u32, started: Instant) {
         let bound = Duration::from_millis(self.pin_wait_ms.load(Ordering::Relaxed));
-        if started.elapsed() < bound {
+        if rounds < REFUNDED_ROUNDS && started.elapsed() < bound {
             op.unlocked_rounds_left = (op.unlocked_rounds_left + 1).min(UNLOCKED_ROUNDS);
         }
     }
