@@ -323,19 +323,17 @@ impl Inner {
 
     /// The events of the swap-outs in flight, each once.
     pub(super) fn outgoing_events(&self) -> Vec<Event> {
-        self.swap_events(self.outgoing.iter().copied(), |state| match state {
-            ResidencyState::ToHost { event, .. } => Some(event),
-            _ => None,
-        })
+        self.swap_out_events(self.outgoing.iter().copied())
     }
 
     /// [`Self::outgoing_events`] of the swap-outs no thread is completing yet.
     pub(super) fn uncompleted_outgoing_events(&self) -> Vec<Event> {
-        let pages = self
-            .outgoing
-            .iter()
-            .copied()
-            .filter(|p| !self.completing.contains(p));
+        let pages = self.outgoing.iter().copied();
+        self.swap_out_events(pages.filter(|p| !self.completing.contains(p)))
+    }
+
+    /// The events of the swap-outs of `pages`, each once.
+    fn swap_out_events(&self, pages: impl IntoIterator<Item = usize>) -> Vec<Event> {
         self.swap_events(pages, |state| match state {
             ResidencyState::ToHost { event, .. } => Some(event),
             _ => None,
