@@ -445,20 +445,20 @@ pub enum HostPoolError {
 pub struct HostPoolRefill(Arc<HostShared>);
 
 impl HostPoolRefill {
-    /// Returns once a single frame is free or the pool cannot grow: waits for the grower's
-    /// chunk, or grows the pool itself.
-    pub fn frames(&self) {
-        if let Err(e) = self.0.until_frame_free(self.0.lock()) {
+    /// Returns once `at_least` single frames are free or the pool cannot grow: waits for the
+    /// grower's chunk, or grows the pool itself.
+    pub fn frames(&self, at_least: usize) {
+        if let Err(e) = self.0.until_frames_free(self.0.lock(), at_least) {
             tracing::debug!(?e, "no host frame to be had");
         }
     }
 
-    /// Makes a free host unit of `pages` frames, for the next [`HostPool::take_free_unit`]
-    /// of that size (none if the window has no room or the driver refuses: the operation
-    /// then takes single frames).
-    pub fn unit(&self, pages: usize) {
+    /// Makes free host units of `pages` frames until `at_least` of that size are free, for
+    /// the next [`HostPool::take_free_unit`]s (fewer if the window has no room or the driver
+    /// refuses: the operation then takes single frames).
+    pub fn unit(&self, pages: usize, at_least: usize) {
         if let Some(n) = u32::try_from(pages).ok().filter(|&n| n > 1) {
-            drop(self.0.make_free_unit(self.0.lock(), n));
+            drop(self.0.make_free_unit(self.0.lock(), n, at_least));
         }
     }
 }
@@ -531,12 +531,13 @@ impl HostShared {
     /// Returns (with the lock) once a single frame is free: waits for a growth in flight, or
     /// grows the pool by a chunk (the lock released meanwhile). `Err` when the cap is reached
     /// and nothing can be released, or the driver refuses.
-    fn until_frame_free<'a>(
+    fn until_frames_free<'a>(
         &'a self,
         mut s: MutexGuard<'a, HostState>,
+        at_least: usize,
     ) -> Result<MutexGuard<'a, HostState>, HostPoolError> {
         loop {
-            if !s.free.is_empty() {
+            if s.free.len() >= at_least.max(1) {
                 return Ok(s);
             }
             if s.growing {
@@ -559,35 +560,40 @@ impl HostShared {
         }
     }
 
-    /// Makes a free host unit of `n` pages unless one is free already (waiting for a growth
-    /// in flight first; the lock released while pinning). None is made if the window has no
-    /// room or the driver refuses: whoever wanted it takes single frames.
+    /// Makes free host units of `n` pages until `at_least` of them are free (waiting for a
+    /// growth in flight first; the lock released while pinning). It stops early if the window
+    /// has no room or the driver refuses: whoever wanted one takes single frames.
     fn make_free_unit<'a>(
         &'a self,
         mut s: MutexGuard<'a, HostState>,
         n: u32,
+        at_least: usize,
     ) -> MutexGuard<'a, HostState> {
-        while s.growing {
-            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-        if s.free_units.get(&n).is_some_and(|v| !v.is_empty()) {
-            return s;
-        }
-        s.growing = true;
-        drop(s);
-        let made = self.create_unit(n);
-        let mut s = self.lock();
-        s.growing = false;
-        match made {
-            Ok(Some(first)) => {
-                s.unit_owned.remove(&first);
-                s.free_units.entry(n).or_default().push(first);
+        loop {
+            while s.growing {
+                s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
-            Ok(None) => {}
-            Err(e) => tracing::debug!(code = e, pages = n, "creating a host unit failed"),
+            if s.free_units.get(&n).map_or(0, Vec::len) >= at_least.max(1) {
+                return s;
+            }
+            s.growing = true;
+            drop(s);
+            let made = self.create_unit(n);
+            s = self.lock();
+            s.growing = false;
+            self.changed.notify_all();
+            match made {
+                Ok(Some(first)) => {
+                    s.unit_owned.remove(&first);
+                    s.free_units.entry(n).or_default().push(first);
+                }
+                Ok(None) => return s,
+                Err(e) => {
+                    tracing::debug!(code = e, pages = n, "creating a host unit failed");
+                    return s;
+                }
+            }
         }
-        self.changed.notify_all();
-        s
     }
 
     /// Creates one host unit of `pages` pages mapped into the window; its first frame.
@@ -711,7 +717,7 @@ impl HostShared {
             }
             // Host units asked for first: an eviction ahead of need waits for one.
             if let Some(n) = s.wanted_units.pop() {
-                s = self.make_free_unit(s, n);
+                s = self.make_free_unit(s, n, 1);
                 continue;
             }
             s.want_grow = false;
@@ -832,6 +838,14 @@ impl HostPool {
         true
     }
 
+    /// How many host units of `pages` frames are free.
+    pub fn free_units(&self, pages: usize) -> usize {
+        let Ok(n) = u32::try_from(pages) else {
+            return 0;
+        };
+        self.shared.lock().free_units.get(&n).map_or(0, Vec::len)
+    }
+
     /// A free host unit of `pages` frames (its first), never making one.
     pub fn take_free_unit(&self, pages: usize) -> Option<HostFrame> {
         let n = u32::try_from(pages).ok().filter(|&n| n > 1)?;
@@ -845,7 +859,7 @@ impl HostPool {
     /// A free single host frame; grows the pool synchronously only if it is empty.
     pub fn take(&self) -> Result<HostFrame, HostPoolError> {
         let sh = &self.shared;
-        let mut s = sh.until_frame_free(sh.lock())?;
+        let mut s = sh.until_frames_free(sh.lock(), 1)?;
         let f = s.free.pop_first().expect("a frame is free");
         if s.free.len() < sh.config.low_water_frames
             && sh.config.background
@@ -866,7 +880,7 @@ impl HostPool {
             return Some(first);
         }
         let n = u32::try_from(pages).ok().filter(|&n| n > 1)?;
-        drop(self.shared.make_free_unit(self.shared.lock(), n));
+        drop(self.shared.make_free_unit(self.shared.lock(), n, 1));
         // (Only the manager takes frames, under its own lock: what was made is still free.)
         self.take_free_unit(pages)
     }

@@ -306,13 +306,21 @@ struct OpState {
     rerun: bool,
 }
 
-/// What the host pool is asked to make without the manager's lock.
+/// What an operation stopped for: host memory of a kind (set where it found none free).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum HostWant {
     /// A free single frame (the pool grows by a chunk).
     Frames,
     /// A free host unit of this many pages.
     Unit(usize),
+}
+
+/// What the host pool is asked to make without the manager's lock: enough of a kind that
+/// `at_least` are free ([`Inner::take_host_wanted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct HostNeed {
+    want: HostWant,
+    at_least: usize,
 }
 
 /// What blocked an eviction: frames wanted while every resident page was pinned.
@@ -723,7 +731,7 @@ impl MemoryManager {
                 }
                 Err(e) => e,
             };
-            if let Some(want) = s.host_wanted.take() {
+            if let Some(want) = s.take_host_wanted() {
                 // No free host frame or unit: the pool pins one without the lock (about
                 // 0.5 ms a page), then the operation starts over.
                 drop(s);
@@ -906,15 +914,15 @@ impl MemoryManager {
     }
 
     /// Has the host pool make what an operation found missing; called without the lock.
-    fn provide_host(&self, want: HostWant) {
+    fn provide_host(&self, need: HostNeed) {
         let started = Instant::now();
-        let pages = match want {
+        let pages = match need.want {
             HostWant::Frames => {
-                self.host_refill.frames();
+                self.host_refill.frames(need.at_least);
                 0
             }
             HostWant::Unit(pages) => {
-                self.host_refill.unit(pages);
+                self.host_refill.unit(pages, need.at_least);
                 pages
             }
         };
@@ -1039,7 +1047,7 @@ impl MemoryManager {
             let r = op(&mut s);
             op_state = std::mem::take(&mut s.op);
             started += r?;
-            let Some(want) = s.host_wanted.take() else {
+            let Some(want) = s.take_host_wanted() else {
                 return Ok(started);
             };
             drop(s);
@@ -1105,7 +1113,7 @@ impl MemoryManager {
             let r = s.shrink_step(frames);
             s.op = OpState::default();
             r?;
-            let Some(want) = s.host_wanted.take() else {
+            let Some(want) = s.take_host_wanted() else {
                 break;
             };
             if started.elapsed() >= SHRINK_STEP {
@@ -1246,6 +1254,24 @@ impl Inner {
 
     /// Whether the operation may stop to have host memory pinned without the lock (and
     /// counts the round).
+    /// What the operation that just stopped for host memory needs made, taken under the
+    /// lock. It gave back what it had taken of that kind before it stopped, so the pool must
+    /// hold one more than is free now: asked only for "one free", the pool found the ones
+    /// given back and pinned nothing, and an eviction that needed many host units spun
+    /// through all its host rounds (4,096, 1.3 s on the card) before pinning them with the
+    /// lock held, every launch of the job waiting (GPT-2 under `lru` on the H200).
+    fn take_host_wanted(&mut self) -> Option<HostNeed> {
+        let want = self.host_wanted.take()?;
+        let free = match want {
+            HostWant::Frames => self.host.free_single_frames(),
+            HostWant::Unit(pages) => self.host.free_units(pages),
+        };
+        Some(HostNeed {
+            want,
+            at_least: free + 1,
+        })
+    }
+
     fn host_round(&mut self) -> bool {
         let left = self.op.host_rounds_left > 0;
         if left {
