@@ -203,10 +203,11 @@ if wants alloc; then
 fi
 
 if wants rerun; then
-    # RERUN_BUDGETS="50% 30%" for both of issue 11's budgets; BERT's step is 4 times the
-    # others', so it plays 4 iterations where they play 6.
+    # RERUN_BUDGETS="50% 30%" for both of issue 11's budgets, RERUN_TRACES="resnet50" for
+    # one trace (default: mlp resnet50 bert). BERT's step is 4 times the others', so it
+    # plays 4 iterations where they play 6.
     for budget in ${RERUN_BUDGETS:-50%}; do
-        for t in mlp resnet50 bert; do
+        for t in ${RERUN_TRACES:-mlp resnet50 bert}; do
             [[ -f $TRACES/$t.trace.gz ]] || continue
             iterations=6
             [[ $t == bert ]] && iterations=4
