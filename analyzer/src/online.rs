@@ -64,9 +64,13 @@ pub const DEFAULT_PLAN_ROOM: f64 = 0.2;
 /// instead of a value that cannot be read.
 pub const DEFAULT_PLAN_ROOM_TEXT: &str = "20%";
 
+/// The most room a plan leaves: `TENSILE_PLAN_ROOM` accepts up to this, and a plan made with
+/// more would plan for almost nothing.
+pub const MAX_PLAN_ROOM: f64 = 0.9;
+
 /// The bytes a plan may fill of `budget_bytes` when it leaves `room` (a share, `0..1`) free.
 pub fn plan_bytes(budget_bytes: u64, room: f64) -> u64 {
-    let room = room.clamp(0.0, 0.9);
+    let room = room.clamp(0.0, MAX_PLAN_ROOM);
     budget_bytes - (budget_bytes as f64 * room) as u64
 }
 
@@ -449,6 +453,27 @@ impl Learner {
         if self.active.is_some() || matches!(self.state, LearnerState::NoPlan { .. }) {
             self.next_attempt = self.launches_learning;
         }
+    }
+
+    /// The share of the budget plans leave free changed ([`plan_bytes`]): the next poll
+    /// replans (or tries again, if no plan fitted), as for a budget change.
+    pub fn set_room(&mut self, room: f64) {
+        let room = room.clamp(0.0, MAX_PLAN_ROOM);
+        if room == self.options.room {
+            return;
+        }
+        self.options.room = room;
+        if self.active.is_some() {
+            self.replan = true;
+        }
+        if self.active.is_some() || matches!(self.state, LearnerState::NoPlan { .. }) {
+            self.next_attempt = self.launches_learning;
+        }
+    }
+
+    /// The share of the budget plans leave free now.
+    pub fn room(&self) -> f64 {
+        self.options.room
     }
 
     /// `count` records were lost (the ring was full): the window no longer describes the

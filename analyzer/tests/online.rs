@@ -445,7 +445,7 @@ fn after_a_change_of_pattern_a_new_plan_comes_within_three_iterations() {
 }
 
 #[test]
-fn a_drift_in_measured_time_and_a_budget_change_each_give_a_new_version() {
+fn a_drift_in_measured_time_a_budget_change_and_more_room_each_give_a_new_version() {
     let trace = shared("mlp.trace.gz");
     let budget = half_peak(&trace);
     let plain = records_of(&trace, NO_SHIFT);
@@ -498,6 +498,23 @@ fn a_drift_in_measured_time_and_a_budget_change_each_give_a_new_version() {
     );
     check_plan("mlp, smaller budget", &trace, &replanned, &[-1, -2]);
     assert_eq!(learner.poll(), None);
+
+    // More room left free: the next poll replans, once, for the budget less the room.
+    learner.set_room(0.1);
+    assert_eq!(learner.room(), 0.1);
+    let roomier = learner.poll().expect("a plan leaving the room");
+    assert_eq!(roomier.version, replanned.version + 1);
+    assert!(
+        roomier.budget_bytes <= budget / 2 - budget / 20,
+        "{} of {}",
+        roomier.budget_bytes,
+        budget / 2
+    );
+    assert!(roomier.bytes_out_per_iteration() > replanned.bytes_out_per_iteration());
+    check_plan("mlp, more room", &trace, &roomier, &[-1, -2]);
+    learner.set_room(0.1);
+    assert_eq!(learner.poll(), None, "the same room again replans nothing");
+    let replanned = roomier;
 
     // Lost records: learning again, and a plan again from what follows.
     learner.lost_records(10);

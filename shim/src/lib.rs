@@ -27,6 +27,7 @@ pub mod log;
 pub mod managed;
 pub mod memory;
 pub mod params;
+pub mod plan_room;
 pub mod planning;
 pub mod proc_address;
 pub mod pytorch;

@@ -8,7 +8,9 @@
 //!
 //! The thread also keeps the memory manager's policy knobs in step with the executor: while a
 //! plan runs, LRU eviction ahead of need is off (the plan makes its own room, and the reserve
-//! would evict what the plan keeps); when the plan is dropped it comes back.
+//! would evict what the plan keeps); when the plan is dropped it comes back. Planning in the
+//! process, it also adapts the share of the budget plans leave free to what the manager does
+//! beside them ([`crate::plan_room`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -23,6 +25,7 @@ use crate::config::{Coordinator, HostFrames, PlanBandwidths, Policy};
 use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
+use crate::plan_room::RoomControl;
 use crate::recorder::{Polled, Poller};
 use crate::runtime::Runtime;
 
@@ -56,11 +59,23 @@ pub trait PlanSource: Send {
     }
     /// Called once per round with the executor's state and counters, for reporting.
     fn report(&mut self, _rt: &Runtime) {}
+    /// Plans from now on leave `room` of the budget free (the next poll replans). False
+    /// where the source cannot (a coordinator plans with its own).
+    fn set_room(&mut self, _room: f64) -> bool {
+        false
+    }
+    /// The room this source's plans leave, if the run may adapt it ([`RoomControl`]): not
+    /// when `TENSILE_PLAN_ROOM` fixes it.
+    fn adaptable_room(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// The in-process planner (`TENSILE_COORDINATOR=off`).
 pub struct LocalLearner {
     learner: Learner,
+    /// Whether the run may change the room (it was not fixed by configuration).
+    room_adapts: bool,
 }
 
 impl LocalLearner {
@@ -80,7 +95,14 @@ impl LocalLearner {
         options.room = room;
         LocalLearner {
             learner: Learner::new(options),
+            room_adapts: false,
         }
+    }
+
+    /// Lets the run adapt the room from the one given ([`RoomControl`]).
+    pub fn with_adaptable_room(mut self) -> LocalLearner {
+        self.room_adapts = true;
+        self
     }
 }
 
@@ -114,6 +136,15 @@ impl PlanSource for LocalLearner {
             );
         }
         plan
+    }
+
+    fn set_room(&mut self, room: f64) -> bool {
+        self.learner.set_room(room);
+        true
+    }
+
+    fn adaptable_room(&self) -> Option<f64> {
+        self.room_adapts.then(|| self.learner.room())
     }
 }
 
@@ -167,8 +198,13 @@ pub fn start_for(rt: &'static Runtime) {
         // Told rates are used as told; the H100's are slowed by the remaps of pages of this
         // size (the driver's calls cost per mapping, whatever the page), in units the size
         // of the tensors of the iteration learned.
-        let room = config.plan_room.unwrap_or(DEFAULT_PLAN_ROOM);
-        Box::new(LocalLearner::new(budget, costs, page, room))
+        // A room set by TENSILE_PLAN_ROOM stays; the default follows the run.
+        match config.plan_room {
+            Some(room) => Box::new(LocalLearner::new(budget, costs, page, room)),
+            None => Box::new(
+                LocalLearner::new(budget, costs, page, DEFAULT_PLAN_ROOM).with_adaptable_room(),
+            ),
+        }
     });
 }
 
@@ -346,6 +382,7 @@ fn run(
     // The last grant met, and when it was last applied (see `regrow_after_refusal`).
     let mut met: Option<(u64, Instant)> = None;
     let mut poller = Poller::new();
+    let mut room = source.adaptable_room().map(RoomControl::new);
     while !STOP.load(Ordering::Relaxed) {
         match poller.next(tap) {
             Polled::Message(record) => {
@@ -373,7 +410,13 @@ fn run(
             source.set_budget(budget);
         }
         if let Some(plan) = source.poll() {
+            if let (Some(room), Some(m)) = (room.as_mut(), rt.memory()) {
+                room.plan_installed(plan.bytes_out_per_iteration() / m.mm.page_bytes() as u64);
+            }
             rt.executor.install(plan, &rt.tracker);
+        }
+        if let Some(control) = room.as_mut() {
+            adapt_room(rt, control, source.as_mut());
         }
         if let Some(bytes) = source.take_grant() {
             grant = Some(Meeting {
@@ -393,6 +436,29 @@ fn run(
         source.report(rt);
         last_poll = Instant::now();
         since_poll = 0;
+    }
+}
+
+/// Feeds the room's control what the plan and the manager moved out so far, and has the
+/// source plan with the room it asks for (`tensile rerun` reads the line this logs).
+fn adapt_room(rt: &Runtime, control: &mut RoomControl, source: &mut dyn PlanSource) {
+    let Some(m) = rt.memory() else {
+        return;
+    };
+    let planned = rt.executor.stats().pages_out;
+    let e = m.mm.stats().evicted_for;
+    let unplanned = e.access + e.prefetch + e.allocation + e.reserve;
+    let Some(change) = control.observe(planned, unplanned) else {
+        return;
+    };
+    if source.set_room(change.room) {
+        tracing::info!(
+            "tensile: plans now leave {:.0}% of the budget free (the manager evicted {:.0}% as \
+             many pages of its own choice as the plan moved out over an iteration); planning \
+             again",
+            change.room * 100.0,
+            change.unplanned_share * 100.0,
+        );
     }
 }
 

@@ -255,6 +255,19 @@ struct PlayerOutput {
     plans_learned: Vec<String>,
 }
 
+/// How the library's line on a change of the room its plans leave begins (the planning
+/// thread's `adapt_room`).
+const ROOM_LINE: &str = "plans now leave ";
+
+/// The room the run's plans left when it ended, if the run changed it (the last line of
+/// `plan_lines` that says so).
+fn final_room(plan_lines: &[String]) -> Option<f64> {
+    plan_lines.iter().rev().find_map(|l| {
+        let percent = l.strip_prefix(ROOM_LINE)?.split('%').next()?;
+        percent.trim().parse::<f64>().ok().map(|p| p / 100.0)
+    })
+}
+
 /// The library's lines on the plans a run learned and dropped (the executor's warning says
 /// where and why), from `plan ` on. A plan dropped at the player's last launch, the check of
 /// every stamp, was dropped after the last iteration, which the executor cannot tell: the line
@@ -263,6 +276,9 @@ fn plan_lines(log: &[String]) -> Vec<String> {
     let final_check = format!("got `tensile_rerun_op_k{}`", script::FINAL_CHECK_KERNEL);
     log.iter()
         .filter_map(|l| {
+            if let Some(at) = l.find(ROOM_LINE) {
+                return Some(l[at..].to_owned());
+            }
             let at = l
                 .find("plan ")
                 .filter(|_| l.contains(" learned: ") || l.contains(" dropped at launch "))?;
@@ -1119,10 +1135,28 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     } else {
         session.native(&trace)?
     };
-    let runs = predict(&analysis, &policies, budget, scale, &costs, room)
+    let mut runs = predict(&analysis, &policies, budget, scale, &costs, room)
         .into_iter()
         .map(|(policy, predicted)| session.managed(policy, predicted))
         .collect::<Result<Vec<_>, _>>()?;
+    // The learner adapts the room its plans leave to what the run shows (unless
+    // TENSILE_PLAN_ROOM fixes it): the plan is predicted as the run ended up making it.
+    for run in runs.iter_mut().filter(|r| r.policy == PolicyKind::Plan) {
+        let Some(ended) = final_room(&run.plans_learned).filter(|r| (r - room).abs() > 1e-9) else {
+            continue;
+        };
+        eprintln!(
+            "tensile rerun: the plan run ended leaving {:.0}% of the budget free (it started \
+             at {:.0}%): the plan is predicted at that room",
+            ended * 100.0,
+            room * 100.0
+        );
+        if let Some((_, predicted)) =
+            predict(&analysis, &[PolicyKind::Plan], budget, scale, &costs, ended).pop()
+        {
+            run.predicted = predicted;
+        }
+    }
 
     if args.json {
         let doc = json!({
@@ -1430,6 +1464,28 @@ mod tests {
         assert_eq!(e["mismatches"], 1);
         assert_eq!(e["steps_done"], 40);
         assert_eq!(executor_line(&log[..1]), None);
+    }
+
+    #[test]
+    fn the_room_a_run_ended_with_is_its_last_change() {
+        let change = |percent: u32| {
+            format!(
+                "INFO tensile_shim::planning: tensile: plans now leave {percent}% of the budget \
+                 free (the manager evicted 31% as many pages of its own choice as the plan \
+                 moved out, 2 iterations running); planning again"
+            )
+        };
+        let log = vec![
+            "INFO tensile: plan 1 learned: 222 launches per iteration".to_owned(),
+            change(30),
+            "INFO tensile: plan 2 learned: 222 launches per iteration".to_owned(),
+            change(40),
+        ];
+        let lines = plan_lines(&log);
+        assert_eq!(lines.len(), 4, "{lines:?}");
+        assert!(lines[1].starts_with(ROOM_LINE), "{}", lines[1]);
+        assert_eq!(final_room(&lines), Some(0.4));
+        assert_eq!(final_room(&lines[..1]), None);
     }
 
     #[test]
