@@ -447,6 +447,11 @@ impl Learner {
             return;
         }
         self.options.budget_bytes = bytes;
+        self.plan_again();
+    }
+
+    /// Has the next poll replan (or try again, if no plan fitted).
+    fn plan_again(&mut self) {
         if self.active.is_some() {
             self.replan = true;
         }
@@ -463,12 +468,7 @@ impl Learner {
             return;
         }
         self.options.room = room;
-        if self.active.is_some() {
-            self.replan = true;
-        }
-        if self.active.is_some() || matches!(self.state, LearnerState::NoPlan { .. }) {
-            self.next_attempt = self.launches_learning;
-        }
+        self.plan_again();
     }
 
     /// The share of the budget plans leave free now.
