@@ -1472,7 +1472,7 @@ mod tests {
             format!(
                 "INFO tensile_shim::planning: tensile: plans now leave {percent}% of the budget \
                  free (the manager evicted 31% as many pages of its own choice as the plan \
-                 moved out, 2 iterations running); planning again"
+                 moved out over an iteration); planning again"
             )
         };
         let log = vec![

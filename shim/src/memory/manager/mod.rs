@@ -1252,8 +1252,6 @@ impl Inner {
         self.stats.pages_evicted > 0 || self.dev.available() <= self.cfg.free_reserve_pages
     }
 
-    /// Whether the operation may stop to have host memory pinned without the lock (and
-    /// counts the round).
     /// What the operation that just stopped for host memory needs made, taken under the
     /// lock. It gave back what it had taken of that kind before it stopped, so the pool must
     /// hold one more than is free now: asked only for "one free", the pool found the ones
@@ -1272,6 +1270,8 @@ impl Inner {
         })
     }
 
+    /// Whether the operation may stop to have host memory pinned without the lock (and
+    /// counts the round).
     fn host_round(&mut self) -> bool {
         let left = self.op.host_rounds_left > 0;
         if left {
