@@ -122,11 +122,50 @@ pub fn allocated_before_ops(trace: &Trace) -> Vec<u64> {
         .collect()
 }
 
-/// Finds the iterations of a trace.
+/// Finds the iterations of a trace: in its ops, or, where they do not repeat, in its launches
+/// alone ([`detect_in_launches`]).
 pub fn detect(trace: &Trace) -> Result<Iterations, IterationError> {
     let symbols = op_symbols(trace);
     let allocated = allocated_before_ops(trace);
-    detect_in(&symbols, &allocated)
+    match detect_in(&symbols, &allocated) {
+        Err(e @ IterationError::NoRepetition { .. }) => {
+            detect_in_launches(trace, &symbols, &allocated).ok_or(e)
+        }
+        found => found,
+    }
+}
+
+/// The iterations of a trace whose ops do not repeat but whose launches do: a copy made in
+/// some steps and not others (a loss read back every few steps, or from some step on, as
+/// `tensile rerun`'s player reads its result only in the steps it measures) shifts every op
+/// after it by one, and no single lag matches most of the trace. The launches are found to
+/// repeat on their own, and each iteration is the ops from the launch that starts it to the
+/// launch that starts the next (copies between two steps go with the earlier). `period` is
+/// the representative iteration's length in ops.
+fn detect_in_launches(trace: &Trace, symbols: &[u64], allocated: &[u64]) -> Option<Iterations> {
+    let launches: Vec<usize> = (0..trace.ops.len())
+        .filter(|&i| matches!(trace.ops[i].kind, OpKind::Launch { .. }))
+        .collect();
+    if launches.len() == trace.ops.len() {
+        return None; // nothing but launches: the ops were the launches
+    }
+    let launch_symbols: Vec<u64> = launches.iter().map(|&i| symbols[i]).collect();
+    let launch_cost: Vec<u64> = launches.iter().map(|&i| allocated[i]).collect();
+    let found = detect_in(&launch_symbols, &launch_cost).ok()?;
+    let n = trace.ops.len();
+    let op_of = |launch: usize| launches.get(launch).copied().unwrap_or(n);
+    let spans: Vec<Range<usize>> = found
+        .spans
+        .iter()
+        .map(|s| op_of(s.start)..op_of(s.end))
+        .collect();
+    let representative = pick_representative(symbols, &spans);
+    Some(Iterations {
+        period: spans[representative].len(),
+        spans,
+        representative,
+        score_millis: found.score_millis,
+    })
 }
 
 /// Finds the iterations of a symbol sequence; `cost[i]` ranks boundary positions (lower is a

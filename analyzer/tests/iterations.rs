@@ -6,7 +6,9 @@ use std::path::Path;
 use proptest::prelude::*;
 use tensile_analyzer::cycle::Cycle;
 use tensile_analyzer::import::{load, read_capture, LoadOptions};
-use tensile_analyzer::iteration::{detect, IterationError};
+use tensile_analyzer::iteration::{
+    allocated_before_ops, detect, detect_in, op_symbols, IterationError,
+};
 use tensile_analyzer::model::Trace;
 use tensile_analyzer::CostModel;
 
@@ -114,6 +116,87 @@ fn a_trace_without_repetition_is_refused() {
     ));
     let empty = read_capture(&b"# capture v1\n"[..], "empty", &mut || {}).unwrap();
     assert_eq!(detect(&empty), Err(IterationError::Empty));
+}
+
+/// Steps whose launches repeat exactly while a copy comes in the later ones only, before an
+/// epilogue: `tensile rerun`'s player reads its result back in the steps it measures, after
+/// the recorded steps of the prologue, and checks every stamp at the end. The ops then repeat
+/// at one lag in the early steps and at another in the late ones, and the epilogue spoils the
+/// rest: no lag matches most of the ops. The launches alone still give the steps.
+#[test]
+fn a_copy_in_some_steps_only_does_not_hide_the_steps() {
+    let template: Vec<u32> = (0..12)
+        .chain([40, 41, 40, 41, 40, 41])
+        .chain(60..70)
+        .collect();
+    let mut text = String::from("# capture v1\nA 0 (nil) 1 1000000 1048576\n");
+    let (mut seq, mut next_id, mut ops) = (0u64, 2u64, 0usize);
+    let mut starts = Vec::new();
+    let steps = 12;
+    for step in 0..steps {
+        starts.push(ops);
+        // The step's input comes in.
+        let input = next_id;
+        next_id += 1;
+        text.push_str(&format!("A 0 (nil) {input} {:x} 65536\n", input << 24));
+        seq += 1;
+        text.push_str(&format!("C {seq} (nil) h2d {input} 0 65536\n"));
+        ops += 1;
+        for &k in &template {
+            seq += 1;
+            text.push_str(&format!(
+                "K {seq} (nil) {seq} {k} 1,1,1 1,1,1 0 {input}@0 1@0\n"
+            ));
+            ops += 1;
+        }
+        // The measured steps read a result back.
+        if step >= 8 {
+            seq += 1;
+            text.push_str(&format!("C {seq} (nil) d2h 1 0 64\n"));
+            ops += 1;
+        }
+        text.push_str(&format!("F 0 (nil) {input}\n"));
+    }
+    // An epilogue (the player's final check of every stamp; a real run's evaluation).
+    for k in 0..60 {
+        seq += 1;
+        text.push_str(&format!(
+            "K {seq} (nil) {seq} {} 1,1,1 1,1,1 0 1@0\n",
+            900 + k
+        ));
+        ops += 1;
+    }
+    text.push_str("# end\n");
+    let trace = read_capture(text.as_bytes(), "readback", &mut || {}).unwrap();
+    assert_eq!(trace.ops.len(), ops);
+    // The ops alone do not repeat well enough...
+    assert!(matches!(
+        detect_in(&op_symbols(&trace), &allocated_before_ops(&trace)),
+        Err(IterationError::NoRepetition { .. })
+    ));
+    // ...the launches do, and each step is one iteration.
+    let it = detect(&trace).unwrap();
+    assert_eq!(it.spans.len(), steps);
+    let mut bounds = starts.clone();
+    bounds.push(ops);
+    for (k, w) in bounds.windows(2).enumerate() {
+        let inside = it
+            .spans
+            .iter()
+            .filter(|s| s.start >= w[0] && s.start < w[1])
+            .count();
+        assert_eq!(inside, 1, "step {k} [{}, {})", w[0], w[1]);
+    }
+    for w in it.spans.windows(2) {
+        assert_eq!(w[0].end, w[1].start, "iterations are contiguous");
+    }
+    let rep = &it.spans[it.representative];
+    assert_eq!(it.period, rep.len());
+    let launches = trace.ops[rep.clone()]
+        .iter()
+        .filter(|o| matches!(o.kind, tensile_analyzer::model::OpKind::Launch { .. }))
+        .count();
+    assert_eq!(launches, template.len());
 }
 
 /// A synthetic training run as capture text, and where each step starts (op index).
