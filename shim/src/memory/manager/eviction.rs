@@ -306,12 +306,40 @@ impl Inner {
                 whole += 1;
             }
         }
+        // Where the live pages stand in the adviser's eyes: the plan's next use of each.
+        let mut uses = [0usize; 5];
+        if let Some(advice) = &self.advice {
+            let pages: Vec<CUdeviceptr> = self
+                .pages
+                .iter()
+                .filter(|(_, e)| e.live > 0 && matches!(e.state, ResidencyState::Device(_)))
+                .map(|(p, _)| self.va(p))
+                .collect();
+            let mut next = Vec::with_capacity(pages.len());
+            if advice.next_uses(&pages, self.page as u64, &mut next) {
+                for n in next {
+                    uses[match n {
+                        NextUse::Never => 0,
+                        NextUse::Unknown => 1,
+                        NextUse::In(l) if l < 64 => 2,
+                        NextUse::In(l) if l < 400 => 3,
+                        NextUse::In(_) => 4,
+                    }] += 1;
+                }
+            }
+        }
         tracing::trace!(
-            "evict for {:?}: want {want} need {need}; {idle_victims} idle and {busy_victims} \
+            "evict for {:?}: next uses of live pages: never {}, unknown {}, <64 {}, <400 {}, \
+             later {}; want {want} need {need}; {idle_victims} idle and {busy_victims} \
              busy victims; {} frames free of {} ({} in use; live: {live_whole} covered by one \
              allocation, {live_shared} not); freed pages on the device: {mixed} in units with \
              live pages, {busy} busy, {whole} droppable; {} leaving, {} arriving",
             self.demand,
+            uses[0],
+            uses[1],
+            uses[2],
+            uses[3],
+            uses[4],
             self.dev.available(),
             self.dev.budget_frames(),
             self.dev.in_use(),
