@@ -430,7 +430,7 @@ impl Job {
 }
 
 /// A share as a percentage, to the tenth where it has one ("35%", "33.3%").
-fn percent(share: f64) -> String {
+pub(crate) fn percent(share: f64) -> String {
     format!("{}%", (share * 1000.0).round() / 10.0)
 }
 
