@@ -437,8 +437,8 @@ pub(crate) fn percent(share: f64) -> String {
 /// The log's line for a job whose slot says a room no version writes.
 fn invalid_room(job: &JobSnapshot, word: u64, room: f64) -> String {
     format!(
-        "job {}: its slot asks for a room no version writes ({word:#018x}: over 90%, or bits \
-         that must be zero); ignored, its plans leave {} of its grant free",
+        "job {}: its slot asks for a room no version writes ({word:#018x}); ignored, its \
+         plans leave {} of its grant free",
         job.process.pid,
         percent(room)
     )
@@ -1340,7 +1340,7 @@ mod tests {
             );
         }
         assert!(
-            log.contains(&format!("({garbage:#018x}: over 90%")),
+            log.contains(&format!("({garbage:#018x}); ignored")),
             "{log}"
         );
         fixed.leave();
