@@ -201,6 +201,15 @@ impl CoordinatorSegment {
             .store(bytes, Ordering::Relaxed);
     }
 
+    /// Says the room its planner leaves in the plans of the job in `slot` (of `incarnation`:
+    /// a job that has claimed the slot since reads nothing).
+    pub fn set_room_in_force(&self, slot: u32, incarnation: u64, room: crate::SlotRoom) {
+        self.segment
+            .slot(slot)
+            .room_in_force
+            .store(room.to_word(incarnation), Ordering::Relaxed);
+    }
+
     /// Asks the job in `slot` to hold its launches (`true`) or to run.
     pub fn set_paused(&self, slot: u32, paused: bool) {
         self.segment

@@ -16,7 +16,7 @@ use crate::process::{monotonic_ns, ProcessIdentity};
 use crate::ring::{Producer, PushError, Ring};
 use crate::segment::{shm_name, Segment, SegmentError};
 use crate::shm::Access;
-use crate::slot::{Admission, JobSlot, PlanState, Priority, StepCounters};
+use crate::slot::{Admission, Claimant, JobSlot, PlanState, Priority, SlotRoom, StepCounters};
 
 /// How a job joins.
 #[derive(Debug, Clone)]
@@ -34,6 +34,9 @@ pub struct JobOptions {
     /// Its memory manager's page, which its plans must move in (0: not said; the coordinator
     /// then plans in the H100's 2 MiB pages).
     pub page_bytes: u64,
+    /// The share of its budget the job asks its plans to leave free (`None`: not said; the
+    /// coordinator plans with its own room). Rounded to a thousandth, clamped to 0 to 90%.
+    pub room: Option<f64>,
 }
 
 impl Default for JobOptions {
@@ -44,6 +47,7 @@ impl Default for JobOptions {
             command_line: String::new(),
             batch_bytes: 16 << 10,
             page_bytes: 0,
+            room: None,
         }
     }
 }
@@ -98,14 +102,15 @@ impl JobClient {
                 path: segment.path(),
                 slots,
             })?;
-        let (incarnation, head) = segment.slot(slot).finish_claim(
+        let (incarnation, head) = segment.slot(slot).finish_claim(&Claimant {
             me,
-            options.budget_bytes,
-            options.priority,
-            &options.command_line,
-            options.page_bytes,
+            budget_bytes: options.budget_bytes,
+            priority: options.priority,
+            command_line: &options.command_line,
+            page_bytes: options.page_bytes,
             took_from,
-        );
+            room: options.room.map_or(SlotRoom::NotSaid, SlotRoom::from_share),
+        });
         let command_seen = segment.slot(slot).command_acked.load(Ordering::Relaxed);
         let max_payload = (segment.geometry().ring_bytes / 2 - 8) as usize;
         let batch_limit = options.batch_bytes.clamp(64, max_payload);
@@ -254,6 +259,24 @@ impl JobClient {
     /// for its turn).
     pub fn paused(&self) -> bool {
         self.slot_ref().paused.load(Ordering::Relaxed) != 0
+    }
+
+    /// Asks the coordinator to plan leaving `share` of the budget free from now on (rounded
+    /// to a thousandth, clamped to 0 to 90%).
+    pub fn ask_room(&self, share: f64) {
+        self.slot_ref().room_asked.store(
+            SlotRoom::from_share(share).to_word(self.incarnation),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The room the coordinator's planner leaves in this job's plans now ([`SlotRoom::NotSaid`]
+    /// until it has seen the job, and from a coordinator before the field).
+    pub fn room_in_force(&self) -> SlotRoom {
+        SlotRoom::from_word(
+            self.slot_ref().room_in_force.load(Ordering::Relaxed),
+            self.incarnation,
+        )
     }
 
     /// Launches seen so far.

@@ -34,5 +34,8 @@ pub use plan::{Action, ExecPlan, Iteration, PieceRef, PlanDecodeError, Role, Ste
 pub use process::ProcessIdentity;
 pub use ring::Corruption;
 pub use segment::{Geometry, SegmentError, LAYOUT_VERSION};
-pub use slot::{Admission, JobSnapshot, PlanState, Priority, StepCounters, DEFAULT_PAGE_BYTES};
+pub use slot::{
+    Admission, JobSnapshot, PlanState, Priority, SlotRoom, StepCounters, DEFAULT_PAGE_BYTES,
+    MAX_ROOM_PERMILLE,
+};
 pub use view::{CoordinatorInfo, SegmentView};

@@ -32,6 +32,13 @@ use crate::slot::{JobSlot, JobSnapshot, SLOT_BYTES};
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"TNSLSHM\0");
 
 /// The layout this crate creates and reads; bumped on any incompatible change.
+///
+/// Fields taken from a slot's reserved bytes (which every segment of this version holds at
+/// zero) do not bump it when 0 means "not said" and each side works without the other's:
+/// `page_bytes`, `took_from`, and the rooms (`room_asked`, `room_in_force`). A coordinator
+/// before the rooms plans every job with its own room and never says it, so a job of now
+/// keeps its room as it is (as it did); a job before them asks nothing and reads nothing, so
+/// a coordinator of now plans it with its own room. A bump would refuse either for nothing.
 pub const LAYOUT_VERSION: u32 = 2;
 
 /// Bytes of the header.

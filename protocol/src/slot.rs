@@ -234,7 +234,15 @@ pub(crate) struct JobSlot {
     /// Job, while claiming: the pid of the dead job whose slot it took (0: the slot was
     /// free), so the coordinator logs that job as dead rather than as gone. Offset 688.
     pub took_from: AtomicU64,
-    _reserved: [AtomicU64; (SLOT_BYTES - 696) / 8],
+    /// Job: the room it asks its plans to leave, a [`SlotRoom`] word: written while claiming
+    /// (its `TENSILE_PLAN_ROOM`, if set; else not said) and again when the run raises it
+    /// (0: not said, as by jobs before this field: the coordinator's own room). Offset 696.
+    pub room_asked: AtomicU64,
+    /// Coordinator: the room its planner leaves in this job's plans now, a [`SlotRoom`] word
+    /// (0: not said, as by coordinators before this field). Reset by the job while claiming.
+    /// Offset 704.
+    pub room_in_force: AtomicU64,
+    _reserved: [AtomicU64; (SLOT_BYTES - 712) / 8],
 }
 
 const _: () = assert!(std::mem::size_of::<JobSlot>() == SLOT_BYTES);
@@ -246,6 +254,86 @@ const _: () = assert!(std::mem::offset_of!(JobSlot, priority) == 640);
 const _: () = assert!(std::mem::offset_of!(JobSlot, paused) == 672);
 const _: () = assert!(std::mem::offset_of!(JobSlot, page_bytes) == 680);
 const _: () = assert!(std::mem::offset_of!(JobSlot, took_from) == 688);
+const _: () = assert!(std::mem::offset_of!(JobSlot, room_asked) == 696);
+const _: () = assert!(std::mem::offset_of!(JobSlot, room_in_force) == 704);
+
+/// The most room a slot may say, in thousandths of the budget: 90%, the most the analyzer's
+/// planner leaves (`tensile_analyzer::online::MAX_PLAN_ROOM`; a plan with more would plan for
+/// almost nothing). A word over it is [`SlotRoom::Invalid`].
+pub const MAX_ROOM_PERMILLE: u16 = 900;
+
+/// Set in a room word that says a room (so that 0% said differs from nothing said).
+const ROOM_SAID: u64 = 1 << 31;
+/// The bits of a room word that hold the share.
+const ROOM_PERMILLE_MASK: u64 = 0xffff;
+
+/// A room (the share of a budget plans leave free) as a slot's `room_asked` or
+/// `room_in_force` word says it.
+///
+/// The word: bits 0 to 15 the share in thousandths (0 to [`MAX_ROOM_PERMILLE`]; shares are
+/// rounded to the nearest thousandth, exact for whole and tenth percents), bit 31 set ("said":
+/// 0% is a room too), bits 16 to 30 zero, and bits 32 to 63 the low 32 bits of the slot's
+/// incarnation it was written for. 0 is "not said", what a peer of the layout before these
+/// fields leaves there. The incarnation tells a word written for this job from one left by the
+/// slot's previous job: a job of the previous layout does not reset the job's word when it
+/// claims, and a coordinator may write its word for a job that has just left as a new one
+/// claims the slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SlotRoom {
+    /// Nothing said (0, or a word written for another incarnation of the slot).
+    #[default]
+    NotSaid,
+    /// A share of the budget in thousandths, at most [`MAX_ROOM_PERMILLE`].
+    Permille(u16),
+    /// A word for this job that no version writes (over 90%, or bits that must be zero set):
+    /// never planned with; the reader keeps what it had and says so.
+    Invalid(u64),
+}
+
+impl SlotRoom {
+    /// The room for `share` of the budget (clamped to 0 to 90%; not a number: not said).
+    pub fn from_share(share: f64) -> SlotRoom {
+        if share.is_nan() {
+            return SlotRoom::NotSaid;
+        }
+        let max = f64::from(MAX_ROOM_PERMILLE);
+        SlotRoom::Permille((share * 1000.0).round().clamp(0.0, max) as u16)
+    }
+
+    /// The share of the budget, if a usable room is said.
+    pub fn share(self) -> Option<f64> {
+        match self {
+            SlotRoom::Permille(p) => Some(f64::from(p) / 1000.0),
+            SlotRoom::NotSaid | SlotRoom::Invalid(_) => None,
+        }
+    }
+
+    /// The word for the job of `incarnation`.
+    pub(crate) fn to_word(self, incarnation: u64) -> u64 {
+        match self {
+            SlotRoom::NotSaid => 0,
+            SlotRoom::Permille(p) => {
+                ((incarnation & 0xffff_ffff) << 32)
+                    | ROOM_SAID
+                    | u64::from(p.min(MAX_ROOM_PERMILLE))
+            }
+            SlotRoom::Invalid(word) => word,
+        }
+    }
+
+    /// Reads a word as the job of `incarnation` sees it.
+    pub(crate) fn from_word(word: u64, incarnation: u64) -> SlotRoom {
+        if word == 0 || word >> 32 != incarnation & 0xffff_ffff {
+            return SlotRoom::NotSaid;
+        }
+        let low = word & 0xffff_ffff;
+        let permille = low & ROOM_PERMILLE_MASK;
+        if low & !ROOM_PERMILLE_MASK != ROOM_SAID || permille > u64::from(MAX_ROOM_PERMILLE) {
+            return SlotRoom::Invalid(word);
+        }
+        SlotRoom::Permille(permille as u16)
+    }
+}
 
 /// A slot as read at one moment (fields may come from neighbouring updates).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -291,6 +379,10 @@ pub struct JobSnapshot {
     pub page_bytes: u64,
     /// The pid of the dead job whose slot this job took when it joined (0: it was free).
     pub took_from: u32,
+    /// The room the job asks its plans to leave.
+    pub room_asked: SlotRoom,
+    /// The room the coordinator's planner leaves in the job's plans now.
+    pub room_in_force: SlotRoom,
 }
 
 /// The page a job that does not say its own moves in: the H100's 2 MiB.
@@ -306,6 +398,22 @@ impl JobSnapshot {
             DEFAULT_PAGE_BYTES
         }
     }
+}
+
+/// What a job writes into its slot while claiming it ([`JobSlot::finish_claim`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claimant<'a> {
+    pub me: ProcessIdentity,
+    /// The device budget it asks for.
+    pub budget_bytes: u64,
+    pub priority: Priority,
+    pub command_line: &'a str,
+    /// Its memory manager's page (0: not said).
+    pub page_bytes: u64,
+    /// The dead job whose slot it took (0: the slot was free).
+    pub took_from: u32,
+    /// The room it asks its plans to leave.
+    pub room: SlotRoom,
 }
 
 /// What a job reports about its last step, written into its slot.
@@ -331,9 +439,10 @@ impl JobSlot {
     pub fn snapshot(&self, slot: u32) -> Option<JobSnapshot> {
         let (pid, state) = self.owner()?;
         let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let incarnation = r(&self.incarnation);
         Some(JobSnapshot {
             slot,
-            incarnation: r(&self.incarnation),
+            incarnation,
             process: ProcessIdentity {
                 pid,
                 start_time: r(&self.start_time),
@@ -365,6 +474,8 @@ impl JobSlot {
             paused: self.paused.load(Ordering::Relaxed) != 0,
             page_bytes: r(&self.page_bytes),
             took_from: r(&self.took_from) as u32,
+            room_asked: SlotRoom::from_word(r(&self.room_asked), incarnation),
+            room_in_force: SlotRoom::from_word(r(&self.room_in_force), incarnation),
         })
     }
 
@@ -432,15 +543,16 @@ impl JobSlot {
     /// Finishes a claim: resets the job's fields, writes its identity, goes LIVE. The ring
     /// restarts where the consumer stands and old commands count as read, so nothing of the
     /// previous owner reaches the new one. Returns the incarnation.
-    pub fn finish_claim(
-        &self,
-        me: ProcessIdentity,
-        budget_bytes: u64,
-        priority: Priority,
-        command_line: &str,
-        page_bytes: u64,
-        took_from: u32,
-    ) -> (u64, u64) {
+    pub fn finish_claim(&self, claimant: &Claimant<'_>) -> (u64, u64) {
+        let Claimant {
+            me,
+            budget_bytes,
+            priority,
+            command_line,
+            page_bytes,
+            took_from,
+            room,
+        } = *claimant;
         let z = |a: &AtomicU64| a.store(0, Ordering::Relaxed);
         let incarnation = self.incarnation.fetch_add(1, Ordering::Relaxed) + 1;
         self.start_time.store(me.start_time, Ordering::Relaxed);
@@ -449,6 +561,8 @@ impl JobSlot {
         self.page_bytes.store(page_bytes, Ordering::Relaxed);
         self.took_from
             .store(u64::from(took_from), Ordering::Relaxed);
+        self.room_asked
+            .store(room.to_word(incarnation), Ordering::Relaxed);
         for a in [
             &self.resident_bytes,
             &self.demand_bytes,
@@ -466,6 +580,8 @@ impl JobSlot {
             &self.grantable_bytes,
             // A new job starts with no grant: the coordinator's next tick gives it one.
             &self.grant_bytes,
+            // Nor a room: the coordinator says its own once it has seen the job.
+            &self.room_in_force,
         ] {
             z(a);
         }
@@ -574,5 +690,56 @@ impl JobSlot {
             .store(c.predicted_step_ns, Ordering::Relaxed);
         self.measured_step_ns
             .store(c.measured_step_ns, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_room_word_says_the_share_for_its_incarnation_only() {
+        let n = 7;
+        for (share, permille) in [(0.0, 0), (0.2, 200), (0.355, 355), (0.9, 900)] {
+            let room = SlotRoom::from_share(share);
+            assert_eq!(room, SlotRoom::Permille(permille));
+            assert_eq!(SlotRoom::from_word(room.to_word(n), n), room);
+            assert!((room.share().unwrap() - share).abs() < 1e-9);
+        }
+        // 0% said is a word of its own, not nothing said.
+        assert_ne!(SlotRoom::Permille(0).to_word(n), 0);
+        assert_eq!(SlotRoom::from_word(0, n), SlotRoom::NotSaid);
+        // Out of range, clamped; not a number, not said.
+        assert_eq!(
+            SlotRoom::from_share(3.0),
+            SlotRoom::Permille(MAX_ROOM_PERMILLE)
+        );
+        assert_eq!(SlotRoom::from_share(-1.0), SlotRoom::Permille(0));
+        assert_eq!(SlotRoom::from_share(f64::NAN), SlotRoom::NotSaid);
+        // A word for another incarnation of the slot (its previous job) says nothing; the
+        // incarnation's high bits do not count.
+        let word = SlotRoom::Permille(300).to_word(n);
+        assert_eq!(SlotRoom::from_word(word, n + 1), SlotRoom::NotSaid);
+        assert_eq!(
+            SlotRoom::from_word(SlotRoom::Permille(300).to_word(n | 1 << 40), n),
+            SlotRoom::Permille(300)
+        );
+    }
+
+    #[test]
+    fn a_room_word_no_version_writes_is_invalid_and_has_no_share() {
+        let n = 3u64;
+        let tag = n << 32;
+        for word in [
+            tag | ROOM_SAID | 901,
+            tag | ROOM_SAID | 0xffff,
+            tag | ROOM_SAID | 1 << 16 | 200,
+            tag | 200,
+            tag,
+        ] {
+            let room = SlotRoom::from_word(word, n);
+            assert_eq!(room, SlotRoom::Invalid(word), "{word:#x}");
+            assert_eq!(room.share(), None);
+        }
     }
 }

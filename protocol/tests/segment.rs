@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use tensile_protocol::segment::{shm_name, shm_path};
 use tensile_protocol::{
     Command, CommandError, CommandRead, CoordinatorSegment, Delivery, Geometry, JobClient,
-    JobOptions, PlanState, Reclaimed, SegmentError, SegmentView, StepCounters, LAYOUT_VERSION,
+    JobOptions, PlanState, Reclaimed, SegmentError, SegmentView, SlotRoom, StepCounters,
+    LAYOUT_VERSION,
 };
 use tensile_trace::{Access, Launch, Record};
 
@@ -580,6 +581,94 @@ fn commands_reach_the_job_in_order_one_at_a_time() {
         CommandRead::New(Err(CommandError::UnknownKind(99)))
     );
     assert_eq!(coordinator.jobs()[0].commands_rejected, 1);
+}
+
+/// The slot's room words (offsets 696 and 704), for poking.
+const ROOM_ASKED: u64 = 696;
+const ROOM_IN_FORCE: u64 = 704;
+
+#[test]
+fn the_room_a_job_asks_and_the_room_in_force_go_through_the_slot() {
+    let name = unique_name("room");
+    let coordinator = CoordinatorSegment::create(&name, small()).unwrap();
+    // One job says nothing, one asks for no room at all: 0% said is not nothing said.
+    let silent = JobClient::join(&name, &options("silent")).unwrap();
+    let none = JobClient::join(
+        &name,
+        &JobOptions {
+            room: Some(0.0),
+            ..options("no room")
+        },
+    )
+    .unwrap();
+    let job = |slot: u32| {
+        let jobs = coordinator.jobs();
+        jobs.into_iter().find(|j| j.slot == slot).unwrap()
+    };
+    assert_eq!(job(silent.slot_index()).room_asked, SlotRoom::NotSaid);
+    assert_eq!(job(none.slot_index()).room_asked, SlotRoom::Permille(0));
+    assert_eq!(
+        silent.room_in_force(),
+        SlotRoom::NotSaid,
+        "nothing said yet"
+    );
+
+    // The coordinator says its room; the job (and a reader of the segment) reads it.
+    let slot = silent.slot_index();
+    let incarnation = job(slot).incarnation;
+    coordinator.set_room_in_force(slot, incarnation, SlotRoom::Permille(0));
+    assert_eq!(silent.room_in_force(), SlotRoom::Permille(0));
+    coordinator.set_room_in_force(slot, incarnation, SlotRoom::from_share(0.2));
+    assert_eq!(silent.room_in_force().share(), Some(0.2));
+    let view = SegmentView::open(&name).unwrap();
+    let seen = view.jobs().into_iter().find(|j| j.slot == slot).unwrap();
+    assert_eq!(seen.room_in_force, SlotRoom::Permille(200));
+
+    // The job asks for more later; a share is kept to the thousandth, up to 90%.
+    silent.ask_room(0.3);
+    assert_eq!(job(slot).room_asked, SlotRoom::Permille(300));
+    silent.ask_room(0.355);
+    assert_eq!(job(slot).room_asked.share(), Some(0.355));
+    silent.ask_room(4.0);
+    assert_eq!(job(slot).room_asked, SlotRoom::Permille(900));
+
+    // A word written for another incarnation of the slot is nobody's.
+    coordinator.set_room_in_force(slot, incarnation + 1, SlotRoom::Permille(500));
+    assert_eq!(silent.room_in_force(), SlotRoom::NotSaid);
+
+    // Garbage for this job (the flag and its incarnation, a share over 90%) is refused by
+    // both readers, never read as a room.
+    let garbage = (incarnation & 0xffff_ffff) << 32 | 1 << 31 | 999;
+    let at = SLOT0 + SLOT_BYTES * u64::from(slot);
+    poke(&name, at + ROOM_IN_FORCE, &garbage.to_le_bytes());
+    poke(&name, at + ROOM_ASKED, &garbage.to_le_bytes());
+    assert_eq!(silent.room_in_force(), SlotRoom::Invalid(garbage));
+    assert_eq!(silent.room_in_force().share(), None);
+    assert_eq!(job(slot).room_asked, SlotRoom::Invalid(garbage));
+
+    // The next job in the slot starts with its own words: what it asks, and nothing in force.
+    silent.leave();
+    let next = JobClient::join(
+        &name,
+        &JobOptions {
+            room: Some(0.4),
+            ..options("next")
+        },
+    )
+    .unwrap();
+    assert_eq!(next.slot_index(), slot);
+    assert_eq!(job(slot).room_asked, SlotRoom::Permille(400));
+    assert_eq!(next.room_in_force(), SlotRoom::NotSaid);
+    // A job of the layout before the rooms writes neither word when it claims: what the
+    // slot's previous job left is another incarnation's, so nothing said.
+    let left_by_next = (job(slot).incarnation & 0xffff_ffff) << 32 | 1 << 31 | 400;
+    next.leave();
+    let old = JobClient::join(&name, &options("old layout")).unwrap();
+    poke(&name, at + ROOM_ASKED, &left_by_next.to_le_bytes());
+    assert_eq!(old.slot_index(), slot);
+    assert_eq!(job(slot).room_asked, SlotRoom::NotSaid);
+    old.leave();
+    none.leave();
 }
 
 #[test]

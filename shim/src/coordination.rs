@@ -14,6 +14,12 @@
 //! A coordinator that runs but does not read (stopped, starved) costs the job nothing either:
 //! its ring fills, frames that do not fit are dropped and counted (never waited for), the job
 //! says so once, and the coordinator relearns the job from the gap on.
+//!
+//! The room the coordinator's plans leave in this job's budget goes through the slot too: the
+//! job asks one (its `TENSILE_PLAN_ROOM`, fixed; or what the planning thread's
+//! [`crate::plan_room::RoomControl`] raised it to, asked again at every rejoin), and the
+//! coordinator says the room in force, which the control starts from. Only the mechanism is
+//! here; when to raise it is the control's.
 
 use std::ffi::CStr;
 use std::path::PathBuf;
@@ -21,7 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tensile_protocol::{Admission, Command as Order, CommandRead, ExecPlan, JobClient, JobOptions};
-use tensile_protocol::{PlanState, Priority, SegmentError, StepCounters};
+use tensile_protocol::{PlanState, Priority, SegmentError, SlotRoom, StepCounters};
 use tensile_trace::Record;
 
 use tensile_protocol::process::monotonic_ns;
@@ -80,6 +86,15 @@ pub struct CoordinatorSource {
     plan_shape: Option<(u32, u64)>,
     /// Counters at the last report: launches, stalls, bytes to host and to the device, when.
     last_report: Option<(u64, u64, u64, u64, Instant)>,
+    /// Whether `TENSILE_PLAN_ROOM` fixes the room (then the run does not adapt it).
+    room_fixed: bool,
+    /// The room this job asks its plans to leave (`None`: the coordinator's own), told the
+    /// coordinator at every join.
+    room_asked: Option<f64>,
+    /// The room the coordinator says its plans for this job leave now, as last read.
+    room_in_force: Option<f64>,
+    /// Whether the job said that its slot holds a room no version writes.
+    said_bad_room: bool,
 }
 
 impl CoordinatorSource {
@@ -94,13 +109,16 @@ impl CoordinatorSource {
     /// The first join needs no `state`: the stream starts with the process. A coordinator
     /// joined later (after the first went away) gets `state()` before the stream goes on, so
     /// it knows the parameters and the kernels made before it came. `page_bytes`: the
-    /// memory manager's page, which the coordinator's plans must move in.
+    /// memory manager's page, which the coordinator's plans must move in. `fixed_room`: the
+    /// room `TENSILE_PLAN_ROOM` sets, which the coordinator then plans this job with
+    /// (`None`: its own room, which the run may raise).
     pub fn connect(
         name: &str,
         start_if_missing: bool,
         plan_costs: (Option<PlanBandwidths>, SwappedMapping),
         priority: Priority,
         page_bytes: u64,
+        fixed_room: Option<f64>,
         state: StateRecords,
     ) -> Result<CoordinatorSource, String> {
         let mut source = CoordinatorSource {
@@ -121,6 +139,10 @@ impl CoordinatorSource {
             page_bytes,
             plan_shape: None,
             last_report: None,
+            room_fixed: fixed_room.is_some(),
+            room_asked: fixed_room,
+            room_in_force: None,
+            said_bad_room: false,
         };
         let client = source.join()?;
         tracing::info!(
@@ -138,6 +160,7 @@ impl CoordinatorSource {
             priority: self.priority,
             command_line: crate::recorder::command_line(),
             page_bytes: self.page_bytes,
+            room: self.room_asked,
             ..JobOptions::default()
         }
     }
@@ -238,8 +261,10 @@ impl CoordinatorSource {
             }
         }
         // The coordinator must not load the shim into itself, nor share our terminal's
-        // signals (it outlives us, serving other jobs).
+        // signals (it outlives us, serving other jobs). Nor this job's room as its own: this
+        // job asks it in its slot, and the jobs after it that set none get the default.
         cmd.env_remove("LD_PRELOAD")
+            .env_remove("TENSILE_PLAN_ROOM")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -347,6 +372,19 @@ impl PlanSource for CoordinatorSource {
             tracing::info!("tensile: the coordinator gives this job its turn on the card");
             crate::turns::release();
         }
+        match client.room_in_force() {
+            SlotRoom::Invalid(word) => {
+                if !self.said_bad_room {
+                    tracing::warn!(
+                        "the coordinator {:?} says a room no version writes ({word:#018x}); \
+                         ignored",
+                        self.name
+                    );
+                    self.said_bad_room = true;
+                }
+            }
+            said => self.room_in_force = said.share(),
+        }
         match client.poll_command() {
             CommandRead::New(Ok(Order::Plan(plan))) => {
                 tracing::info!("{}, from the coordinator", crate::planning::learned(&plan));
@@ -370,6 +408,25 @@ impl PlanSource for CoordinatorSource {
             }
             CommandRead::Nothing | CommandRead::Busy => None,
         }
+    }
+
+    /// Asks the coordinator to plan with `room` (now, and at every rejoin). False when
+    /// `TENSILE_PLAN_ROOM` fixes the room.
+    fn set_room(&mut self, room: f64) -> bool {
+        if self.room_fixed {
+            return false;
+        }
+        self.room_asked = Some(room);
+        if let Some(client) = &self.client {
+            client.ask_room(room);
+        }
+        true
+    }
+
+    /// The room the coordinator says it plans this job with: none until it has said one (or
+    /// from a coordinator that says none), nor when `TENSILE_PLAN_ROOM` fixes it.
+    fn adaptable_room(&self) -> Option<f64> {
+        self.room_in_force.filter(|_| !self.room_fixed)
     }
 
     fn report(&mut self, rt: &Runtime) {
@@ -490,5 +547,101 @@ pub fn swapped_flag(mapping: SwappedMapping) -> &'static str {
         SwappedMapping::HostUnits => "host-units",
         SwappedMapping::SingleFrames => "single-frames",
         SwappedMapping::Unmapped => "unmapped",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensile_protocol::{CoordinatorSegment, Geometry, JobSnapshot};
+
+    fn unique_name() -> String {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "test-shim-room-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn small() -> Geometry {
+        Geometry {
+            slot_count: 2,
+            ring_bytes: 16 << 10,
+            command_bytes: 16 << 10,
+        }
+    }
+
+    /// A source joined to the coordinator `name` (none is started), its room fixed or not.
+    fn source(name: &str, fixed_room: Option<f64>) -> CoordinatorSource {
+        CoordinatorSource::connect(
+            name,
+            false,
+            (None, SwappedMapping::HostUnits),
+            Priority::Normal,
+            2 << 20,
+            fixed_room,
+            Box::new(Vec::new),
+        )
+        .unwrap()
+    }
+
+    fn only_job(segment: &CoordinatorSegment) -> JobSnapshot {
+        let jobs = segment.jobs();
+        assert_eq!(jobs.len(), 1, "{jobs:?}");
+        jobs.into_iter().next().unwrap()
+    }
+
+    #[test]
+    fn the_room_the_coordinator_says_is_the_one_the_run_adapts_and_its_raises_are_asked() {
+        let name = unique_name();
+        let segment = CoordinatorSegment::create(&name, small()).unwrap();
+        let mut job = source(&name, None);
+        let joined = only_job(&segment);
+        assert_eq!(
+            joined.room_asked,
+            SlotRoom::NotSaid,
+            "the coordinator's own"
+        );
+        // Nothing to adapt until the coordinator says its room.
+        assert!(job.poll().is_none());
+        assert_eq!(job.adaptable_room(), None);
+        segment.set_room_in_force(joined.slot, joined.incarnation, SlotRoom::Permille(200));
+        job.poll();
+        assert_eq!(job.adaptable_room(), Some(0.2));
+        // A raise is asked in the slot.
+        assert!(job.set_room(0.3));
+        assert_eq!(only_job(&segment).room_asked, SlotRoom::Permille(300));
+        // A word no version writes is not taken for a room: the last one stays.
+        let garbage = SlotRoom::Invalid((joined.incarnation & 0xffff_ffff) << 32 | 1 << 31 | 990);
+        segment.set_room_in_force(joined.slot, joined.incarnation, garbage);
+        job.poll();
+        assert_eq!(job.adaptable_room(), Some(0.2));
+
+        // A new coordinator under the name: the job rejoins it and asks the raised room.
+        drop(segment);
+        let segment = CoordinatorSegment::create(&name, small()).unwrap();
+        job.poll();
+        job.poll();
+        let rejoined = only_job(&segment);
+        assert_eq!(rejoined.room_asked, SlotRoom::Permille(300));
+        drop(job);
+    }
+
+    #[test]
+    fn a_room_fixed_by_the_job_is_asked_at_joining_and_never_adapted() {
+        let name = unique_name();
+        let segment = CoordinatorSegment::create(&name, small()).unwrap();
+        let mut job = source(&name, Some(0.0));
+        let joined = only_job(&segment);
+        // 0% said, not nothing said.
+        assert_eq!(joined.room_asked, SlotRoom::Permille(0));
+        segment.set_room_in_force(joined.slot, joined.incarnation, SlotRoom::Permille(0));
+        job.poll();
+        assert_eq!(job.adaptable_room(), None);
+        assert!(!job.set_room(0.1));
+        assert_eq!(only_job(&segment).room_asked, SlotRoom::Permille(0));
+        drop(job);
     }
 }

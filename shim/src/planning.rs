@@ -8,9 +8,9 @@
 //!
 //! The thread also keeps the memory manager's policy knobs in step with the executor: while a
 //! plan runs, LRU eviction ahead of need is off (the plan makes its own room, and the reserve
-//! would evict what the plan keeps); when the plan is dropped it comes back. Planning in the
-//! process, it also adapts the share of the budget plans leave free to what the manager does
-//! beside them ([`crate::plan_room`]).
+//! would evict what the plan keeps); when the plan is dropped it comes back. It also adapts the
+//! share of the budget plans leave free to what the manager does beside them
+//! ([`crate::plan_room`]), in the process or through the coordinator.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -59,13 +59,14 @@ pub trait PlanSource: Send {
     }
     /// Called once per round with the executor's state and counters, for reporting.
     fn report(&mut self, _rt: &Runtime) {}
-    /// Plans from now on leave `room` of the budget free (the next poll replans). False
-    /// where the source cannot (a coordinator plans with its own).
+    /// Plans from now on leave `room` of the budget free (the next plan is made for it).
+    /// False where the source cannot (the room is fixed).
     fn set_room(&mut self, _room: f64) -> bool {
         false
     }
     /// The room this source's plans leave, if the run may adapt it ([`RoomControl`]): not
-    /// when `TENSILE_PLAN_ROOM` fixes it.
+    /// when `TENSILE_PLAN_ROOM` fixes it, nor before the source knows it (a coordinator says
+    /// it once it has seen the job).
     fn adaptable_room(&self) -> Option<f64> {
         None
     }
@@ -185,7 +186,10 @@ pub fn start_for(rt: &'static Runtime) {
         if let Some(name) = name {
             let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
             let costs = (told, remaps.mapping);
-            match CoordinatorSource::connect(&name, true, costs, priority, page, state) {
+            // A room set by TENSILE_PLAN_ROOM is this job's; else the coordinator's, which the
+            // run may raise.
+            let room = config.plan_room;
+            match CoordinatorSource::connect(&name, true, costs, priority, page, room, state) {
                 Ok(mut source) => {
                     source.set_grant_wait(config.grant_wait);
                     return Box::new(source) as Box<dyn PlanSource>;
@@ -382,7 +386,10 @@ fn run(
     // The last grant met, and when it was last applied (see `regrow_after_refusal`).
     let mut met: Option<(u64, Instant)> = None;
     let mut poller = Poller::new();
-    let mut room = source.adaptable_room().map(RoomControl::new);
+    // Made once the source knows the room (a coordinator says it a tick after the job
+    // joined), with the pages out per iteration of the plan in force by then.
+    let mut room: Option<RoomControl> = None;
+    let mut plan_pages_out: Option<u64> = None;
     while !STOP.load(Ordering::Relaxed) {
         match poller.next(tap) {
             Polled::Message(record) => {
@@ -410,10 +417,16 @@ fn run(
             source.set_budget(budget);
         }
         if let Some(plan) = source.poll() {
-            if let (Some(room), Some(m)) = (room.as_mut(), rt.memory()) {
-                room.plan_installed(plan.bytes_out_per_iteration() / m.mm.page_bytes() as u64);
+            plan_pages_out = rt
+                .memory()
+                .map(|m| plan.bytes_out_per_iteration() / m.mm.page_bytes() as u64);
+            if let (Some(room), Some(pages)) = (room.as_mut(), plan_pages_out) {
+                room.plan_installed(pages);
             }
             rt.executor.install(plan, &rt.tracker);
+        }
+        if room.is_none() {
+            room = room_control(source.as_ref(), plan_pages_out);
         }
         if let Some(control) = room.as_mut() {
             adapt_room(rt, control, source.as_mut());
@@ -437,6 +450,16 @@ fn run(
         last_poll = Instant::now();
         since_poll = 0;
     }
+}
+
+/// The room's control, once `source` says the room it plans with and lets the run adapt it;
+/// the plan in force (moving `plan_pages_out` pages out per iteration), if any, is its first.
+fn room_control(source: &dyn PlanSource, plan_pages_out: Option<u64>) -> Option<RoomControl> {
+    let mut control = RoomControl::new(source.adaptable_room()?);
+    if let Some(pages) = plan_pages_out {
+        control.plan_installed(pages);
+    }
+    Some(control)
 }
 
 /// Feeds the room's control what the plan and the manager moved out so far, and has the
@@ -563,6 +586,44 @@ fn keep_reserve_in_step(rt: &Runtime, saved: &mut Option<usize>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A source that says its room only once told to, as a coordinator says it a tick after
+    /// the job joined.
+    struct SaysRoomLater(Option<f64>);
+
+    impl PlanSource for SaysRoomLater {
+        fn push(&mut self, _: &Record) {}
+        fn lost(&mut self, _: u64) {}
+        fn set_budget(&mut self, _: u64) {}
+        fn poll(&mut self) -> Option<ExecPlan> {
+            None
+        }
+        fn adaptable_room(&self) -> Option<f64> {
+            self.0
+        }
+    }
+
+    #[test]
+    fn the_rooms_control_is_made_once_the_room_is_said_and_judges_the_plan_in_force() {
+        let mut source = SaysRoomLater(None);
+        assert!(room_control(&source, Some(100)).is_none());
+        source.0 = Some(0.2);
+        // The plan in force came before the room: its windows are judged all the same (the
+        // first is not, as for any plan).
+        let mut control = room_control(&source, Some(100)).expect("the room is said");
+        assert_eq!(control.room(), 0.2);
+        assert_eq!(control.observe(0, 0), None);
+        assert_eq!(control.observe(100, 0), None);
+        let change = control
+            .observe(200, 50)
+            .expect("a window of 50% beside the plan");
+        assert!((change.room - 0.3).abs() < 1e-9, "{change:?}");
+        // With no plan in force yet, nothing is judged until one comes.
+        let mut waiting = room_control(&source, None).unwrap();
+        for at in [0, 100, 200, 300] {
+            assert_eq!(waiting.observe(at, at), None);
+        }
+    }
 
     #[test]
     fn the_planner_prices_the_remaps_the_manager_makes_unless_told_the_rates() {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use std::os::unix::fs::FileExt;
 
 use tensile_protocol::segment::{shm_name, shm_path, Geometry, LAYOUT_VERSION};
-use tensile_protocol::{CoordinatorSegment, SegmentView};
+use tensile_protocol::{CoordinatorSegment, SegmentView, SlotRoom};
 use tensile_tests::expect::named_digests;
 use tensile_tests::harness::{artifacts, Output, Run, Running};
 
@@ -624,6 +624,59 @@ fn a_job_killed_mid_run_is_logged_dead_once_and_its_slot_serves_the_next_job() {
         !log.contains(&format!("job {victim_pid} left")),
         "a dead job logged as one that left:\n{log}"
     );
+}
+
+/// A job's own `TENSILE_PLAN_ROOM` reaches the coordinator it joins: the job asks it in its
+/// slot, the coordinator (whose own room is the default) plans the job with it, says so in
+/// its log and in the slot, and `tensile status` shows it.
+#[test]
+fn a_jobs_own_plan_room_is_the_one_its_coordinator_plans_it_with() {
+    let name = unique_name("room");
+    let coordinator = OwnCoordinator::start(&name, &[]);
+    let job = planned_job(40, &name)
+        .env("TENSILE_PLAN_ROOM", "35%")
+        .spawn();
+    assert!(
+        job.wait_for(true, "from the coordinator", PATIENCE),
+        "the job got no plan from the coordinator:\n{}\n--- coordinator\n{}",
+        job.stderr(),
+        coordinator.log()
+    );
+    let slot = SegmentView::open(&name)
+        .unwrap()
+        .jobs()
+        .into_iter()
+        .find(|j| j.process.pid == job.pid());
+    let status = std::process::Command::new(&artifacts().tensile)
+        .args(["status", "--name", &name])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let out = job.wait();
+    let log = coordinator.log();
+    drop(coordinator);
+    out.assert_ok("job");
+    let slot = slot.expect("the job's slot while it ran");
+    assert_eq!(
+        (slot.room_asked, slot.room_in_force),
+        (SlotRoom::Permille(350), SlotRoom::Permille(350))
+    );
+    assert!(
+        log.contains(
+            "its plans leave 35% of its grant free, as it asks (the coordinator's own room: 20%)"
+        ),
+        "{log}"
+    );
+    assert!(
+        !out.stderr.contains("plans now leave"),
+        "a fixed room was adapted:\n{}",
+        out.stderr
+    );
+    let row = status
+        .lines()
+        .find(|l| l.contains(&format!(" {} ", slot.process.pid)))
+        .unwrap_or_else(|| panic!("the job is not in tensile status:\n{status}"));
+    assert!(row.contains(" 35% "), "{row}");
 }
 
 /// The file's owner, mode, size, inode and bytes, to tell that nothing touched it.

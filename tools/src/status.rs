@@ -5,7 +5,9 @@ use std::fmt::Write as _;
 
 use tensile_analyzer::cost::format_bytes;
 use tensile_protocol::segment::{list_names, user_prefix};
-use tensile_protocol::{Admission, JobSnapshot, PlanState, SegmentError, SegmentView};
+use tensile_protocol::{Admission, JobSnapshot, PlanState, SegmentError, SegmentView, SlotRoom};
+
+use crate::coordinator::percent;
 
 /// Arguments of `tensile status`.
 #[derive(clap::Args)]
@@ -97,6 +99,7 @@ fn segment_report(name: &str, view: &SegmentView) -> String {
         "NEEDS",
         "FLOOR",
         "PLAN",
+        "ROOM",
         "STALLS/STEP",
         "TO HOST/STEP",
         "TO DEVICE/STEP",
@@ -104,7 +107,7 @@ fn segment_report(name: &str, view: &SegmentView) -> String {
         "MEASURED",
         "COMMAND",
     ];
-    let rows: Vec<[String; 14]> = jobs
+    let rows: Vec<[String; 15]> = jobs
         .iter()
         .map(|j| {
             [
@@ -127,6 +130,7 @@ fn segment_report(name: &str, view: &SegmentView) -> String {
                     Admission::Admitted => format_bytes(j.floor_bytes),
                 },
                 plan_column(j),
+                room_column(j),
                 j.stalls_per_step.to_string(),
                 format_bytes(j.bytes_to_host_per_step),
                 format_bytes(j.bytes_to_device_per_step),
@@ -183,6 +187,23 @@ fn plan_column(j: &JobSnapshot) -> String {
     }
 }
 
+/// The room the coordinator plans the job with ("-": it says none, as coordinators before the
+/// field; "?": a word no version writes), and the one the job asks where that is not in force
+/// yet.
+fn room_column(j: &JobSnapshot) -> String {
+    let in_force = match (j.room_in_force, j.room_in_force.share()) {
+        (_, Some(room)) => percent(room),
+        (SlotRoom::NotSaid, None) => "-".to_string(),
+        (_, None) => "?".to_string(),
+    };
+    match j.room_asked.share() {
+        Some(asked) if j.room_asked != j.room_in_force => {
+            format!("{in_force} (asks {})", percent(asked))
+        }
+        _ => in_force,
+    }
+}
+
 fn optional_ns(ns: u64) -> String {
     if ns == 0 {
         "-".into()
@@ -215,8 +236,8 @@ mod tests {
     }
 
     #[test]
-    fn jobs_show_their_priority_grant_needs_and_floor_and_the_card_its_total() {
-        use tensile_protocol::{Admission, CoordinatorSegment, Geometry, JobClient, JobOptions};
+    fn jobs_show_their_priority_grant_needs_floor_and_room_and_the_card_its_total() {
+        use tensile_protocol::{CoordinatorSegment, Geometry, JobClient, JobOptions};
         let name = format!("test-status-{}", std::process::id());
         let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
         let job = JobClient::join(
@@ -232,6 +253,9 @@ mod tests {
         job.set_memory(6 << 30, 9 << 30);
         segment.set_grant(job.slot_index(), 7 << 30);
         segment.set_admission(job.slot_index(), Admission::Short, 12 << 30, 10 << 30);
+        let incarnation = segment.jobs()[0].incarnation;
+        segment.set_room_in_force(job.slot_index(), incarnation, SlotRoom::Permille(200));
+        job.ask_room(0.3);
         let text = render(Some(&name)).unwrap();
         assert!(
             text.contains("card 80.00 GiB: 7.00 GiB granted, 6.00 GiB held by the jobs"),
@@ -245,6 +269,7 @@ mod tests {
             "6.00 GiB",
             "9.00 GiB",
             "12.00 GiB SHORT (at most 10.00 GiB)",
+            "20% (asks 30%)",
         ] {
             assert!(row.contains(cell), "{cell:?} not in {row:?}");
         }

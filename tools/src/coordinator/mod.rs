@@ -11,6 +11,10 @@
 //! priorities, floors and needs; a job learns its grant through a `Budget` command and meets
 //! it by evicting, and its planner plans for it. A job that reports no card yet (its memory
 //! manager has not started) is granted the budget it asks for.
+//!
+//! Rooms: each job's plans leave a share of its grant free, the room the job asks in its slot
+//! (its `TENSILE_PLAN_ROOM`, or what its run raised it to) or else `--plan-room`; the room in
+//! force is said back in the slot, where the job's own control of it starts from.
 
 mod floor;
 pub mod grants;
@@ -24,11 +28,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tensile_analyzer::cost::format_bytes;
-use tensile_analyzer::online::{parse_room, room_from_env};
+use tensile_analyzer::online::{parse_room, room_from_env, DEFAULT_PLAN_ROOM};
 use tensile_analyzer::{CostModel, RemapModel, SwappedMapping};
 use tensile_protocol::{
     Admission, Command, CoordinatorSegment, Corruption, Delivery, Geometry, JobSnapshot,
-    SegmentError,
+    SegmentError, SlotRoom,
 };
 use tensile_shim::config::PlanBandwidths;
 use tensile_shim::planning::plan_costs;
@@ -72,7 +76,8 @@ pub struct CoordinatorArgs {
     pub swapped: SwappedMapping,
     /// The share of each job's grant its plans leave free, for what a run does that its plan
     /// cannot place: a percentage from 0 to 90. Default: TENSILE_PLAN_ROOM of the
-    /// coordinator's environment (the first job's, when a job started it), else 20%.
+    /// coordinator's environment, else 20%. A job that asks a room of its own (its
+    /// TENSILE_PLAN_ROOM, or a room it raised) is planned with that.
     #[arg(long, value_name = "PERCENT")]
     pub plan_room: Option<String>,
     /// Percent of the card's memory never granted to jobs: room for what libraries allocate
@@ -235,7 +240,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
     let mut coordinator = Coordinator::new(
         segment,
         log,
-        Box::new(move |job: &JobSnapshot| {
+        Box::new(move |job: &JobSnapshot, room: f64| {
             Box::new(LearnerPlanner::new(
                 job.budget_bytes,
                 cost,
@@ -244,6 +249,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             )) as Box<dyn JobPlanner>
         }),
     );
+    coordinator.room = room;
     if let Some(problem) = room_problem {
         coordinator
             .log
@@ -283,8 +289,9 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Makes the planner of a job that joined.
-pub type PlannerFactory = Box<dyn FnMut(&JobSnapshot) -> Box<dyn JobPlanner>>;
+/// Makes the planner of a job that joined, its plans leaving the room given (a share of the
+/// grant) free.
+pub type PlannerFactory = Box<dyn FnMut(&JobSnapshot, f64) -> Box<dyn JobPlanner>>;
 
 /// One job the coordinator follows.
 struct Job {
@@ -316,6 +323,10 @@ struct Job {
     curve_for: (u64, u64),
     /// Whether it holds its launches while others have the card.
     paused: bool,
+    /// The room its plans leave free now (a share of its grant).
+    room: f64,
+    /// The room it asked for, as last read from its slot.
+    room_asked: SlotRoom,
     /// How long it has run while others waited, ns (who goes next).
     ran_ns: u64,
     /// The largest footprint it ever reported.
@@ -418,6 +429,21 @@ impl Job {
     }
 }
 
+/// A share as a percentage, to the tenth where it has one ("35%", "33.3%").
+pub(crate) fn percent(share: f64) -> String {
+    format!("{}%", (share * 1000.0).round() / 10.0)
+}
+
+/// The log's line for a job whose slot says a room no version writes.
+fn invalid_room(job: &JobSnapshot, word: u64, room: f64) -> String {
+    format!(
+        "job {}: its slot asks for a room no version writes ({word:#018x}); ignored, its \
+         plans leave {} of its grant free",
+        job.process.pid,
+        percent(room)
+    )
+}
+
 /// How far back a job's footprint counts towards its need: longer than an iteration, so the
 /// need is the iteration's peak and grants do not follow the rise and fall within one.
 const NEED_WINDOW: Duration = Duration::from_secs(8);
@@ -438,6 +464,8 @@ pub struct Coordinator {
     turns: turns::Turns,
     /// When grants were last decided.
     last_grant: Option<Instant>,
+    /// The room plans leave free for jobs that ask none of their own (`--plan-room`).
+    room: f64,
 }
 
 /// A grant moves only when its target differs from it by more than this fraction of the
@@ -463,6 +491,7 @@ impl Coordinator {
             reserve_fraction: DEFAULT_RESERVE_PERCENT / 100.0,
             turns: turns::Turns::new(DEFAULT_TURN),
             last_grant: None,
+            room: DEFAULT_PLAN_ROOM,
         }
     }
 
@@ -545,7 +574,21 @@ impl Coordinator {
                     format_bytes(snap.budget_bytes),
                     snap.command_line
                 ));
-                let planner = (self.new_planner)(snap);
+                let room = snap.room_asked.share().unwrap_or(self.room);
+                let planner = (self.new_planner)(snap, room);
+                self.segment
+                    .set_room_in_force(*slot, snap.incarnation, SlotRoom::from_share(room));
+                match snap.room_asked {
+                    SlotRoom::Permille(_) => self.log.line(&format!(
+                        "job {}: its plans leave {} of its grant free, as it asks (the \
+                         coordinator's own room: {})",
+                        snap.process.pid,
+                        percent(room),
+                        percent(self.room)
+                    )),
+                    SlotRoom::Invalid(word) => self.log.line(&invalid_room(snap, word, room)),
+                    SlotRoom::NotSaid => {}
+                }
                 self.joins += 1;
                 self.jobs.insert(
                     *slot,
@@ -567,6 +610,8 @@ impl Coordinator {
                         curve: Vec::new(),
                         curve_for: (0, 0),
                         paused: false,
+                        room,
+                        room_asked: snap.room_asked,
                         ran_ns: 0,
                         peak: 0,
                         steady_ns: 0,
@@ -574,6 +619,7 @@ impl Coordinator {
                 );
             }
         }
+        self.follow_rooms(&live);
         self.idle_since = match (self.jobs.is_empty(), self.idle_since) {
             (true, None) => Some(now),
             (true, since) => since,
@@ -652,6 +698,45 @@ impl Coordinator {
             }
         }
         busy
+    }
+
+    /// Has each job's planner leave the room the job asks for, when it asks for another, and
+    /// says the room in force in its slot (where the job's control of its room starts from).
+    /// A word that is not a room changes nothing and is logged once.
+    fn follow_rooms(&mut self, live: &BTreeMap<u32, JobSnapshot>) {
+        for (slot, job) in self.jobs.iter_mut() {
+            let Some(snap) = live.get(slot).filter(|s| s.incarnation == job.incarnation) else {
+                continue;
+            };
+            if snap.room_asked == job.room_asked {
+                continue;
+            }
+            job.room_asked = snap.room_asked;
+            let room = match snap.room_asked {
+                SlotRoom::Invalid(word) => {
+                    self.log.line(&invalid_room(snap, word, job.room));
+                    continue;
+                }
+                // Not said: no version takes back a room it asked for; the room stays.
+                asked => match asked.share() {
+                    Some(room) => room,
+                    None => continue,
+                },
+            };
+            if (room - job.room).abs() < 1e-9 {
+                continue;
+            }
+            self.log.line(&format!(
+                "job {} asks its plans to leave {} of its grant free (was {}); planning again",
+                job.pid,
+                percent(room),
+                percent(job.room)
+            ));
+            job.room = room;
+            job.planner.set_room(room);
+            self.segment
+                .set_room_in_force(*slot, job.incarnation, SlotRoom::from_share(room));
+        }
     }
 
     /// Divides the card among the jobs (see [`grants`]) and tells each job whose grant
@@ -929,7 +1014,7 @@ impl Coordinator {
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
-    use tensile_protocol::{CommandRead, ExecPlan, JobClient, JobOptions};
+    use tensile_protocol::{CommandRead, ExecPlan, JobClient, JobOptions, SlotRoom};
     use tensile_trace::{Launch, Record};
 
     /// Log lines into a buffer the test reads.
@@ -958,6 +1043,8 @@ mod tests {
         launches: Vec<u64>,
         lost: u64,
         budget: u64,
+        /// The room its plans leave, as made and as changed since.
+        room: Option<f64>,
     }
 
     /// Plans once it has seen `after` launches: a plan whose period is the launch count.
@@ -997,6 +1084,9 @@ mod tests {
         }
         fn set_budget(&mut self, bytes: u64) {
             self.seen.lock().unwrap().budget = bytes;
+        }
+        fn set_room(&mut self, room: f64) {
+            self.seen.lock().unwrap().room = Some(room);
         }
         fn state(&self) -> PlannerState {
             if self.planned {
@@ -1045,7 +1135,8 @@ mod tests {
         let mut c = Coordinator::new(
             segment,
             Log::new(Box::new(captured.clone())),
-            Box::new(move |_| {
+            Box::new(move |_, room| {
+                for_factory.lock().unwrap().room = Some(room);
                 Box::new(Scripted {
                     seen: for_factory.clone(),
                     after: 300,
@@ -1141,6 +1232,121 @@ mod tests {
         assert_eq!(log.lines().count(), 5, "{log}");
     }
 
+    #[test]
+    fn the_room_a_job_asks_reaches_its_planner_and_is_said_in_its_slot() {
+        let name = unique_name();
+        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
+        let captured = Captured::default();
+        // Each job's planner reports to a `Seen` of its own, in join order.
+        let planners: Arc<Mutex<Vec<Arc<Mutex<Seen>>>>> = Arc::default();
+        let for_factory = planners.clone();
+        let mut c = Coordinator::new(
+            segment,
+            Log::new(Box::new(captured.clone())),
+            Box::new(move |_, room| {
+                let seen = Arc::new(Mutex::new(Seen {
+                    room: Some(room),
+                    ..Seen::default()
+                }));
+                for_factory.lock().unwrap().push(seen.clone());
+                Box::new(Scripted {
+                    seen,
+                    after: usize::MAX,
+                    planned: false,
+                })
+            }),
+        );
+        c.room = 0.25;
+        let room_of = |i: usize| planners.lock().unwrap()[i].lock().unwrap().room;
+        let t0 = Instant::now();
+
+        // A job that fixed its room is planned with it; one that says none, with the
+        // coordinator's; each slot says the room in force.
+        let fixed = JobClient::join(
+            &name,
+            &JobOptions {
+                room: Some(0.35),
+                ..JobOptions::default()
+            },
+        )
+        .unwrap();
+        let adapting = JobClient::join(&name, &JobOptions::default()).unwrap();
+        assert_eq!(fixed.room_in_force(), SlotRoom::NotSaid, "not seen yet");
+        c.tick(t0);
+        assert_eq!(room_of(0), Some(0.35));
+        assert_eq!(room_of(1), Some(0.25));
+        assert_eq!(fixed.room_in_force(), SlotRoom::Permille(350));
+        assert_eq!(adapting.room_in_force(), SlotRoom::Permille(250));
+
+        // The second raises its room: its planner plans with it, and its slot says so.
+        adapting.ask_room(0.35);
+        c.tick(t0 + Duration::from_millis(1));
+        assert_eq!(room_of(1), Some(0.35));
+        assert_eq!(room_of(0), Some(0.35));
+        assert_eq!(adapting.room_in_force(), SlotRoom::Permille(350));
+        c.tick(t0 + Duration::from_millis(2));
+
+        // A word that is not a room (the flag and the job's incarnation, but 99.9%) changes
+        // nothing and is said once.
+        let slot = adapting.slot_index();
+        let incarnation = c
+            .segment
+            .jobs()
+            .iter()
+            .find(|j| j.slot == slot)
+            .unwrap()
+            .incarnation;
+        let garbage = (incarnation & 0xffff_ffff) << 32 | 1 << 31 | 999;
+        {
+            use std::os::unix::fs::FileExt;
+            let path = tensile_protocol::segment::shm_path(
+                &tensile_protocol::segment::shm_name(&name).unwrap(),
+            );
+            let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            file.write_all_at(&garbage.to_le_bytes(), 256 + 1024 * u64::from(slot) + 696)
+                .unwrap();
+        }
+        c.tick(t0 + Duration::from_millis(3));
+        c.tick(t0 + Duration::from_millis(4));
+        assert_eq!(room_of(1), Some(0.35));
+        assert_eq!(adapting.room_in_force(), SlotRoom::Permille(350));
+
+        let log = captured.text();
+        let pid = std::process::id();
+        for (want, times) in [
+            (
+                format!(
+                    "job {pid}: its plans leave 35% of its grant free, as it asks (the \
+                     coordinator's own room: 25%)"
+                ),
+                1,
+            ),
+            (
+                format!(
+                    "job {pid} asks its plans to leave 35% of its grant free (was 25%); \
+                     planning again"
+                ),
+                1,
+            ),
+            (
+                format!("job {pid}: its slot asks for a room no version writes"),
+                1,
+            ),
+        ] {
+            assert_eq!(
+                log.matches(&want).count(),
+                times,
+                "{want:?} in the log:\n{log}"
+            );
+        }
+        assert!(
+            log.contains(&format!("({garbage:#018x}); ignored")),
+            "{log}"
+        );
+        fixed.leave();
+        adapting.leave();
+    }
+
     /// A coordinator on a segment of its own whose planners never plan and which keeps no
     /// reserve (so the card's numbers are the grants'): its name, it, and its log.
     fn dividing_coordinator() -> (String, Coordinator, Captured) {
@@ -1150,7 +1356,7 @@ mod tests {
         let mut c = Coordinator::new(
             segment,
             Log::new(Box::new(captured.clone())),
-            Box::new(|_| {
+            Box::new(|_, _| {
                 Box::new(Scripted {
                     seen: Arc::default(),
                     after: usize::MAX,

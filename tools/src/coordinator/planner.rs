@@ -25,6 +25,9 @@ pub trait JobPlanner: Send {
     fn lost(&mut self, records: u64);
     /// The job's grant changed: plan for it.
     fn set_budget(&mut self, bytes: u64);
+    /// Plans from now on leave `room` (a share, 0 to 0.9) of the grant free: the job asked
+    /// for it. The next poll plans again.
+    fn set_room(&mut self, room: f64);
     /// Where it stands.
     fn state(&self) -> PlannerState;
     /// How many times it failed (panicked) and started over; one job's stream must not take
@@ -118,6 +121,12 @@ impl JobPlanner for LearnerPlanner {
         }
     }
 
+    fn set_room(&mut self, room: f64) {
+        // Kept in the options too, so a learner started over after a failure keeps it.
+        self.options.room = room;
+        self.guarded(|l| l.set_room(room));
+    }
+
     fn failures(&self) -> u64 {
         self.failures
     }
@@ -151,6 +160,23 @@ mod tests {
     use super::*;
     use tensile_protocol::DEFAULT_PAGE_BYTES;
     use tensile_trace::{Alloc, AllocKind};
+
+    #[test]
+    fn a_slot_says_rooms_up_to_the_most_the_learner_leaves() {
+        // A room a slot cannot say would be clamped by the protocol and planned otherwise.
+        assert_eq!(
+            f64::from(tensile_protocol::MAX_ROOM_PERMILLE) / 1000.0,
+            tensile_analyzer::online::MAX_PLAN_ROOM
+        );
+        let mut p = LearnerPlanner::new(
+            64 << 20,
+            (CostModel::default(), None),
+            DEFAULT_PAGE_BYTES,
+            0.2,
+        );
+        p.set_room(0.4);
+        assert_eq!((p.learner.room(), p.options.room), (0.4, 0.4));
+    }
 
     #[test]
     fn a_learner_that_panics_is_replaced_and_counted_and_the_planner_goes_on() {
