@@ -1062,7 +1062,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     std::fs::write(&script_path, text)
         .map_err(|e| format!("cannot write {}: {e}", script_path.display()))?;
     eprintln!(
-        "tensile rerun: {} on {}: prologue of {} steps, then {} iterations of {} ops ({} \
+        "tensile rerun: {} on {}: prologue of {} steps, then {}{} iterations of {} ops ({} \
          stand-in launches each) on {} stream(s) besides the legacy default stream",
         args.trace.display(),
         if gpu {
@@ -1071,6 +1071,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             "the simulated GPU"
         },
         script.prologue.len(),
+        match script.warmup {
+            0 => String::new(),
+            w => format!("{w} to warm up (for the recorded steps after the first) and "),
+        },
         args.iterations,
         analysis.cycle.len(),
         script.kernels_per_iteration(),

@@ -78,6 +78,14 @@ struct Player<'a> {
     fault_done: bool,
 }
 
+/// What was played when a result is checked.
+#[derive(Debug, Clone, Copy)]
+enum Played {
+    Prologue,
+    Warmup(u32),
+    Measured(u32),
+}
+
 /// Runs the player on the script at `path`, printing its JSON result; the process's exit
 /// status says whether every stamp matched.
 pub fn run(path: &std::path::Path, iterations: Option<u32>) -> Result<i32, String> {
@@ -188,8 +196,20 @@ impl<'a> Player<'a> {
         }
         self.sync_device()?;
         let prologue_ns = prologue_start.elapsed().as_nanos() as u64;
-        if let Some(failed) = self.check_result(None)? {
+        if let Some(failed) = self.check_result(Played::Prologue)? {
             return Ok(failed);
+        }
+        // Warm-up iterations first (the script's stand-ins for recorded steps), unmeasured;
+        // each reads the result back like a measured one, so that every played iteration is
+        // the same program.
+        for w in 0..script.warmup {
+            for (i, step) in script.iteration.iter().enumerate() {
+                self.step(step, Some(i), None)?;
+            }
+            self.sync_device()?;
+            if let Some(failed) = self.check_result(Played::Warmup(w))? {
+                return Ok(failed);
+            }
         }
         let mut steps_ns = Vec::new();
         let mut last = Instant::now();
@@ -201,7 +221,7 @@ impl<'a> Player<'a> {
             let now = Instant::now();
             steps_ns.push((now - last).as_nanos() as u64);
             last = now;
-            if let Some(failed) = self.check_result(Some(it))? {
+            if let Some(failed) = self.check_result(Played::Measured(it))? {
                 return Ok(failed);
             }
             if script.iterations >= 4 {
@@ -216,7 +236,7 @@ impl<'a> Player<'a> {
         if script.iterations > 0 {
             self.check_everything_live()?;
             self.sync_device()?;
-            if let Some(failed) = self.check_result(Some(script.iterations))? {
+            if let Some(failed) = self.check_result(Played::Measured(script.iterations))? {
                 return Ok(failed);
             }
         }
@@ -277,17 +297,20 @@ impl<'a> Player<'a> {
 
     /// Reports a mismatch (JSON on stdout, one line on stderr); `Some(exit status)` if one
     /// was found.
-    fn check_result(&self, iteration: Option<u32>) -> Result<Option<i32>, String> {
+    fn check_result(&self, played: Played) -> Result<Option<i32>, String> {
         let r = self.read_result()?;
         let Some(m) = r.first else {
             return Ok(None);
         };
         let slot = m.alloc_id.wrapping_sub(1) as usize;
         let name = self.script.slot_names.get(slot).copied().unwrap_or(0);
-        let place = match (m.op, iteration) {
+        let place = match (m.op, played) {
             (FINAL_CHECK_OP, _) => "in the check after the last iteration".to_string(),
-            (op, Some(i)) => format!("at op {op} in steady-state iteration {i}"),
-            (op, None) => format!("at op {op} in the prologue"),
+            (op, Played::Measured(i)) => format!("at op {op} in steady-state iteration {i}"),
+            (op, Played::Warmup(i)) => {
+                format!("at op {op} in warm-up iteration {i} (before the measured ones)")
+            }
+            (op, Played::Prologue) => format!("at op {op} in the prologue"),
         };
         let message = format!(
             "stamp mismatch: allocation {name} (recorded id), piece {}, {place}: expected \
