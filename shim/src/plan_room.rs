@@ -2,11 +2,12 @@
 //!
 //! A plan counts on the frames it leaves free; the run also needs frames the plan cannot
 //! place (freed pages still busy on the device or sharing a unit with live ones, pages small
-//! tensors share, what comes in on demand). When there are none, the manager evicts pages the
-//! plan keeps, of its own choice, and those come back on demand and evict others in turn:
-//! ResNet-50's rerun at 30% of its peak moved a third more than its plan with 20% of the
-//! budget left free, and ran at 1.48 times its prediction; with 40% free, at 1.02. So the
-//! room starts at [`DEFAULT_PLAN_ROOM`] and is raised as soon as an iteration shows the
+//! tensors share, what comes in on demand, launches that touch other allocations than in the
+//! step the plan was learned from). When there are none, the manager evicts pages the plan
+//! keeps, of its own choice, and those come back on demand and evict others in turn:
+//! ResNet-50's rerun at 30% of its peak, learning from recorded steps that differed from the
+//! played one, moved a third more than its plan with 20% of the budget left free, and ran at
+//! 1.48 times its prediction; with 40% free, at 1.02. So the room starts at [`DEFAULT_PLAN_ROOM`] and is raised as soon as an iteration shows the
 //! manager evicting beside the plan; each raise is a new plan at the next poll, judged once
 //! it is in force.
 //!

@@ -374,6 +374,8 @@ fn a_plan_from_the_trace_moves_ahead_of_need_and_stalls_less_than_lru() {
     assert_eq!(from["steps"], plan.steps.len(), "{from}");
     assert_eq!(from["left_out"], 0, "{from}");
     assert_eq!(doc["budget_bytes"], plan.budget_bytes, "{from}");
+    // The run's plan fits the budget it was made for on the run's own iteration.
+    assert!(from["fitted_budget_bytes"].is_null(), "{from}");
     let round_trips = from["round_trips"].as_u64().unwrap() + from["tails_out"].as_u64().unwrap();
     assert_eq!(
         round_trips, swap_outs,

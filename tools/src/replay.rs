@@ -24,7 +24,6 @@ use tensile_analyzer::import::{load_with_progress, LoadOptions};
 use tensile_analyzer::model::SourceFormat;
 use tensile_analyzer::schedule_bound::{ops_per_phase, DEFAULT_MAX_VARIABLES};
 use tensile_analyzer::search::{SearchOptions, DEFAULT_SEARCH_MS};
-use tensile_analyzer::sim::{simulate, Policy, SimOptions};
 use tensile_analyzer::timeline::Liveness;
 use tensile_analyzer::{
     analyze, evaluate_many_with, Analysis, BoundOptions, Budget, Evaluation, PolicyKind, Trace,
@@ -231,28 +230,32 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
     let restored = match &run_plan {
         Some(rp) => {
             let restored = plan_from::restate(rp, &trace, &analysis.cycle)?;
-            let report = simulate(
-                &analysis.cycle,
-                Policy::Plan(&restored.plan),
-                budget,
-                &cost,
-                SimOptions::default(),
-            )
-            .map_err(|e| {
-                format!(
-                    "--plan-from {}: the run's plan, simulated at {} on this trace's iteration: \
-                     {e} (the run's planner saw the iteration otherwise; a larger --budget \
-                     shows what the plan does with more room)",
-                    rp.run.display(),
-                    format_bytes(budget.bytes)
-                )
-            })?;
+            // Without --budget, a plan that does not fit its own budget on this iteration is
+            // replayed at the least that fits, and the output says how much that is: the
+            // measure of how differently the run's planner saw the iteration.
+            let widen = args.budget.is_none();
+            let (report, fitted) =
+                plan_from::simulate(&analysis.cycle, &restored, budget, &cost, widen).map_err(
+                    |e| {
+                        format!(
+                            "--plan-from {}: the run's plan, simulated at {} on this trace's \
+                             iteration: {e} (the run's planner saw the iteration otherwise{})",
+                            rp.run.display(),
+                            format_bytes(budget.bytes),
+                            if widen {
+                                ", and no budget up to twice the iteration's peak fits it"
+                            } else {
+                                "; without --budget, replay finds the least budget that fits it"
+                            }
+                        )
+                    },
+                )?;
             if let Some(r) = results.iter_mut().find(|r| r.policy == PolicyKind::Plan) {
                 r.report = report;
                 r.plan = Some(restored.plan.clone());
                 r.search = None;
             }
-            Some((rp, restored))
+            Some((rp, restored, fitted))
         }
         None => None,
     };
@@ -293,8 +296,8 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
             .iter()
             .map(|r| {
                 let mut o = json_object(args, &trace, &analysis, budget, r);
-                if let (Some((rp, restored)), PolicyKind::Plan) = (&restored, r.policy) {
-                    o["plan_from"] = plan_from::json(rp, restored);
+                if let (Some((rp, restored, fitted)), PolicyKind::Plan) = (&restored, r.policy) {
+                    o["plan_from"] = plan_from::json(rp, restored, *fitted);
                 }
                 o
             })
@@ -313,8 +316,8 @@ fn render(args: &ReplayArgs) -> Result<String, String> {
         Ok(text)
     } else {
         let mut text = human(args, &trace, &analysis, budget, &results);
-        if let Some((rp, restored)) = &restored {
-            text.push_str(&plan_from::human(rp, restored));
+        if let Some((rp, restored, fitted)) = &restored {
+            text.push_str(&plan_from::human(rp, restored, *fitted));
         }
         if let Some(line) = emitted {
             text.push_str(&line);

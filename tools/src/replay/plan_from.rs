@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use tensile_analyzer::restore::{restore, Restored};
-use tensile_analyzer::Trace;
+use tensile_analyzer::sim::{self, Policy, SimError, SimOptions, SimReport};
+use tensile_analyzer::timeline::Footprint;
+use tensile_analyzer::{Budget, CostModel, Trace};
 use tensile_protocol::ExecPlan;
 use tensile_trace::{BusyKind, PlanChangeKind, Reader, Record, SwapDir, TraceError};
 
@@ -173,8 +175,51 @@ pub fn restate(rp: &RunPlan, trace: &Trace, cycle: &Cycle) -> Result<Restored, S
     })
 }
 
-/// The human lines that say which plan ran and what the run measured.
-pub fn human(rp: &RunPlan, restored: &Restored) -> String {
+/// Simulates the restated plan at `budget`; with `widen`, where it does not fit there, at the
+/// least budget (to within half a percent) up to twice the iteration's peak that it fits,
+/// which is returned beside the report. The error is the one at `budget`.
+pub fn simulate(
+    cycle: &Cycle,
+    restored: &Restored,
+    budget: Budget,
+    cost: &CostModel,
+    widen: bool,
+) -> Result<(SimReport, Option<u64>), SimError> {
+    let at = |bytes: u64| {
+        sim::simulate(
+            cycle,
+            Policy::Plan(&restored.plan),
+            Budget::new(bytes),
+            cost,
+            SimOptions::default(),
+        )
+    };
+    let error = match at(budget.bytes) {
+        Ok(report) => return Ok((report, None)),
+        Err(e) if widen => e,
+        Err(e) => return Err(e),
+    };
+    let peak = Footprint::of(cycle).peak_allocated;
+    let mut fits = (budget.bytes.max(peak) * 2, None);
+    match at(fits.0) {
+        Ok(report) => fits.1 = Some(report),
+        Err(_) => return Err(error),
+    }
+    let mut fails = budget.bytes;
+    while fits.0 - fails > (fits.0 / 200).max(1) {
+        let mid = fails + (fits.0 - fails) / 2;
+        match at(mid) {
+            Ok(report) => fits = (mid, Some(report)),
+            Err(_) => fails = mid,
+        }
+    }
+    let (bytes, report) = fits;
+    Ok((report.expect("simulated at the upper end"), Some(bytes)))
+}
+
+/// The human lines that say which plan ran and what the run measured; `fitted`: the budget
+/// it was simulated at, where it did not fit its own.
+pub fn human(rp: &RunPlan, restored: &Restored, fitted: Option<u64>) -> String {
     let bytes = tensile_analyzer::cost::format_bytes;
     let p = &restored.plan;
     let mut out = format!(
@@ -196,6 +241,16 @@ pub fn human(rp: &RunPlan, restored: &Restored) -> String {
         bytes(rp.page_bytes),
         ms(rp.plan.predicted_step_ns),
     );
+    if let Some(fitted) = fitted {
+        out.push_str(&format!(
+            "           it does not fit the budget it was made for ({}) on this trace's \
+             iteration (its planner saw the iteration otherwise): simulated at the least that \
+             fits, {} ({:+.1}%)\n",
+            bytes(rp.plan.budget_bytes),
+            bytes(fitted),
+            (fitted as f64 / rp.plan.budget_bytes.max(1) as f64 - 1.0) * 100.0,
+        ));
+    }
     match rp.measured {
         Some(m) => out.push_str(&format!(
             "measured   in that run, over {} iterations under the plan: step {} (median host \
@@ -213,8 +268,11 @@ pub fn human(rp: &RunPlan, restored: &Restored) -> String {
 }
 
 /// The same as JSON, under the policy's object's `plan_from`.
-pub fn json(rp: &RunPlan, restored: &Restored) -> Value {
+pub fn json(rp: &RunPlan, restored: &Restored, fitted: Option<u64>) -> Value {
     json!({
+        "plan_budget_bytes": rp.plan.budget_bytes,
+        // The least budget the plan fits on this iteration, where it did not fit its own.
+        "fitted_budget_bytes": fitted,
         "run": rp.run.display().to_string(),
         "version": rp.plan.version,
         "applies_from_launch": rp.applies_from,
@@ -235,4 +293,66 @@ pub fn json(rp: &RunPlan, restored: &Restored) -> Value {
             "stalled_accesses": m.stalled_accesses,
         })),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tensile_analyzer::import::read_capture;
+    use tensile_analyzer::plan::SwapPlan;
+    use tensile_analyzer::{analyze, pieces};
+
+    /// A plan that moves nothing, on a loop whose every step touches a 4 MiB weight and a fresh
+    /// 2 MiB activation: it fits only the whole 6 MiB.
+    fn keep_everything() -> (Cycle, Restored) {
+        let mut text = String::from("# capture v1\nA 0 (nil) 1 1000000 4194304\n");
+        let mut seq = 0;
+        for step in 0..6u64 {
+            let a = 10 + step;
+            text.push_str(&format!("A 0 (nil) {a} {:x} 2097152\n", a << 24));
+            for k in 0..4 {
+                seq += 1;
+                text.push_str(&format!(
+                    "K {seq} (nil) {seq} {k} 1,1,1 1,1,1 0 1@0 {a}@0\n"
+                ));
+            }
+            text.push_str(&format!("F 0 (nil) {a}\n"));
+        }
+        let trace = read_capture(text.as_bytes(), "loop", &mut || {}).unwrap();
+        let cycle = analyze(&trace, &CostModel::default()).unwrap().cycle;
+        let plan = SwapPlan {
+            period: cycle.len() as u32,
+            budget_bytes: 3 << 20,
+            evictions: Vec::new(),
+            host_resident: Vec::new(),
+            tail_outs: Vec::new(),
+            pieces: pieces::whole(&cycle),
+        };
+        let restored = Restored {
+            plan,
+            unplaced: 0,
+            on_demand: 0,
+        };
+        (cycle, restored)
+    }
+
+    #[test]
+    fn a_plan_over_its_own_budget_is_replayed_at_the_least_that_fits_when_asked() {
+        let (cycle, restored) = keep_everything();
+        let cost = CostModel::default();
+        let own = Budget::new(3 << 20);
+        // Asked for its own budget: the simulator's refusal, as before.
+        assert!(simulate(&cycle, &restored, own, &cost, false).is_err());
+        // Widened: the least that fits, to within half a percent: the 6 MiB it holds.
+        let (report, fitted) = simulate(&cycle, &restored, own, &cost, true).unwrap();
+        let fitted = fitted.expect("it did not fit its own budget");
+        assert!(
+            (6 << 20..=(6 << 20) + (12 << 20) / 200).contains(&fitted),
+            "{fitted}"
+        );
+        assert_eq!(report.peak_resident_bytes, 6 << 20);
+        // A plan that fits is simulated where it was asked to be.
+        let (_, fitted) = simulate(&cycle, &restored, Budget::new(8 << 20), &cost, true).unwrap();
+        assert_eq!(fitted, None);
+    }
 }

@@ -448,17 +448,27 @@ pub fn build(
         .filter(|(&a, &slot)| (slot as usize) < tensors && live_at_start(a))
         .map(|(_, &slot)| slot)
         .collect();
+    let mut unprovided = Vec::new();
     for (t, tensor) in cycle.tensors.iter().enumerate() {
         let source = &trace.allocations[tensor.source as usize];
         let live_when_cycle_starts = tensor.is_persistent() || wraps(source, &span);
         if live_when_cycle_starts && !provided.contains(&(t as SlotIdx)) {
-            prologue.push(Step::Alloc {
+            unprovided.push(Step::Alloc {
                 slot: t as SlotIdx,
                 bytes: slot_bytes[t],
                 stream: streams.of(source.stream),
             });
         }
     }
+    // Made before the prologue's last launch, so that they are the prologue's allocations as
+    // the library numbers them (an allocation belongs to the iteration of the next launch):
+    // after it, they would be the first played iteration's, and its allocations would not be
+    // numbered as the next ones' are, which is what a plan learned from it names.
+    let last_launch = prologue
+        .iter()
+        .rposition(|s| matches!(s, Step::Kernel { .. }))
+        .unwrap_or(prologue.len());
+    prologue.splice(last_launch..last_launch, unprovided);
     prologue.push(Step::SyncDevice);
 
     let iteration = iteration_steps(trace, cycle, &mut streams, scaling, &slot_bytes);
