@@ -194,6 +194,12 @@ pub fn protocol_role(
     }
     let iteration = (home as i64 - anchor as i64).div_euclid(period as i64);
     let first_launch = anchor as i64 + iteration * period as i64;
+    if first_launch <= 0 && trace.predating_allocations > 0 {
+        // The iteration began before a learner's window: allocations it made before the
+        // window are among those kept at its start, in no known place. Counted from there,
+        // every ordinal of the iteration would be off by their number.
+        return None;
+    }
     // The iteration's allocations are those made after the last launch of the iteration before.
     let after_op = if first_launch <= 0 {
         None
@@ -233,17 +239,39 @@ fn out_unrolled(e: &Eviction, period: u32) -> u32 {
 /// tensor the cycle treats as persistent although its span allocates it lives longer than a
 /// period (ResNet-50's input batch: the next one is copied in before the last is freed), so
 /// each iteration's is a new allocation with a new id. A plan for the shim leaves them where
-/// they are ([`Cycle::with_immovable`]); [`convert`] drops any move of theirs.
+/// they are ([`Cycle::with_immovable`]); [`convert`] drops any move of theirs. So are the
+/// transient tensors made in an iteration that began before a learner's window (a trace with
+/// [`Trace::predating_allocations`]): their ordinals are not known ([`protocol_role`]).
 pub fn unnameable(trace: &Trace, cycle: &Cycle) -> BTreeSet<AllocIdx> {
+    let launches = if trace.predating_allocations > 0 {
+        let all = launch_ops(trace);
+        let first = cycle
+            .ops
+            .iter()
+            .position(|o| matches!(o.kind, OpKind::Launch { .. }))
+            .map(|q| cycle.span.start + q);
+        let period = cycle
+            .ops
+            .iter()
+            .filter(|o| matches!(o.kind, OpKind::Launch { .. }))
+            .count();
+        first.map(|op| (all.partition_point(|&o| o < op), period, all))
+    } else {
+        None
+    };
     cycle
         .tensors
         .iter()
         .filter(|t| {
-            t.is_persistent()
-                && trace
+            if t.is_persistent() {
+                return trace
                     .allocations
                     .get(t.source as usize)
-                    .is_some_and(|a| cycle.span.contains(&(a.before_op as usize)))
+                    .is_some_and(|a| cycle.span.contains(&(a.before_op as usize)));
+            }
+            launches.as_ref().is_some_and(|(anchor, period, all)| {
+                protocol_role(trace, all, *anchor, *period, t.source).is_none()
+            })
         })
         .map(|t| t.source)
         .collect()
@@ -739,6 +767,73 @@ mod tests {
         assert!(c.plan.steps.is_empty());
         assert!(c.plan.uses.is_empty(), "no role names it, so no use either");
         assert!(c.executed.evictions.is_empty());
+    }
+
+    /// A learner's window that starts inside an iteration keeps that iteration's earlier
+    /// allocations at its start, beside older live ones: the iteration's ordinals are not
+    /// known and none is given; the later iterations' are those of the whole trace.
+    #[test]
+    fn no_ordinal_is_given_in_an_iteration_that_began_before_the_window() {
+        use crate::import::builder::TraceBuilder;
+        // A weight, then 4 iterations of 2 launches, each making two activations (one before
+        // each launch) freed at its end.
+        let mut b = TraceBuilder::lenient(SourceFormat::Tensile);
+        let (mut t, mut id, mut seq) = (0u64, 100u64, 0u64);
+        let mut tick = || {
+            t += 1;
+            t
+        };
+        b.alloc(tick(), 0, 1, 0x1000_0000, 1 << 20).unwrap();
+        for _ in 0..4 {
+            let made = [id, id + 1];
+            id += 2;
+            for (k, &a) in made.iter().enumerate() {
+                b.alloc(tick(), 0, a, a << 24, 2 << 20).unwrap();
+                b.launch(tick(), 0, seq, k as u32, [1, a]).unwrap();
+                seq += 1;
+            }
+            for a in made {
+                b.free(tick(), a).unwrap();
+            }
+        }
+        let whole = b.trace().clone();
+        assert_eq!(whole.predating_allocations, 0);
+        // The window starts at the second iteration's second launch (op 3).
+        b.drop_ops_before(3);
+        let window = b.trace();
+        assert_eq!(
+            window.predating_allocations, 2,
+            "the weight and iteration 1's first"
+        );
+        let launches = launch_ops(window);
+        // Launch 0 of the window is the second of its iteration: iterations start at odd
+        // launches, anchored at launch 1.
+        let role = |a: AllocIdx| protocol_role(window, &launches, 1, 2, a);
+        let by_id = |id: u64| {
+            window
+                .allocations
+                .iter()
+                .position(|x| x.trace_id == id)
+                .unwrap() as AllocIdx
+        };
+        assert_eq!(role(by_id(102)), None, "made before the window");
+        assert_eq!(
+            role(by_id(103)),
+            None,
+            "made in the window, in an iteration begun before"
+        );
+        for (k, id) in [(0, 104), (0, 105), (1, 106), (1, 107)] {
+            let r = role(by_id(id)).unwrap();
+            assert_eq!(
+                (r.iteration, r.ordinal),
+                (k, (id % 2) as u32),
+                "allocation {id}"
+            );
+        }
+        // The whole trace gives the same ordinals to the same allocations.
+        let all = launch_ops(&whole);
+        let r = protocol_role(&whole, &all, 0, 2, 5).unwrap();
+        assert_eq!((r.iteration, r.ordinal), (2, 0));
     }
 
     #[test]

@@ -149,6 +149,16 @@ pub struct Trace {
     pub syncs: Vec<Sync>,
     /// Whether the trace ended cleanly (an end marker was read).
     pub complete: bool,
+    /// How many of `allocations`, at its start, were made before the trace's first op and
+    /// kept because they were still live when an online learner's window dropped the ops
+    /// before them (their `before_op` is 0; which iteration made them, and in what order
+    /// among that iteration's allocations, is not known). 0 for a whole trace.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub predating_allocations: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Trace {
@@ -161,6 +171,7 @@ impl Trace {
             ops: Vec::new(),
             syncs: Vec::new(),
             complete: false,
+            predating_allocations: 0,
         }
     }
 

@@ -56,11 +56,14 @@ impl TraceBuilder {
         let cut32 = cut as u32;
         let mut new_index: Vec<Option<AllocIdx>> = Vec::with_capacity(self.trace.allocations.len());
         let mut kept = Vec::new();
+        // Recording order: those made before the cut come first.
+        let mut predating = 0;
         for a in self.trace.allocations.drain(..) {
             if a.free.is_some_and(|f| f.before_op <= cut32) {
                 new_index.push(None);
                 continue;
             }
+            predating += usize::from(a.before_op < cut32);
             new_index.push(Some(kept.len() as AllocIdx));
             kept.push(Allocation {
                 before_op: a.before_op.saturating_sub(cut32),
@@ -71,6 +74,7 @@ impl TraceBuilder {
                 ..a
             });
         }
+        self.trace.predating_allocations = predating;
         self.trace.allocations = kept;
         self.trace.ops.drain(..cut);
         for op in &mut self.trace.ops {
@@ -348,6 +352,10 @@ mod tests {
         let ids: Vec<u64> = t.allocations.iter().map(|a| a.trace_id).collect();
         assert_eq!(ids, vec![1, 3]);
         // Allocation 1 now looks made before the first op kept; 3 keeps its place.
+        assert_eq!(
+            t.predating_allocations, 1,
+            "1 was made before the cut, 3 after"
+        );
         assert_eq!(t.allocations[0].before_op, 0);
         assert_eq!(t.allocations[1].before_op, 0);
         assert_eq!(t.allocations[1].free.map(|f| f.before_op), Some(1));
