@@ -243,22 +243,12 @@ fn out_unrolled(e: &Eviction, period: u32) -> u32 {
 /// transient tensors made in an iteration that began before a learner's window (a trace with
 /// [`Trace::predating_allocations`]): their ordinals are not known ([`protocol_role`]).
 pub fn unnameable(trace: &Trace, cycle: &Cycle) -> BTreeSet<AllocIdx> {
-    let launches = if trace.predating_allocations > 0 {
+    // The launches as `convert` numbers them, where ordinals may be unknown.
+    let launches = (trace.predating_allocations > 0).then(|| {
         let all = launch_ops(trace);
-        let first = cycle
-            .ops
-            .iter()
-            .position(|o| matches!(o.kind, OpKind::Launch { .. }))
-            .map(|q| cycle.span.start + q);
-        let period = cycle
-            .ops
-            .iter()
-            .filter(|o| matches!(o.kind, OpKind::Launch { .. }))
-            .count();
-        first.map(|op| (all.partition_point(|&o| o < op), period, all))
-    } else {
-        None
-    };
+        let anchor = all.partition_point(|&op| op < first_launch_op(cycle));
+        (anchor, LaunchMap::of(cycle).launches as usize, all)
+    });
     cycle
         .tensors
         .iter()
@@ -275,6 +265,17 @@ pub fn unnameable(trace: &Trace, cycle: &Cycle) -> BTreeSet<AllocIdx> {
         })
         .map(|t| t.source)
         .collect()
+}
+
+/// The trace op of the cycle span's first launch (the span's start if it has none): position
+/// 0 of a plan for it.
+fn first_launch_op(cycle: &Cycle) -> usize {
+    cycle.span.start
+        + cycle
+            .ops
+            .iter()
+            .position(|o| matches!(o.kind, OpKind::Launch { .. }))
+            .unwrap_or(0)
 }
 
 /// Restates `plan` (made for `cycle`, which was built from `trace`'s representative span) as an
@@ -299,12 +300,7 @@ pub fn convert(
         return Err(ExecPlanError::NoLaunches);
     }
     let all_launches = launch_ops(trace);
-    let anchor_op = span.start
-        + cycle
-            .ops
-            .iter()
-            .position(|o| matches!(o.kind, OpKind::Launch { .. }))
-            .unwrap_or(0);
+    let anchor_op = first_launch_op(cycle);
     let anchor = all_launches.partition_point(|&op| op < anchor_op);
     let kernels: Vec<u32> = trace.ops[span.clone()]
         .iter()

@@ -143,9 +143,7 @@ pub fn detect(trace: &Trace) -> Result<Iterations, IterationError> {
 /// launch that starts the next (copies between two steps go with the earlier). `period` is
 /// the representative iteration's length in ops.
 fn detect_in_launches(trace: &Trace, symbols: &[u64], allocated: &[u64]) -> Option<Iterations> {
-    let launches: Vec<usize> = (0..trace.ops.len())
-        .filter(|&i| matches!(trace.ops[i].kind, OpKind::Launch { .. }))
-        .collect();
+    let launches = crate::exec_plan::launch_ops(trace);
     if launches.len() == trace.ops.len() {
         return None; // nothing but launches: the ops were the launches
     }

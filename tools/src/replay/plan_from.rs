@@ -199,22 +199,20 @@ pub fn simulate(
         Err(e) if widen => e,
         Err(e) => return Err(e),
     };
-    let peak = Footprint::of(cycle).peak_allocated;
-    let mut fits = (budget.bytes.max(peak) * 2, None);
-    match at(fits.0) {
-        Ok(report) => fits.1 = Some(report),
-        Err(_) => return Err(error),
-    }
+    // Bisect between a budget it fails (`fails`) and one it fits (`fits`, with its report).
+    let mut fits = budget.bytes.max(Footprint::of(cycle).peak_allocated) * 2;
+    let Ok(mut report) = at(fits) else {
+        return Err(error);
+    };
     let mut fails = budget.bytes;
-    while fits.0 - fails > (fits.0 / 200).max(1) {
-        let mid = fails + (fits.0 - fails) / 2;
+    while fits - fails > (fits / 200).max(1) {
+        let mid = fails + (fits - fails) / 2;
         match at(mid) {
-            Ok(report) => fits = (mid, Some(report)),
+            Ok(r) => (fits, report) = (mid, r),
             Err(_) => fails = mid,
         }
     }
-    let (bytes, report) = fits;
-    Ok((report.expect("simulated at the upper end"), Some(bytes)))
+    Ok((report, Some(fits)))
 }
 
 /// The human lines that say which plan ran and what the run measured; `fitted`: the budget

@@ -202,29 +202,27 @@ impl<'a> Player<'a> {
         // Warm-up iterations first (the script's stand-ins for recorded steps), unmeasured;
         // each reads the result back like a measured one, so that every played iteration is
         // the same program.
-        for w in 0..script.warmup {
-            for (i, step) in script.iteration.iter().enumerate() {
-                self.step(step, Some(i), None)?;
-            }
-            self.sync_device()?;
-            if let Some(failed) = self.check_result(Played::Warmup(w))? {
-                return Ok(failed);
-            }
-        }
         let mut steps_ns = Vec::new();
         let mut last = Instant::now();
-        for it in 0..script.iterations {
+        for n in 0..script.warmup + script.iterations {
+            let measured = n.checked_sub(script.warmup);
             for (i, step) in script.iteration.iter().enumerate() {
-                self.step(step, Some(i), Some(it))?;
+                self.step(step, Some(i), measured)?;
             }
             self.sync_device()?;
             let now = Instant::now();
-            steps_ns.push((now - last).as_nanos() as u64);
+            let played = match measured {
+                Some(it) => {
+                    steps_ns.push((now - last).as_nanos() as u64);
+                    Played::Measured(it)
+                }
+                None => Played::Warmup(n),
+            };
             last = now;
-            if let Some(failed) = self.check_result(Played::Measured(it))? {
+            if let Some(failed) = self.check_result(played)? {
                 return Ok(failed);
             }
-            if script.iterations >= 4 {
+            if let Some(it) = measured.filter(|_| script.iterations >= 4) {
                 eprintln!(
                     "rerun-player: iteration {}/{} done",
                     it + 1,

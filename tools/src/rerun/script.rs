@@ -301,14 +301,10 @@ pub fn build(
     // allocation role), and the library learns its plan from the first steps it sees. Played
     // as recorded, they taught it a plan for other steps than the measured ones. The first
     // step (longer: optimizer state is made there) stays as recorded.
-    let (cut, warmup, before_cut) = if rep >= 2 {
-        let spans = &analysis.iterations.spans;
-        (spans[1].start, (rep - 1) as u32, spans[0].clone())
-    } else if rep == 1 {
-        (span.start, 0, analysis.iterations.spans[0].clone())
-    } else {
-        (span.start, 0, 0..0)
-    };
+    let spans = &analysis.iterations.spans;
+    let recorded = rep.min(1);
+    let cut = spans[recorded].start;
+    let warmup = (rep - recorded) as u32;
     let mut streams = Streams::default();
     let medians = kernel_medians(trace);
 
@@ -330,10 +326,10 @@ pub fn build(
         let a = &trace.allocations[a as usize];
         (a.before_op as usize) < cut && a.free.is_none_or(|f| f.before_op as usize >= cut)
     };
-    let previous = if before_cut.is_empty() {
-        vec![None; tensors]
-    } else {
-        cycle.resolve(trace, before_cut)
+    // The tensors' previous incarnations, in the last recorded step.
+    let previous = match recorded.checked_sub(1) {
+        Some(last) => cycle.resolve(trace, spans[last].clone()),
+        None => vec![None; tensors],
     };
     let mut slot_of: HashMap<AllocIdx, SlotIdx> = HashMap::new();
     for (t, tensor) in cycle.tensors.iter().enumerate() {
