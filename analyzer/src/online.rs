@@ -183,6 +183,10 @@ impl LearnerOptions {
 /// The fewest launches an iteration must have to be planned.
 const MIN_ITERATION_LAUNCHES: usize = 2;
 
+/// Instances in the window after which the learner plans on one whose allocations differ from
+/// the next instance's, none being like its successor (the steps of the program all differ).
+const UNLIKE_INSTANCES_TAKEN: usize = 6;
+
 /// Where the learner stands (for `tensile status`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LearnerState {
@@ -599,15 +603,41 @@ impl Learner {
                 .iter()
                 .any(|op| matches!(op.kind, OpKind::Launch { .. }))
         };
-        let k = (0..spans.len() - 1)
+        let plannable = |k: usize| {
+            spans[k].len() == iters.period
+                && (k > 0 || launch_before(spans[0].start))
+                && allocated[spans[k].start] == allocated[spans[k + 1].start]
+                && resolved(&spans[k])
+        };
+        // Plans name tensors by their ordinal among the iteration's allocations, so the
+        // instance planned must make the allocations the next one makes (as far as it has
+        // gone), at the same positions: the first steps of a program are often not the steady
+        // state (a rerun's prologue, an optimizer's state made in the first step), and a plan
+        // from one of them names other tensors in every later step. Only when no instance
+        // in a long window is like the next (a program whose steps all differ) is the
+        // latest plannable one taken as it is.
+        let repeats = |k: usize| {
+            let next = &spans[k + 1];
+            let seen = n.min(next.end).saturating_sub(next.start);
+            let made = |span: std::ops::Range<usize>| {
+                trace.allocations.iter().filter_map(move |a| {
+                    let at = (a.before_op as usize).checked_sub(span.start)?;
+                    (at < seen.min(span.len())).then_some((at, a.bytes))
+                })
+            };
+            made(spans[k].clone()).eq(made(next.clone()))
+        };
+        let found = (0..spans.len() - 1)
             .rev()
-            .find(|&k| {
-                spans[k].len() == iters.period
-                    && (k > 0 || launch_before(spans[0].start))
-                    && allocated[spans[k].start] == allocated[spans[k + 1].start]
-                    && resolved(&spans[k])
-            })
-            .ok_or(Some(iters.period))?;
+            .find(|&k| plannable(k) && repeats(k));
+        let k = match found {
+            Some(k) => k,
+            None if spans.len() >= UNLIKE_INSTANCES_TAKEN => (0..spans.len() - 1)
+                .rev()
+                .find(|&k| plannable(k))
+                .ok_or(Some(iters.period))?,
+            None => return Err(Some(iters.period)),
+        };
         iters.representative = k;
         let cycle = Cycle::from_trace(trace, &iters, &self.options.cost)
             .with_units(self.options.units)
