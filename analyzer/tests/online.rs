@@ -158,8 +158,8 @@ const NO_SHIFT: Shift = Shift {
     time_scale: 1.0,
 };
 
-/// The records through the trace format: written, then read back one by one.
-fn through_the_format(records: &[Record]) -> Vec<Record> {
+/// `records` written in the trace format, header and end included.
+fn encoded(records: &[Record]) -> Vec<u8> {
     let header = Header {
         format_version: tensile_trace::FORMAT_VERSION,
         pid: 1,
@@ -171,13 +171,16 @@ fn through_the_format(records: &[Record]) -> Vec<Record> {
     for r in records {
         w.write(r).unwrap();
     }
-    let bytes = w
-        .finish(tensile_trace::End {
-            t_ns: 0,
-            dropped_records: 0,
-        })
-        .unwrap();
-    Reader::new(&bytes[..])
+    w.finish(tensile_trace::End {
+        t_ns: 0,
+        dropped_records: 0,
+    })
+    .unwrap()
+}
+
+/// The records through the trace format: written, then read back one by one.
+fn through_the_format(records: &[Record]) -> Vec<Record> {
+    Reader::new(&encoded(records)[..])
         .unwrap()
         .map(|r| r.unwrap())
         .collect()
@@ -676,24 +679,8 @@ fn a_plan_leaves_the_room_it_is_told_to_free_unless_nothing_would_fit() {
 
 /// The trace the analyzer loads from `records` (through the format).
 fn trace_of(records: &[Record]) -> Trace {
-    let header = Header {
-        format_version: tensile_trace::FORMAT_VERSION,
-        pid: 1,
-        start_unix_ns: 0,
-        producer: "test".into(),
-        command: "test".into(),
-    };
-    let mut w = Writer::new(Vec::new(), &header).unwrap();
-    for r in records {
-        w.write(r).unwrap();
-    }
-    let bytes = w
-        .finish(tensile_trace::End {
-            t_ns: 0,
-            dropped_records: 0,
-        })
-        .unwrap();
-    tensile_analyzer::import::read_tensile(&bytes[..], "test", false, &mut || {}).unwrap()
+    tensile_analyzer::import::read_tensile(&encoded(records)[..], "test", false, &mut || {})
+        .unwrap()
 }
 
 /// A program's first steps are often not its steady state: `tensile rerun` makes the tensors
