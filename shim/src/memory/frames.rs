@@ -129,6 +129,24 @@ impl DevicePool {
         Ok(self.take_unit(driver, 1)?.map(|(f, _)| f))
     }
 
+    /// Whether a new unit of `pages` frames fits the budget beside every unit created, free
+    /// ones included (then [`Self::take_unit`] releases none to make it).
+    pub fn can_create(&self, pages: usize) -> bool {
+        self.created + pages <= self.budget_frames
+    }
+
+    /// A free unit of exactly `pages` frames, if there is one (no driver call).
+    pub fn take_free_unit(&mut self, pages: usize) -> Option<(DevFrame, usize)> {
+        let n = u32::try_from(pages).ok()?;
+        let u = self.free.get_mut(&n).and_then(Vec::pop)?;
+        self.free.retain(|_, v| !v.is_empty());
+        self.free_pages -= pages;
+        if let Some(unit) = self.units[u as usize].as_mut() {
+            unit.owned = n;
+        }
+        Some((DevFrame { unit: u, offset: 0 }, pages))
+    }
+
     /// A unit of `pages` frames (its first frame and its size, for [`Self::frames`]): a free
     /// one of that size, or a new one, releasing free units of other sizes to make room.
     /// `Ok(None)` when the budget has no room (or the card refused more memory, which then
@@ -142,13 +160,8 @@ impl DevicePool {
         if pages == 0 || self.in_use() + pages > self.budget_frames {
             return Ok(None);
         }
-        if let Some(u) = self.free.get_mut(&n).and_then(Vec::pop) {
-            self.free.retain(|_, v| !v.is_empty());
-            self.free_pages -= pages;
-            if let Some(unit) = self.units[u as usize].as_mut() {
-                unit.owned = n;
-            }
-            return Ok(Some((DevFrame { unit: u, offset: 0 }, pages)));
+        if let Some(unit) = self.take_free_unit(pages) {
+            return Ok(Some(unit));
         }
         // Room for a new allocation: free units of other sizes go back to the driver.
         while self.created + pages > self.budget_frames {
