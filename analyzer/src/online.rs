@@ -627,17 +627,15 @@ impl Learner {
             };
             made(spans[k].clone()).eq(made(next.clone()))
         };
-        let found = (0..spans.len() - 1)
-            .rev()
-            .find(|&k| plannable(k) && repeats(k));
-        let k = match found {
-            Some(k) => k,
-            None if spans.len() >= UNLIKE_INSTANCES_TAKEN => (0..spans.len() - 1)
-                .rev()
-                .find(|&k| plannable(k))
-                .ok_or(Some(iters.period))?,
-            None => return Err(Some(iters.period)),
-        };
+        let latest_plannable = || (0..spans.len() - 1).rev().filter(|&k| plannable(k));
+        let k = latest_plannable()
+            .find(|&k| repeats(k))
+            .or_else(|| {
+                (spans.len() >= UNLIKE_INSTANCES_TAKEN)
+                    .then(|| latest_plannable().next())
+                    .flatten()
+            })
+            .ok_or(Some(iters.period))?;
         iters.representative = k;
         let cycle = Cycle::from_trace(trace, &iters, &self.options.cost)
             .with_units(self.options.units)

@@ -31,44 +31,39 @@ impl Inner {
         if let Some(u) = self.dev.take_free_unit(pages) {
             return Ok(Some(u));
         }
-        if !self.dev.can_create(pages) {
-            self.fences.poll_all(&*self.driver)?;
-            let completed = self.fences.completed().to_vec();
-            if let Some(a) = self.dead_idle_unit_of(pages, &completed) {
-                self.unback(a, &completed)?;
-                if let Some(u) = self.dev.take_free_unit(pages) {
-                    return Ok(Some(u));
-                }
+        if self.dev.can_create(pages) {
+            if let Some(u) = self.dev.take_unit(&*self.driver, pages)? {
+                return Ok(Some(u));
             }
-        }
-        if let Some(u) = self.dev.take_unit(&*self.driver, pages)? {
-            return Ok(Some(u));
         }
         self.fences.poll_all(&*self.driver)?;
         let completed = self.fences.completed().to_vec();
-        let dead: Vec<usize> = self.dead_device.iter().copied().collect();
-        let mut dropped_to = 0;
-        for p in dead {
-            if p < dropped_to || self.dev.available() >= pages {
-                continue;
+        let mut dead = self.dead_idle_units(&completed);
+        if let Some(i) = dead.iter().position(|&(_, n)| n == pages) {
+            let (a, _) = dead.remove(i);
+            self.unback(a, &completed)?;
+            if let Some(u) = self.dev.take_free_unit(pages) {
+                return Ok(Some(u));
             }
-            let Some((a, n)) = self.unit_span(p) else {
-                continue;
-            };
-            dropped_to = a + n;
-            let droppable = self.span_all((a, n), |e| {
-                e.live == 0 && e.is_idle(&completed) && matches!(e.state, ResidencyState::Device(_))
-            });
-            if droppable {
-                self.unback(a, &completed)?;
+        }
+        // Units are re-cut: free ones of other sizes released, dead ones dropped in page
+        // order until there is room.
+        if let Some(u) = self.dev.take_unit(&*self.driver, pages)? {
+            return Ok(Some(u));
+        }
+        for (a, _) in dead {
+            if self.dev.available() >= pages {
+                break;
             }
+            self.unback(a, &completed)?;
         }
         self.dev.take_unit(&*self.driver, pages)
     }
 
-    /// The first page of a device unit of exactly `pages` pages that only dead idle pages
-    /// hold, if any (the first in page order).
-    fn dead_idle_unit_of(&self, pages: usize, completed: &[u64]) -> Option<usize> {
+    /// The device units that only dead idle pages hold (all `Device`), as (first page,
+    /// pages), in page order.
+    fn dead_idle_units(&self, completed: &[u64]) -> Vec<(usize, usize)> {
+        let mut units = Vec::new();
         let mut seen_to = 0;
         for &p in &self.dead_device {
             if p < seen_to {
@@ -78,17 +73,13 @@ impl Inner {
                 continue;
             };
             seen_to = a + n;
-            if n == pages
-                && self.span_all((a, n), |e| {
-                    e.live == 0
-                        && e.is_idle(completed)
-                        && matches!(e.state, ResidencyState::Device(_))
-                })
-            {
-                return Some(a);
+            if self.span_all((a, n), |e| {
+                e.live == 0 && e.is_idle(completed) && matches!(e.state, ResidencyState::Device(_))
+            }) {
+                units.push((a, n));
             }
         }
-        None
+        units
     }
 
     /// A one-page device frame without copying anything ([`Self::take_unit_cheap`]).
