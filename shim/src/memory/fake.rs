@@ -179,7 +179,7 @@ impl FakeDriver {
 
     /// Makes every call of this kind from now on wait, before doing anything, until
     /// [`Self::open_gate`]; [`Self::waiting_at`] says whether one is waiting. Implemented for
-    /// `cuMemUnmap`, `cuEventSynchronize` and `cuMemCreate` of host memory.
+    /// `cuMemMap`, `cuMemUnmap`, `cuEventSynchronize` and `cuMemCreate` of host memory.
     pub fn close_gate(&self, call: FakeCall) {
         self.gates
             .lock()
@@ -627,6 +627,7 @@ impl Driver for FakeDriver {
         offset: usize,
         handle: PhysHandle,
     ) -> Result<(), CUresult> {
+        self.pass_gate(FakeCall::Map);
         let mut s = self.lock();
         s.enter(FakeCall::Map)?;
         let fits = s

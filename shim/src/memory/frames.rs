@@ -147,6 +147,29 @@ impl DevicePool {
         Some((DevFrame { unit: u, offset: 0 }, pages))
     }
 
+    /// Takes the free unit `first` starts back out of the free list (no driver call); false
+    /// if it is not free.
+    pub fn take_free_unit_at(&mut self, first: DevFrame) -> bool {
+        let Some(unit) = self
+            .units
+            .get_mut(first.unit as usize)
+            .and_then(Option::as_mut)
+        else {
+            return false;
+        };
+        let Some(list) = self.free.get_mut(&unit.pages) else {
+            return false;
+        };
+        let Some(i) = list.iter().position(|&u| u == first.unit) else {
+            return false;
+        };
+        list.swap_remove(i);
+        self.free.retain(|_, v| !v.is_empty());
+        self.free_pages -= unit.pages as usize;
+        unit.owned = unit.pages;
+        true
+    }
+
     /// A unit of `pages` frames (its first frame and its size, for [`Self::frames`]): a free
     /// one of that size, or a new one, releasing free units of other sizes to make room.
     /// `Ok(None)` when the budget has no room (or the card refused more memory, which then

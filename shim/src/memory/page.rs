@@ -71,7 +71,7 @@ impl ResidencyState {
 }
 
 /// A frame given back by a transition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Frame {
     Device(DevFrame),
     Host(HostFrame),

@@ -2486,3 +2486,222 @@ fn the_device_pool_reuses_a_free_unit_of_the_size_asked_and_recuts_only_otherwis
     assert_eq!(fake.calls(FakeCall::Release), released + 1);
     assert!(pool.can_create(3) && !pool.can_create(4));
 }
+
+#[test]
+fn a_new_allocation_is_mapped_without_the_lock_and_one_sharing_its_page_waits_for_the_commit() {
+    // Room to spare: nothing is evicted (no host memory pinned, which maps) on the way.
+    let (fake, mm) = setup(16, 64, Progress::Immediate);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let a = mm.alloc(4 * PAGE, None).unwrap();
+    write(fake, mm, s, a, pattern(1, 4 * PAGE));
+    let maps_before = fake.calls(FakeCall::Map);
+    std::thread::scope(|scope| {
+        // Opened again when the scope ends, before it joins the threads held at the gate.
+        let _open = close_gate(fake, FakeCall::Map);
+        // A quarter page past A's: the arena grows, and its first page is mapped.
+        let (sent, first) = std::sync::mpsc::channel();
+        scope.spawn(move || sent.send(mm.alloc(PAGE / 4, None).unwrap()).unwrap());
+        wait_at_gate(fake, FakeCall::Map);
+        // The map is under way, the lock free: a launch on resident data goes on.
+        assert_goes_on(
+            scope,
+            "a launch on resident data waited behind a new allocation's VMM calls",
+            move || write(fake, mm, s, a, pattern(2, 4 * PAGE)),
+        );
+        // A second small allocation lands on the page being mapped: it waits for the commit
+        // (returned before it, its page might not be mapped yet).
+        let (sent, second) = std::sync::mpsc::channel();
+        scope.spawn(move || sent.send(mm.alloc(PAGE / 4, None).unwrap()).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(first.try_recv().is_err() && second.try_recv().is_err());
+        fake.open_gate(FakeCall::Map);
+        let b = first.recv_timeout(Duration::from_secs(10)).unwrap();
+        let c = second.recv_timeout(Duration::from_secs(10)).unwrap();
+        // (The arena starts at a page boundary.)
+        assert_eq!(
+            b / PAGE as u64,
+            c / PAGE as u64,
+            "the two small allocations share a page"
+        );
+        for (p, seed) in [(b, 3), (c, 4)] {
+            write(fake, mm, s, p, pattern(seed, PAGE / 4));
+        }
+        for (p, seed) in [(b, 3), (c, 4)] {
+            let r = read(fake, mm, s, p, PAGE / 4);
+            assert_eq!(r.get().as_deref(), Some(&pattern(seed, PAGE / 4)[..]));
+        }
+    });
+    assert!(fake.calls(FakeCall::Map) > maps_before);
+    let r = read(fake, mm, s, a, 4 * PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(2, 4 * PAGE)[..]));
+    assert_consistent(fake, mm);
+}
+
+#[test]
+fn at_the_budget_a_new_allocation_unmaps_the_dead_units_it_takes_without_the_lock() {
+    // Four one-page units fill the budget; two are freed (dead, idle). A three-page
+    // allocation does not fit their hole and lands past them, on pages of its own: too
+    // large for the eviction that makes room for new allocations (over half the budget),
+    // its pages take the dead units' frames one by one, and the last a host frame.
+    let mut cfg = config(4, 64);
+    cfg.grow_bytes = PAGE;
+    cfg.free_reserve_pages = 0;
+    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let small: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in small.iter().enumerate() {
+        write(fake, mm, s, p, pattern(i as u8, PAGE));
+    }
+    warm_host_pool(fake, mm, small[3]);
+    mm.free(small[0], None).unwrap();
+    mm.free(small[1], None).unwrap();
+    let unmaps_before = fake.calls(FakeCall::Unmap);
+    std::thread::scope(|scope| {
+        let _open = close_gate(fake, FakeCall::Unmap);
+        let (sent, big) = std::sync::mpsc::channel();
+        scope.spawn(move || sent.send(mm.alloc(3 * PAGE, None).unwrap()).unwrap());
+        // Held at the first dead unit's unmap, without the lock.
+        wait_at_gate(fake, FakeCall::Unmap);
+        assert_goes_on(
+            scope,
+            "a launch on resident data waited behind the unmap of a dead unit",
+            {
+                let resident = small[2];
+                move || write(fake, mm, s, resident, pattern(9, PAGE))
+            },
+        );
+        // An allocation landing on the dead unit's page waits for the commit: its address
+        // is still mapped to the frame the big allocation takes.
+        let (sent, reuse) = std::sync::mpsc::channel();
+        scope.spawn(move || sent.send(mm.alloc(PAGE, None).unwrap()).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(big.try_recv().is_err() && reuse.try_recv().is_err());
+        fake.open_gate(FakeCall::Unmap);
+        let big = big.recv_timeout(Duration::from_secs(10)).unwrap();
+        let reuse = reuse.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert!(big > small[3], "the big allocation lands past the hole");
+        assert!(reuse < small[2], "the small one lands in the hole");
+        write(fake, mm, s, big, pattern(5, 3 * PAGE));
+        write(fake, mm, s, reuse, pattern(6, PAGE));
+        for (p, len, seed) in [
+            (big, 3 * PAGE, 5),
+            (reuse, PAGE, 6),
+            (small[2], PAGE, 9),
+            (small[3], PAGE, 3),
+        ] {
+            let r = read(fake, mm, s, p, len);
+            assert_eq!(r.get().as_deref(), Some(&pattern(seed, len)[..]));
+        }
+    });
+    assert!(
+        fake.calls(FakeCall::Unmap) >= unmaps_before + 2,
+        "both dead units unmapped"
+    );
+    assert_consistent(fake, mm);
+}
+
+#[test]
+fn a_new_allocation_whose_map_fails_is_undone_and_the_dead_unit_it_took_is_kept() {
+    let mut cfg = config(4, 64);
+    cfg.grow_bytes = PAGE;
+    cfg.free_reserve_pages = 0;
+    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    let s = Stream(0);
+    let small: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in small.iter().enumerate() {
+        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+    }
+    warm_host_pool(&fake, &mm, small[3]);
+    mm.free(small[0], None).unwrap();
+    mm.free(small[1], None).unwrap();
+    // An unmap that fails leaves the dead units where they were, mapped and consistent, and
+    // the allocation fails with the driver's error.
+    fake.fail_next(FakeCall::Unmap, CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(mm.alloc(3 * PAGE, None), Err(CUDA_ERROR_INVALID_VALUE));
+    mm.audit().unwrap();
+    // The map after the dead units' unmaps fails: their frames go back to the pool.
+    fake.fail_next(FakeCall::Map, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(mm.alloc(3 * PAGE, None), Err(CUDA_ERROR_OUT_OF_MEMORY));
+    mm.audit().unwrap();
+    // Nothing was lost, and the allocation goes through once the driver does.
+    let big = mm.alloc(3 * PAGE, None).unwrap();
+    write(&fake, &mm, s, big, pattern(7, 3 * PAGE));
+    for (p, len, seed) in [(big, 3 * PAGE, 7), (small[2], PAGE, 2), (small[3], PAGE, 3)] {
+        let r = read(&fake, &mm, s, p, len);
+        assert_eq!(r.get().as_deref(), Some(&pattern(seed, len)[..]));
+    }
+    assert_consistent(&fake, &mm);
+}
+
+/// Swaps `ptr` (one page) out and back in, so the host pool holds free frames: a test that
+/// holds a driver call at a gate then meets no pinning of host memory on the way.
+fn warm_host_pool(fake: &FakeDriver, mm: &MemoryManager, ptr: CUdeviceptr) {
+    assert_eq!(mm.start_swap_out(&[(ptr, PAGE)]).unwrap(), 1);
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(ptr), Some(ResidencyState::Host(_))));
+    let before = read(fake, mm, Stream(0), ptr, PAGE).get();
+    mm.poll().unwrap();
+    assert!(before.is_some());
+    assert!(mm.host_pool_state().0 > 0);
+}
+
+/// Swaps `ptr` (one page) out and back in, so the host pool holds free frames: a test that
+/// holds a driver call at a gate then meets no pinning of host memory on the way.
+fn warm_host_pool(fake: &FakeDriver, mm: &MemoryManager, ptr: CUdeviceptr) {
+    assert_eq!(mm.start_swap_out(&[(ptr, PAGE)]).unwrap(), 1);
+    mm.poll().unwrap();
+    assert!(matches!(mm.residency(ptr), Some(ResidencyState::Host(_))));
+    let before = read(fake, mm, Stream(0), ptr, PAGE).get();
+    mm.poll().unwrap();
+    assert!(before.is_some());
+    assert!(mm.host_pool_state().0 > 0);
+}
+
+#[test]
+fn an_eviction_a_launch_waits_for_takes_free_host_frames_and_leaves_the_unit_to_the_grower() {
+    let cfg = ManagerConfig {
+        host_units: true,
+        host_background: true,
+        host_chunk_bytes: 8 * PAGE,
+        free_reserve_pages: 0,
+        evict_batch: 1,
+        ..config(8, 64)
+    };
+    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let (a, b) = (
+        mm.alloc(4 * PAGE, None).unwrap(),
+        mm.alloc(4 * PAGE, None).unwrap(),
+    );
+    write(fake, mm, s, a, pattern(1, 4 * PAGE));
+    write(fake, mm, s, b, pattern(2, 4 * PAGE));
+    // The grower's first chunk: eight single frames, no unit.
+    assert_eq!(mm.host_pool_state(), (8 * PAGE, 8));
+    std::thread::scope(|scope| {
+        let _open = close_gate(fake, FakeCall::CreateHost);
+        // C's pages need A's device unit of four pages; no free host unit of four is there.
+        // The allocation and its first launch go on with four single frames for A, without
+        // waiting for a unit to be pinned.
+        assert_goes_on(
+            scope,
+            "an eviction that a new allocation waits for pinned a host unit",
+            move || {
+                let c = mm.alloc(4 * PAGE, None).unwrap();
+                write(fake, mm, s, c, pattern(3, 4 * PAGE));
+                let r = read(fake, mm, s, c, 4 * PAGE);
+                assert_eq!(r.get().as_deref(), Some(&pattern(3, 4 * PAGE)[..]));
+            },
+        );
+        assert!(matches!(mm.residency(a), Some(ResidencyState::Host(_))));
+        // The grower was asked for the unit, for the next eviction of that size.
+        wait_at_gate(fake, FakeCall::CreateHost);
+    });
+    for (p, seed) in [(a, 1), (b, 2)] {
+        let r = read(fake, mm, s, p, 4 * PAGE);
+        assert_eq!(r.get().as_deref(), Some(&pattern(seed, 4 * PAGE)[..]));
+    }
+    assert_consistent(fake, mm);
+}

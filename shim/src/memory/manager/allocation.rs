@@ -3,7 +3,9 @@
 //! range back on free (stream-ordered). A freed page keeps its frame, dead, until something
 //! needs the frame: dropping it without a copy is in `backing.rs`.
 
-use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE};
+use tensile_driver_abi::{
+    CUdeviceptr, CUresult, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
+};
 
 use crate::memory::driver::Stream;
 use crate::memory::failures::{human_bytes, FailureCause};
@@ -12,12 +14,25 @@ use crate::memory::page::{Frame, PageEntry, ResidencyState};
 use crate::memory::stats::Demand;
 use crate::memory::suballoc::SubAllocError;
 
+use super::first_backing::FirstBacking;
 use super::Inner;
 
 impl Inner {
     // ---- allocation ----
 
-    pub(super) fn alloc(&mut self, size: usize, stream: Stream) -> Result<CUdeviceptr, CUresult> {
+    /// Places an allocation of `size` bytes and decides its first backing, which the caller
+    /// makes without the lock (`first_backing.rs`) before returning the allocation.
+    pub(super) fn alloc(&mut self, size: usize, stream: Stream) -> Result<FirstBacking, CUresult> {
+        self.defer_dead_unmaps = true;
+        let r = self.place_and_back(size, stream);
+        self.defer_dead_unmaps = false;
+        if r.is_err() {
+            self.unmap_dead_now();
+        }
+        r
+    }
+
+    fn place_and_back(&mut self, size: usize, stream: Stream) -> Result<FirstBacking, CUresult> {
         let slot = self.fences.slot_of(stream);
         if self.sub.has_pending_besides(slot) {
             // Other streams' frees are this stream's only once their fences completed: record
@@ -49,6 +64,15 @@ impl Inner {
         let Some((first, last)) = self.pages_of(a.ptr, a.span) else {
             return Err(CUDA_ERROR_INVALID_VALUE);
         };
+        if self.mapping.range(first..=last).next().is_some() {
+            // Another thread maps or unmaps some of these pages without the lock (it backs an
+            // allocation sharing them, or drops a dead unit there): wait for its commit.
+            if let Ok(a) = self.sub.remove(a.ptr) {
+                self.sub.release_now(a);
+            }
+            self.remap_stall = true;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         self.pages.ensure_len(last + 1);
         self.drop_stale_host_pages(first, last);
         if self.pages_may_move() {
@@ -95,12 +119,13 @@ impl Inner {
                 return Err(e);
             }
         };
-        if let Err(e) = self.back_pages(&want, ready, &optional) {
-            // Undo the allocation; the pages it got stay backed and become dead.
-            self.undo_alloc(a.ptr);
-            return Err(e);
+        match self.back_pages(&want, ready, &optional) {
+            Ok(plan) => Ok(self.begin_first_backing(a.ptr, plan)),
+            Err(e) => {
+                self.undo_alloc(a.ptr);
+                Err(e)
+            }
         }
-        Ok(a.ptr)
     }
 
     /// Device frames for `n` pages of a new allocation, evicting to make room when none is
@@ -228,15 +253,16 @@ impl Inner {
         }
     }
 
-    /// Gives every page in `want` a frame (one of `ready` while they last, then device if any
-    /// is free or reclaimable without a copy, else host), and `optional` pages device frames
-    /// while free ones last. Maps them and sets access in runs.
+    /// Frames for the pages of a new allocation: every page in `want` gets one (one of
+    /// `ready` while they last, then device if any is free or reclaimable without a copy, else
+    /// host), and `optional` pages device frames while free ones last. On failure every
+    /// frame taken goes back.
     pub(super) fn back_pages(
         &mut self,
         want: &[usize],
         ready: Vec<DevFrame>,
         optional: &[usize],
-    ) -> Result<(), CUresult> {
+    ) -> Result<Vec<(usize, Frame)>, CUresult> {
         let mut plan: Vec<(usize, Frame)> = Vec::with_capacity(want.len() + optional.len());
         let mut result = Ok(());
         let mut ready = ready.into_iter();
@@ -265,34 +291,19 @@ impl Inner {
         for d in ready {
             self.dev.give(d);
         }
-        if result.is_ok() {
-            for &p in optional {
-                match self.dev.take(&*self.driver) {
-                    Ok(Some(d)) => plan.push((p, Frame::Device(d))),
-                    _ => break,
-                }
-            }
-        }
-        if let Err(e) = self.map_batch(&plan) {
-            for &(_, f) in &plan {
+        if let Err(e) = result {
+            for (_, f) in plan {
                 self.give_frame(f);
             }
             return Err(e);
         }
-        for &(p, f) in &plan {
-            let r = match f {
-                Frame::Device(d) => self.pages.back_device(p, d),
-                Frame::Host(h) => self.pages.back_host(p, h),
-            };
-            debug_assert!(r.is_ok(), "{r:?}");
-            if matches!(f, Frame::Device(_)) && self.pages.get(p).is_some_and(|e| e.live == 0) {
-                self.dead_device.insert(p);
+        for &p in optional {
+            match self.dev.take(&*self.driver) {
+                Ok(Some(d)) => plan.push((p, Frame::Device(d))),
+                _ => break,
             }
         }
-        self.note_resident();
-        // On failure the pages that did get frames stay backed (and consistent); the caller
-        // undoes the allocation, which leaves them dead and reclaimable.
-        result
+        Ok(plan)
     }
 
     // ---- free ----

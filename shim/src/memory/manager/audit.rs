@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::memory::frames::{DevFrame, HostFrame};
-use crate::memory::page::ResidencyState;
+use crate::memory::page::{Frame, ResidencyState};
 
 use super::MemoryManager;
 
@@ -31,6 +31,11 @@ impl MemoryManager {
         for &d in &s.arriving_frames {
             own_dev(d, "arriving")?;
         }
+        for &f in &s.backing_frames {
+            if let Frame::Device(d) = f {
+                own_dev(d, "a new allocation's backing")?;
+            }
+        }
         let mut host_own = |h: HostFrame, who: &str| {
             if host.insert(h) {
                 Ok(())
@@ -44,6 +49,11 @@ impl MemoryManager {
         }
         for &(h, _) in &s.deferred_host {
             host_own(h, "deferred")?;
+        }
+        for &f in &s.backing_frames {
+            if let Frame::Host(h) = f {
+                host_own(h, "a new allocation's backing")?;
+            }
         }
         // Pins held for captured graphs are expected; any other pin is a lost ticket.
         let mut capture_pins: HashMap<usize, u32> = HashMap::new();
@@ -62,6 +72,9 @@ impl MemoryManager {
             }
             if s.completing.contains(&p) && !matches!(e.state, ResidencyState::ToHost { .. }) {
                 return Err(format!("page {p} is completing but not ToHost"));
+            }
+            if s.mapping.contains(&p) && e.state != ResidencyState::Unbacked {
+                return Err(format!("page {p} is being mapped but not Unbacked"));
             }
             if s.arriving.contains(&p) && !matches!(e.state, ResidencyState::Host(_)) {
                 return Err(format!("page {p} is arriving but not Host"));

@@ -13,6 +13,7 @@ use crate::memory::frames::{DevFrame, HostFrame, HostPoolError};
 use crate::memory::page::{Frame, PageEntry, ResidencyState};
 use crate::memory::stats::Demand;
 
+use super::first_backing::DeadUnmap;
 use super::{runs, HostWant, Inner};
 
 /// What [`Inner::take_host_unit`] found.
@@ -39,10 +40,20 @@ impl Inner {
     /// access in contiguous runs (one call may span several mappings). Undoes its own maps
     /// on failure.
     pub(super) fn map_batch(&mut self, plan: &[(usize, Frame)]) -> Result<(), CUresult> {
+        let (maps, access) = self.map_calls(plan);
+        map_and_give_access(&*self.driver, &maps, &access, self.cfg.device)
+    }
+
+    /// The calls [`Self::map_batch`] makes for `plan`: the mappings (address, bytes,
+    /// allocation) and the ranges given access.
+    pub(super) fn map_calls(
+        &self,
+        plan: &[(usize, Frame)],
+    ) -> (Vec<Mapping>, Vec<(CUdeviceptr, usize)>) {
         let page = self.page;
         let mut pages: Vec<usize> = plan.iter().map(|&(p, _)| p).collect();
         pages.sort_unstable();
-        let mut maps: Vec<(CUdeviceptr, usize, PhysHandle)> = Vec::new();
+        let mut maps: Vec<Mapping> = Vec::new();
         for &(p, f) in plan {
             let (h, bytes) = match f {
                 Frame::Device(d) if d.offset != 0 => continue,
@@ -78,7 +89,7 @@ impl Inner {
             .into_iter()
             .map(|(a, b)| (self.va(a), (b - a + 1) * page))
             .collect();
-        map_and_give_access(&*self.driver, &maps, &access, self.cfg.device)
+        (maps, access)
     }
 
     /// Removes the host mappings of `pages` (all `Host`). Every page whose mapping this
@@ -214,6 +225,23 @@ impl Inner {
     /// Drops page `p` (no live allocation, idle) without a copy: a host page alone, a device
     /// page with the rest of its unit, which must be dead and idle too.
     pub(super) fn unback(&mut self, p: usize, completed: &[u64]) -> Result<(), CUresult> {
+        self.unback_unmapping(p, completed, false)
+    }
+
+    /// [`Self::unback`] of a device unit whose frames the operation running now takes at
+    /// once, its unmap left to the VMM calls that operation makes without the lock
+    /// (`first_backing.rs`): the unit's pages are `Unbacked` in the table from now, and in
+    /// `mapping` until that unmap is made. Unmapped now where the operation makes none.
+    pub(super) fn unback_for_reuse(&mut self, p: usize, completed: &[u64]) -> Result<(), CUresult> {
+        self.unback_unmapping(p, completed, self.defer_dead_unmaps)
+    }
+
+    fn unback_unmapping(
+        &mut self,
+        p: usize,
+        completed: &[u64],
+        later: bool,
+    ) -> Result<(), CUresult> {
         let dead_idle = |e: &PageEntry| {
             e.live == 0
                 && e.is_idle(completed)
@@ -240,6 +268,15 @@ impl Inner {
             for q in a..a + n {
                 self.unmapped_host.remove(&q);
             }
+        } else if later {
+            let first = self.pages.get(a).and_then(|e| e.state.device_frame());
+            let first = first.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            self.dead_unmaps.push(DeadUnmap {
+                page: a,
+                pages: n,
+                first,
+            });
+            self.mapping.extend(a..a + n);
         } else {
             self.driver.mem_unmap(self.va(a), n * self.page)?;
         }
@@ -326,13 +363,16 @@ impl Inner {
     }
 }
 
+/// A physical allocation to map whole: (address, bytes, allocation).
+pub(super) type Mapping = (CUdeviceptr, usize, PhysHandle);
+
 /// Maps each `(address, bytes, allocation)` whole, then gives the device access to each
 /// `(address, bytes)` range (one call may span several mappings); on failure undoes its own
 /// maps. Touches no manager state, so it serves callers without the lock too
 /// (`completion.rs`).
 pub(super) fn map_and_give_access(
     driver: &dyn Driver,
-    maps: &[(CUdeviceptr, usize, PhysHandle)],
+    maps: &[Mapping],
     access: &[(CUdeviceptr, usize)],
     device: i32,
 ) -> Result<(), CUresult> {

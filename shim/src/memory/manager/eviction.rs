@@ -41,7 +41,8 @@ impl Inner {
         let mut dead = self.dead_idle_units(&completed);
         if let Some(i) = dead.iter().position(|&(_, n)| n == pages) {
             let (a, _) = dead.remove(i);
-            self.unback(a, &completed)?;
+            // An allocation makes the unmap with its own maps, without the lock.
+            self.unback_for_reuse(a, &completed)?;
             if let Some(u) = self.dev.take_free_unit(pages) {
                 return Ok(Some(u));
             }

@@ -33,8 +33,12 @@
 //! what it took and waits on `pins_released`), for swap-out copies to land (`copy_waits`),
 //! for another thread's remap of pages it needs (`remap_stall`) and for the budget to grow
 //! (`budget_stall`). The VMM calls that complete swap-outs (`completion.rs`,
-//! `MemoryManager::complete`) and those of swap-ins (`arrival.rs`, `MemoryManager::arrive`),
-//! and host memory pinned for swap-outs (`host_wanted`), are made without the lock too.
+//! `MemoryManager::complete`), those of swap-ins (`arrival.rs`, `MemoryManager::arrive`) and
+//! those of a new allocation's first backing (`first_backing.rs`, `MemoryManager::alloc`:
+//! its maps, and the unmaps of the dead units whose frames it takes), and host memory pinned
+//! for swap-outs (`host_wanted`), are made without the lock too. Re-cutting device units
+//! (a `cuMemRelease` and a `cuMemCreate`) and dropping dead units for an eviction are still
+//! made with it held.
 //!
 //! # Files
 //! This file holds the public front ([`MemoryManager`]: the lock, and the waits made without
@@ -51,6 +55,7 @@
 //! | `swap.rs` | the copies to and from the host, their events, `poll` and waits |
 //! | `completion.rs` | completing landed swap-outs (their VMM calls) without the lock |
 //! | `arrival.rs` | swap-ins (their VMM calls, copies and event) without the lock |
+//! | `first_backing.rs` | a new allocation's maps (and its dead units' unmaps) without the lock |
 //! | `verbs.rs` | swap out, prefetch and budget changes for a planned policy |
 //! | `audit.rs` | the bookkeeping check tests run |
 
@@ -69,7 +74,7 @@ use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
 use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolRefill};
 use super::journal::{BusyKind, Journal};
-use super::page::{PageTable, ResidencyState};
+use super::page::{Frame, PageTable, ResidencyState};
 use super::stats::{Demand, MemoryStats};
 use super::suballoc::Suballocator;
 
@@ -80,6 +85,7 @@ mod audit;
 mod backing;
 mod completion;
 mod eviction;
+mod first_backing;
 mod swap;
 mod units;
 mod verbs;
@@ -263,6 +269,18 @@ struct Inner {
     /// The device frames those swap-ins hold (owned by their [`arrival::Arrival`]; kept here
     /// for the audit).
     arriving_frames: Vec<DevFrame>,
+    /// `Unbacked` pages whose addresses a thread maps or unmaps without the lock: a new
+    /// allocation's, and those of the dead units it takes frames from (`first_backing.rs`).
+    /// An allocation landing on one waits for the commit.
+    mapping: BTreeSet<usize>,
+    /// The frames those backings hold (owned by their [`first_backing::FirstBacking`]; kept
+    /// here for the audit).
+    backing_frames: Vec<Frame>,
+    /// Dead units dropped for their frames by the operation running now, their unmaps left
+    /// to its backing ([`Inner::unback_for_reuse`]).
+    dead_unmaps: Vec<first_backing::DeadUnmap>,
+    /// Set while an allocation decides its backing: only then may unmaps be left for later.
+    defer_dead_unmaps: bool,
     /// Set when an operation decided a swap-in for its caller to make without the lock
     /// ([`MemoryManager::arrive`]), then start it over.
     arrival: Option<arrival::Arrival>,
@@ -477,6 +495,10 @@ impl MemoryManager {
             arriving: BTreeSet::new(),
             arriving_frames: Vec::new(),
             arrival: None,
+            mapping: BTreeSet::new(),
+            backing_frames: Vec::new(),
+            dead_unmaps: Vec::new(),
+            defer_dead_unmaps: false,
             reserve_pins: false,
             host_wanted: None,
             max_unit_pages: MAX_UNIT_PAGES,
@@ -542,7 +564,18 @@ impl MemoryManager {
     /// Allocates `size` bytes. `stream` is `Some` for stream-ordered allocations
     /// (`cuMemAllocAsync`), `None` for `cuMemAlloc_v2`.
     pub fn alloc(&self, size: usize, stream: Option<Stream>) -> Result<CUdeviceptr, CUresult> {
-        self.waiting_for_pins(|s| s.alloc(size, stream.unwrap_or(Stream(0))))
+        let backing = self.waiting_for_pins(|s| s.alloc(size, stream.unwrap_or(Stream(0))))?;
+        if backing.is_empty() {
+            return Ok(backing.ptr());
+        }
+        // The maps (and the unmaps of the dead units whose frames the allocation takes) are
+        // made without the lock (`first_backing.rs`), then committed.
+        let outcome = backing.run();
+        let mut s = self.lock();
+        let r = s.commit_first_backing(backing, outcome);
+        // Allocations waiting for these pages (`remap_stall`) look again.
+        self.wake_pin_waiters(s);
+        r
     }
 
     /// `cuMemAllocPitch_v2`: `height` rows of `width` bytes, each row starting at a multiple of
