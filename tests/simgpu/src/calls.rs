@@ -1,6 +1,6 @@
 //! Counting the driver calls a process makes (`TENSILE_SIM_CALL_COUNTS=PATH`, `%p` in PATH
 //! replaced by the pid): at exit, one line per entry point called, `name count`, sorted by
-//! name. Tests compare what reaches the driver per launch under different configurations
+//! name, then the VMM calls' sizes and times ([`vmm_held`], lines starting `vmm `). Tests compare what reaches the driver per launch under different configurations
 //! (a stream wait or an event record added per launch costs nothing on the simulator but
 //! serializes streams on a GPU). Unset: one relaxed load per call.
 //!
@@ -15,6 +15,10 @@ use std::sync::Mutex;
 /// 0: not read yet; 1: off; 2: on.
 static STATE: AtomicU8 = AtomicU8::new(0);
 static COUNTS: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+/// Per VMM call kind and side (device, host): calls, mappings, pages, the time modelled and
+/// the time the caller was actually held, in ns.
+static VMM_TIME: Mutex<BTreeMap<(&'static str, &'static str), [u64; 5]>> =
+    Mutex::new(BTreeMap::new());
 
 const VAR: &str = "TENSILE_SIM_CALL_COUNTS";
 
@@ -54,6 +58,31 @@ fn add(name: &'static str) {
     *counts.entry(name).or_insert(0) += 1;
 }
 
+/// Notes a VMM call's hold (when counting is on): the `mappings` (allocations, for create
+/// and release) and `pages` it covered, `modelled` what it was to take and `held` what it
+/// took, both in ns of wall time; `host`: of host memory. Written at exit beside the counts,
+/// as `vmm NAME SIDE calls mappings pages modelled_ms held_ms`: how large the mappings a
+/// run makes are (their cost is per mapping), and how much longer than modelled a loaded
+/// machine holds a thread (a sleep oversleeps; a spin waits for a core).
+pub fn vmm_held(
+    name: &'static str,
+    host: bool,
+    mappings: u64,
+    pages: u64,
+    modelled: u64,
+    held: u64,
+) {
+    if STATE.load(Ordering::Relaxed) != 2 {
+        return;
+    }
+    let side = if host { "host" } else { "device" };
+    let mut t = VMM_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let e = t.entry((name, side)).or_insert([0; 5]);
+    for (sum, v) in e.iter_mut().zip([1, mappings, pages, modelled, held]) {
+        *sum += v;
+    }
+}
+
 /// The counts so far, by export name.
 pub fn snapshot() -> BTreeMap<&'static str, u64> {
     COUNTS.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -71,6 +100,14 @@ extern "C" fn write_at_exit() {
         for (name, n) in snapshot() {
             text.push_str(&format!("{name} {n}\n"));
         }
+        let vmm = VMM_TIME.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for ((name, side), [n, mappings, pages, modelled, held]) in vmm {
+            text.push_str(&format!(
+                "vmm {name} {side} {n} {mappings} {pages} {:.3} {:.3}\n",
+                modelled as f64 / 1e6,
+                held as f64 / 1e6
+            ));
+        }
         match std::fs::File::create(&path) {
             Ok(mut f) => {
                 let _ = f.write_all(text.as_bytes());
@@ -78,4 +115,20 @@ extern "C" fn write_at_exit() {
             Err(e) => eprintln!("simgpu: cannot write the call counts to {path}: {e}"),
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vmm_holds_add_up_by_call_and_side() {
+        STATE.store(2, Ordering::Release);
+        vmm_held("cuMemTestCall", true, 3, 12, 100, 130);
+        vmm_held("cuMemTestCall", true, 1, 4, 50, 55);
+        vmm_held("cuMemTestCall", false, 1, 8, 10, 10);
+        let t = VMM_TIME.lock().unwrap().clone();
+        assert_eq!(t[&("cuMemTestCall", "host")], [2, 4, 16, 150, 185]);
+        assert_eq!(t[&("cuMemTestCall", "device")], [1, 1, 8, 10, 10]);
+    }
 }

@@ -34,7 +34,8 @@
 //!   2 MiB / F, so that a scaled tensor covers as many pages as the real one.
 //!
 //! - `TENSILE_SIM_CALL_COUNTS`: count the calls of every export and write them at exit
-//!   ([`crate::calls`]).
+//!   ([`crate::calls`]); with VMM time on, also per VMM call and side the mappings and pages
+//!   it covered and the time it was modelled to take and took (`vmm ...` lines).
 //!
 //! A value that does not parse is reported on stderr once and the default is used.
 

@@ -24,28 +24,39 @@ fn side(location: &CUmemLocation) -> usize {
     usize::from(location.type_ != CU_MEM_LOCATION_TYPE_DEVICE)
 }
 
-/// Holds the calling thread for a VMM call's modelled cost (`ns` at factor 1, see
+/// Holds the calling thread for a VMM call's modelled cost (`cost.ns` at factor 1, see
 /// `TENSILE_SIM_VMM_TIME`), after the call's locks are released: the card's driver does this
 /// work on the caller's CPU. Short waits spin (a sleep oversleeps by tens of µs).
-fn hold(ns: u64) {
-    let d = crate::config::vmm_duration(ns);
+/// `call` names it for the call counts (`crate::calls::vmm_held`).
+fn hold(cost: Held, call: &'static str) {
+    let d = crate::config::vmm_duration(cost.ns);
     if d.is_zero() {
         return;
     }
-    let until = std::time::Instant::now() + d;
+    let start = std::time::Instant::now();
+    let until = start + d;
     if d > std::time::Duration::from_micros(200) {
         std::thread::sleep(d);
     }
     while std::time::Instant::now() < until {
         std::hint::spin_loop();
     }
+    let held = start.elapsed().as_nanos() as u64;
+    crate::calls::vmm_held(
+        call,
+        cost.host,
+        cost.mappings,
+        cost.pages,
+        d.as_nanos() as u64,
+        held,
+    );
 }
 
-/// The modelled cost of an access or unmap call over `regions`: for each distinct mapping,
-/// `per` plus `per_page` for each page of its allocation (by the allocation's side).
-fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2], per_page: [u64; 2]) -> u64 {
+/// What an access or unmap call over `regions` costs and covers ([`Held`]): per distinct
+/// mapping, `per` plus `per_page` for each page of its allocation (by the allocation's side).
+fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2], per_page: [u64; 2]) -> Held {
     let mut last: Option<(u64, u64)> = None;
-    let mut ns = 0;
+    let mut held = Held::default();
     for r in regions {
         if let RegionKind::Mapped { handle, offset } = r.kind {
             // A mapping split by `cuMemSetAccess` shows as several regions of one mapping:
@@ -59,10 +70,35 @@ fn per_mapping(inner: &Inner, regions: &[Region], per: [u64; 2], per_page: [u64;
                 .physical
                 .get(&handle)
                 .map_or((0, 0), |p| (side(&p.location), p.size / granularity()));
-            ns += per[s] + per_page[s] * pages;
+            held.ns += per[s] + per_page[s] * pages;
+            held.host |= s == 1 && held.mappings == 0;
+            held.mappings += 1;
+            held.pages += pages;
         }
     }
-    ns
+    held
+}
+
+/// A VMM call's modelled cost (`ns` at factor 1), and what it covers for the call counts: the
+/// mappings (or allocations) and their pages, and whether the first is of host memory.
+#[derive(Debug, Default, Clone, Copy)]
+struct Held {
+    ns: u64,
+    mappings: u64,
+    pages: u64,
+    host: bool,
+}
+
+impl Held {
+    /// One allocation of `bytes` on `side` costing `ns`.
+    fn one(ns: u64, side: usize, bytes: u64) -> Self {
+        Held {
+            ns,
+            mappings: 1,
+            pages: bytes / granularity(),
+            host: side == 1,
+        }
+    }
 }
 
 fn prot(access: Access) -> i32 {
@@ -216,7 +252,10 @@ impl AddressSpace {
             },
         );
         drop(inner);
-        hold(cost);
+        hold(
+            Held::one(cost, usize::from(!on_device), size),
+            "cuMemCreate",
+        );
         Ok(handle)
     }
 
@@ -225,13 +264,14 @@ impl AddressSpace {
         let mut inner = self.write_lock();
         let cost = match inner.physical.get(&handle) {
             Some(p) if p.refs > 0 => {
-                crate::config::VmmCosts::SIMULATED.release_ns[side(&p.location)]
+                let s = side(&p.location);
+                Held::one(crate::config::VmmCosts::SIMULATED.release_ns[s], s, p.size)
             }
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         inner.unref(handle, false);
         drop(inner);
-        hold(cost);
+        hold(cost, "cuMemRelease");
         Ok(())
     }
 
@@ -260,7 +300,8 @@ impl AddressSpace {
         if offset != 0 || size != phys.size {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        let cost = crate::config::VmmCosts::SIMULATED.map_ns[side(&phys.location)];
+        let s = side(&phys.location);
+        let cost = Held::one(crate::config::VmmCosts::SIMULATED.map_ns[s], s, size);
         os::map_fd_fixed(ptr, size, &phys.fd, offset).map_err(os_err)?;
         let kind = RegionKind::Mapped { handle, offset };
         inner.regions.insert(
@@ -277,7 +318,7 @@ impl AddressSpace {
             p.maps += 1;
         }
         drop(inner);
-        hold(cost);
+        hold(cost, "cuMemMap");
         Ok(())
     }
 
@@ -312,7 +353,7 @@ impl AddressSpace {
             }
         }
         drop(inner);
-        hold(cost);
+        hold(cost, "cuMemUnmap");
         Ok(())
     }
 
@@ -346,7 +387,7 @@ impl AddressSpace {
             }
         }
         drop(inner);
-        hold(cost);
+        hold(cost, "cuMemSetAccess");
         Ok(())
     }
 
