@@ -2540,23 +2540,13 @@ fn a_new_allocation_is_mapped_without_the_lock_and_one_sharing_its_page_waits_fo
 
 #[test]
 fn at_the_budget_a_new_allocation_unmaps_the_dead_units_it_takes_without_the_lock() {
-    // Four one-page units fill the budget; two are freed (dead, idle). A three-page
-    // allocation does not fit their hole and lands past them, on pages of its own: too
-    // large for the eviction that makes room for new allocations (over half the budget),
-    // its pages take the dead units' frames one by one, and the last a host frame.
-    let mut cfg = config(4, 64);
-    cfg.grow_bytes = PAGE;
-    cfg.free_reserve_pages = 0;
-    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    // A three-page allocation does not fit the hole of the two dead units and lands past
+    // them, on pages of its own: too large for the eviction that makes room for new
+    // allocations (over half the budget), its pages take the dead units' frames one by one,
+    // and the last a host frame.
+    let (fake, mm, small) = two_dead_units_at_the_budget();
     let (fake, mm) = (&*fake, &mm);
     let s = Stream(0);
-    let small: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
-    for (i, &p) in small.iter().enumerate() {
-        write(fake, mm, s, p, pattern(i as u8, PAGE));
-    }
-    warm_host_pool(fake, mm, small[3]);
-    mm.free(small[0], None).unwrap();
-    mm.free(small[1], None).unwrap();
     let unmaps_before = fake.calls(FakeCall::Unmap);
     std::thread::scope(|scope| {
         let _open = close_gate(fake, FakeCall::Unmap);
@@ -2604,18 +2594,8 @@ fn at_the_budget_a_new_allocation_unmaps_the_dead_units_it_takes_without_the_loc
 
 #[test]
 fn a_new_allocation_whose_map_fails_is_undone_and_the_dead_unit_it_took_is_kept() {
-    let mut cfg = config(4, 64);
-    cfg.grow_bytes = PAGE;
-    cfg.free_reserve_pages = 0;
-    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    let (fake, mm, small) = two_dead_units_at_the_budget();
     let s = Stream(0);
-    let small: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
-    for (i, &p) in small.iter().enumerate() {
-        write(&fake, &mm, s, p, pattern(i as u8, PAGE));
-    }
-    warm_host_pool(&fake, &mm, small[3]);
-    mm.free(small[0], None).unwrap();
-    mm.free(small[1], None).unwrap();
     // An unmap that fails leaves the dead units where they were, mapped and consistent, and
     // the allocation fails with the driver's error.
     fake.fail_next(FakeCall::Unmap, CUDA_ERROR_INVALID_VALUE);
@@ -2633,6 +2613,24 @@ fn a_new_allocation_whose_map_fails_is_undone_and_the_dead_unit_it_took_is_kept(
         assert_eq!(r.get().as_deref(), Some(&pattern(seed, len)[..]));
     }
     assert_consistent(&fake, &mm);
+}
+
+/// A budget of four pages filled by four one-page allocations, each in a unit of its own
+/// (seeds 0 to 3), the first two then freed: two dead idle units at the budget, and free
+/// frames in the host pool. Returns the four allocations.
+fn two_dead_units_at_the_budget() -> (Arc<FakeDriver>, MemoryManager, Vec<CUdeviceptr>) {
+    let mut cfg = config(4, 64);
+    cfg.grow_bytes = PAGE;
+    cfg.free_reserve_pages = 0;
+    let (fake, mm) = setup_with(cfg, Progress::Immediate);
+    let small: Vec<CUdeviceptr> = (0..4).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &p) in small.iter().enumerate() {
+        write(&fake, &mm, Stream(0), p, pattern(i as u8, PAGE));
+    }
+    warm_host_pool(&fake, &mm, small[3]);
+    mm.free(small[0], None).unwrap();
+    mm.free(small[1], None).unwrap();
+    (fake, mm, small)
 }
 
 /// Swaps `ptr` (one page) out and back in, so the host pool holds free frames: a test that
