@@ -2644,3 +2644,41 @@ fn warm_host_pool(fake: &FakeDriver, mm: &MemoryManager, ptr: CUdeviceptr) {
     assert!(before.is_some());
     assert!(mm.host_pool_state().0 > 0);
 }
+
+#[test]
+fn a_freed_tensor_that_leaves_with_its_unit_is_not_mapped_to_host_memory() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let s = Stream(0);
+    let (a, z) = (
+        mm.alloc(2 * PAGE, None).unwrap(),
+        mm.alloc(2 * PAGE, None).unwrap(),
+    );
+    write(&fake, &mm, s, a, pattern(1, 2 * PAGE));
+    write(&fake, &mm, s, z, pattern(2, 2 * PAGE));
+    assert_eq!(
+        mm.start_swap_out(&[(a, 2 * PAGE), (z, 2 * PAGE)]).unwrap(),
+        4
+    );
+    // Z is freed while its copy out is in flight: its pages hold nothing anyone can ask for.
+    mm.free(z, None).unwrap();
+    let maps = fake.calls(FakeCall::Map);
+    let host_frames_free = mm.host_pool_state().1;
+    mm.poll().unwrap();
+    // A's host unit is mapped at its address; Z's frames are not, and go back.
+    assert_eq!(fake.calls(FakeCall::Map) - maps, 1, "A's host unit alone");
+    assert!(matches!(mm.residency(a), Some(ResidencyState::Host(_))));
+    for p in [z, z + PAGE as u64] {
+        assert_eq!(mm.residency(p), Some(ResidencyState::Unbacked));
+    }
+    assert_eq!(mm.host_pool_state().1, host_frames_free + 2);
+    mm.audit().unwrap();
+    // A comes back intact; a new allocation on Z's pages is backed afresh and usable.
+    let r = read(&fake, &mm, s, a, 2 * PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(1, 2 * PAGE)[..]));
+    let y = mm.alloc(2 * PAGE, None).unwrap();
+    assert_eq!(y, z, "the new allocation lands where Z was");
+    write(&fake, &mm, s, y, pattern(3, 2 * PAGE));
+    let r = read(&fake, &mm, s, y, 2 * PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(3, 2 * PAGE)[..]));
+    assert_consistent(&fake, &mm);
+}

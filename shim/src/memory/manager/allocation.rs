@@ -64,9 +64,12 @@ impl Inner {
         let Some((first, last)) = self.pages_of(a.ptr, a.span) else {
             return Err(CUDA_ERROR_INVALID_VALUE);
         };
-        if self.mapping.range(first..=last).next().is_some() {
+        if self.mapping.range(first..=last).next().is_some()
+            || self.completing.range(first..=last).next().is_some()
+        {
             // Another thread maps or unmaps some of these pages without the lock (it backs an
-            // allocation sharing them, or drops a dead unit there): wait for its commit.
+            // allocation sharing them, drops a dead unit there, or completes a swap-out that
+            // leaves dead pages unmapped): wait for its commit.
             if let Ok(a) = self.sub.remove(a.ptr) {
                 self.sub.release_now(a);
             }
