@@ -2682,3 +2682,40 @@ fn a_freed_tensor_that_leaves_with_its_unit_is_not_mapped_to_host_memory() {
     assert_eq!(r.get().as_deref(), Some(&pattern(3, 2 * PAGE)[..]));
     assert_consistent(&fake, &mm);
 }
+
+#[test]
+fn an_allocation_landing_on_a_freed_page_being_completed_waits_for_the_commit() {
+    let (fake, mm) = setup(8, 64, Progress::Immediate);
+    let (fake, mm) = (&*fake, &mm);
+    let s = Stream(0);
+    let (a, z) = (
+        mm.alloc(2 * PAGE, None).unwrap(),
+        mm.alloc(2 * PAGE, None).unwrap(),
+    );
+    write(fake, mm, s, a, pattern(1, 2 * PAGE));
+    write(fake, mm, s, z, pattern(2, 2 * PAGE));
+    assert_eq!(mm.start_swap_out(&[(z, 2 * PAGE)]).unwrap(), 2);
+    mm.free(z, None).unwrap();
+    std::thread::scope(|scope| {
+        let _open = close_gate(fake, FakeCall::Unmap);
+        // Completing Z's swap-out unmaps its device unit and leaves its pages unbacked.
+        let maintenance = scope.spawn(move || mm.maintain());
+        wait_at_gate(fake, FakeCall::Unmap);
+        // A new allocation lands on Z's pages: it waits for the commit, which would
+        // otherwise leave a page of it unmapped.
+        let (sent, landed) = std::sync::mpsc::channel();
+        scope.spawn(move || sent.send(mm.alloc(2 * PAGE, None).unwrap()).unwrap());
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(landed.try_recv().is_err(), "the allocation did not wait");
+        fake.open_gate(FakeCall::Unmap);
+        maintenance.join().unwrap().unwrap();
+        let y = landed.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_eq!(y, z, "the new allocation lands where Z was");
+        write(fake, mm, s, y, pattern(3, 2 * PAGE));
+        let r = read(fake, mm, s, y, 2 * PAGE);
+        assert_eq!(r.get().as_deref(), Some(&pattern(3, 2 * PAGE)[..]));
+    });
+    let r = read(fake, mm, s, a, 2 * PAGE);
+    assert_eq!(r.get().as_deref(), Some(&pattern(1, 2 * PAGE)[..]));
+    assert_consistent(fake, mm);
+}
