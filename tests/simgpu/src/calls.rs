@@ -1,8 +1,9 @@
 //! Counting the driver calls a process makes (`TENSILE_SIM_CALL_COUNTS=PATH`, `%p` in PATH
 //! replaced by the pid): at exit, one line per entry point called, `name count`, sorted by
-//! name, then the VMM calls' sizes and times ([`vmm_held`], lines starting `vmm `). Tests compare what reaches the driver per launch under different configurations
-//! (a stream wait or an event record added per launch costs nothing on the simulator but
-//! serializes streams on a GPU). Unset: one relaxed load per call.
+//! name, then the VMM calls' sizes and times ([`vmm_held`], lines starting `vmm `). Tests
+//! compare what reaches the driver per launch under different configurations (a stream wait
+//! or an event record added per launch costs nothing on the simulator but serializes streams
+//! on a GPU). Unset: one relaxed load per call.
 //!
 //! Counted at the export, per exported name: `cuEventRecord` and `cuEventRecord_ptsz` are
 //! separate lines. `cuInit`, `cuGetProcAddress[_v2]` and `cuGetExportTable` are not counted.

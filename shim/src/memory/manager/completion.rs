@@ -268,7 +268,8 @@ impl Inner {
                         continue;
                     }
                 }
-                let unbacked = u.dead.binary_search(&q).is_ok()
+                let dead = u.dead.binary_search(&q).is_ok();
+                let unbacked = dead
                     && match self.pages.unback(q, &completed) {
                         Ok(f) => {
                             self.give_frame(f);
@@ -282,7 +283,7 @@ impl Inner {
                             false
                         }
                     };
-                if !unbacked && (!outcome.mapped || !self.cfg.host_mapped || u.dead.contains(&q)) {
+                if !unbacked && (dead || !outcome.mapped || !self.cfg.host_mapped) {
                     self.unmapped_host.insert(q);
                 }
             }

@@ -39,6 +39,13 @@ pub(super) struct DeadUnmap {
     pub(super) first: DevFrame,
 }
 
+impl DeadUnmap {
+    /// The unit's pages.
+    fn span(&self) -> std::ops::Range<usize> {
+        self.page..self.page + self.pages
+    }
+}
+
 /// A new allocation's backing whose driver calls are made without the lock (see the module
 /// docs).
 #[must_use = "run and commit it, or the allocation's pages stay unmapped"]
@@ -146,7 +153,7 @@ impl Inner {
             self.mapping.remove(&p);
         }
         for u in &b.unmaps {
-            for q in u.page..u.page + u.pages {
+            for q in u.span() {
                 self.mapping.remove(&q);
             }
         }
@@ -192,7 +199,7 @@ impl Inner {
 
     fn unmap_dead_unit_now(&mut self, u: DeadUnmap) {
         let r = self.driver.mem_unmap(self.va(u.page), u.pages * self.page);
-        for q in u.page..u.page + u.pages {
+        for q in u.span() {
             self.mapping.remove(&q);
         }
         if let Err(code) = r {
@@ -208,7 +215,7 @@ impl Inner {
             debug_assert!(false, "dead unit {u:?} not free to restore");
             return;
         }
-        for (i, q) in (u.page..u.page + u.pages).enumerate() {
+        for (i, q) in u.span().enumerate() {
             let frame = DevFrame {
                 unit: u.first.unit,
                 offset: i as u32,
