@@ -127,6 +127,9 @@ pub fn lower_bound_with(
     cost: &CostModel,
     options: &BoundOptions,
 ) -> Result<LowerBound, BoundError> {
+    // The bound reasons about rates: remaps beside the copies hold a direction back to the
+    // slower of the two.
+    let cost = &cost.sustained();
     let p = cycle.len();
     for (i, &bytes) in op_bytes(cycle).iter().enumerate() {
         if bytes > budget.bytes {

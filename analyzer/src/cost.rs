@@ -91,6 +91,26 @@ impl RemapModel {
         }
     }
 
+    /// The same calls, each taking `factor` times as long (a simulated card that keeps time
+    /// `factor` times slower, as `tensile rerun` plays it; 0: free).
+    pub fn times(self, factor: f64) -> RemapModel {
+        let f = |ns: u64| (ns as f64 * factor.max(0.0)).round() as u64;
+        let c = self.calls;
+        RemapModel {
+            calls: VmmCallCosts {
+                device_map_ns: f(c.device_map_ns),
+                device_access_ns: f(c.device_access_ns),
+                device_unmap_ns: f(c.device_unmap_ns),
+                host_map_ns: f(c.host_map_ns),
+                host_access_ns: f(c.host_access_ns),
+                host_access_page_ns: f(c.host_access_page_ns),
+                host_unmap_ns: f(c.host_unmap_ns),
+                host_unmap_page_ns: f(c.host_unmap_page_ns),
+            },
+            ..self
+        }
+    }
+
     /// The cost per page of `page_bytes` moved when units average `pages_per_unit` pages
     /// (at least 1). A page in: the device unit's map and access call, shared by its pages,
     /// and the host mapping's removal; a page out: the device unit's unmap, and the host
@@ -154,6 +174,9 @@ pub struct CostModel {
     pub memset_gbps: f64,
     /// Duration of a launch with no measurement at all.
     pub default_launch_ns: u64,
+    /// What each page moved pays besides its copy: the driver's calls that remap it
+    /// ([`Self::with_page_remaps`]). `None`: moves cost their copies alone.
+    pub remaps: Option<PageRemapCost>,
 }
 
 impl Default for CostModel {
@@ -167,6 +190,7 @@ impl Default for CostModel {
             d2d_gbps: 1300.0,
             memset_gbps: 2000.0,
             default_launch_ns: DEFAULT_LAUNCH_NS,
+            remaps: None,
         }
     }
 }
@@ -195,20 +219,71 @@ impl CostModel {
         (bytes as f64 / gbps).ceil() as u64
     }
 
-    /// Host-to-device time for `bytes` with that direction alone.
+    /// Host-to-device time for `bytes` with that direction alone, from the copy's start to
+    /// the data's arrival: its copy and, with [`Self::remaps`], its remap.
     pub fn h2d_ns(&self, bytes: u64) -> u64 {
-        Self::ns_at(bytes, self.h2d_gbps)
+        Self::ns_at(bytes, self.h2d_gbps) + self.remap_ns(bytes, true).ceil() as u64
     }
 
-    /// Device-to-host time for `bytes` with that direction alone.
+    /// Device-to-host time for `bytes` with that direction alone, from the copy's start to
+    /// the memory's release: its copy and, with [`Self::remaps`], its remap.
     pub fn d2h_ns(&self, bytes: u64) -> u64 {
-        Self::ns_at(bytes, self.d2h_gbps)
+        Self::ns_at(bytes, self.d2h_gbps) + self.remap_ns(bytes, false).ceil() as u64
     }
 
-    /// The rates at which pages actually move when each one also pays `remap` before or after
-    /// its copy, serially (as the shim's swaps do): one page's copy time plus its remap, per
-    /// page. Both directions at once: two pages' copies at the shared rate plus both remaps.
+    /// What remapping `bytes` moved one way takes (0 without [`Self::remaps`]): the per-page
+    /// cost for each page of them, part pages in proportion.
+    pub fn remap_ns(&self, bytes: u64, to_device: bool) -> f64 {
+        self.remaps.map_or(0.0, |r| {
+            let per_page = if to_device { r.in_ns } else { r.out_ns };
+            bytes as f64 / r.page_bytes.max(1) as f64 * per_page as f64
+        })
+    }
+
+    /// The same copies, each page moved also paying `remap`. How the two add up depends on
+    /// who makes the remaps, which the simulator decides by policy: a plan's moves are made
+    /// by the executor's two threads, each remapping one page while the engine copies the
+    /// next (a direction keeps the pace of the slower of the two); LRU's on the paths that
+    /// need the pages, one page's copy and then its remap ([`Self::folded`]). Either way a
+    /// page arrives (or leaves the device) once both are done ([`Self::h2d_ns`]).
     pub fn with_page_remaps(self, remap: PageRemapCost) -> CostModel {
+        CostModel {
+            remaps: Some(remap),
+            ..self
+        }
+    }
+
+    /// The rates moves keep up over many pages with remaps made beside the copies, each
+    /// direction held back by the slower of the two (for the bounds, which reason about
+    /// rates; no policy moves faster): the same model without [`Self::remaps`].
+    pub fn sustained(&self) -> CostModel {
+        let Some(remap) = self.remaps else {
+            return *self;
+        };
+        let page = remap.page_bytes.max(1) as f64;
+        let rate = |gbps: f64, ns: u64| page / (page / gbps).max(ns as f64);
+        CostModel {
+            h2d_gbps: rate(self.h2d_gbps, remap.in_ns),
+            d2h_gbps: rate(self.d2h_gbps, remap.out_ns),
+            // A page each way: both copies at the shared rate, each remap on its own thread.
+            bidir_gbps: 2.0 * page
+                / (2.0 * page / self.bidir_gbps)
+                    .max(remap.in_ns as f64)
+                    .max(remap.out_ns as f64),
+            remaps: None,
+            ..*self
+        }
+    }
+
+    /// The rates at which pages move when each one pays its remap after its copy, serially
+    /// (as on-demand swaps make them: the path that needs a page copies and remaps it in
+    /// turn): one page's copy time plus its remap, per page; both directions at once, two
+    /// pages' copies at the shared rate plus both remaps. The same model without
+    /// [`Self::remaps`].
+    pub fn folded(&self) -> CostModel {
+        let Some(remap) = self.remaps else {
+            return *self;
+        };
         let page = remap.page_bytes as f64;
         let rate = |gbps: f64, ns: u64| page / (page / gbps + ns as f64);
         CostModel {
@@ -216,7 +291,8 @@ impl CostModel {
             d2h_gbps: rate(self.d2h_gbps, remap.out_ns),
             bidir_gbps: 2.0 * page
                 / (2.0 * page / self.bidir_gbps + (remap.in_ns + remap.out_ns) as f64),
-            ..self
+            remaps: None,
+            ..*self
         }
     }
 
@@ -384,7 +460,7 @@ mod tests {
             calls: VmmCallCosts::H200,
             mapping: SwappedMapping::SingleFrames,
         };
-        let moved = c.with_page_remaps(singles.per_page(1.0, page));
+        let moved = c.with_page_remaps(singles.per_page(1.0, page)).folded();
         let copy = page as f64 / 55.0;
         assert!((moved.h2d_ns(page) as f64 - (copy + 53_900.0)).abs() < 2.0);
         assert!((moved.d2h_ns(page) as f64 - (copy + 75_700.0)).abs() < 2.0);

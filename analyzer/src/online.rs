@@ -768,8 +768,8 @@ mod tests {
         // all for its page.
         let per_page = RemapModel::h100(SwappedMapping::HostUnits).per_page(8.0, page);
         assert_eq!(big, CostModel::default().with_page_remaps(per_page));
-        assert!(small.h2d_gbps < big.h2d_gbps && small.d2h_gbps < big.d2h_gbps);
-        assert!(big.h2d_gbps < CostModel::default().h2d_gbps);
+        assert!(small.h2d_ns(page) > big.h2d_ns(page) && small.d2h_ns(page) > big.d2h_ns(page));
+        assert!(big.h2d_ns(page) > CostModel::default().h2d_ns(page));
     }
 
     #[test]

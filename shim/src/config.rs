@@ -141,8 +141,12 @@ pub struct Config {
     /// read when the runtime starts, used under `TENSILE_POLICY=plan`.
     pub plan_file: Option<PathBuf>,
     /// `TENSILE_PLAN_GBPS`: the copy bandwidths the planner assumes, GB/s (`None`: the H100's
-    /// measured 55 each way, 92 both at once).
+    /// measured 55 each way, 92 both at once). Remaps are priced on top.
     pub plan_gbps: Option<PlanBandwidths>,
+    /// `TENSILE_PLAN_VMM_TIME`: how many times the H100's the planner prices the driver's
+    /// remap calls at (`None`: 1; `tensile rerun` sets its time scale, at which the simulated
+    /// card charges them).
+    pub plan_vmm_time: Option<f64>,
     /// `TENSILE_PLAN_ROOM`: the share of the budget learned plans leave free, for what the
     /// run does that a plan cannot place (`None`: the analyzer's `DEFAULT_PLAN_ROOM`, 20%).
     pub plan_room: Option<f64>,
@@ -337,6 +341,18 @@ impl Config {
                         "{why}; expected e.g. 55,55,92 (to the device, to the host, both)"
                     ),
                     fallback: "the H100's 55,55,92",
+                }),
+            }
+        }
+
+        if let Some(v) = get("TENSILE_PLAN_VMM_TIME").filter(|v| !v.trim().is_empty()) {
+            match v.trim().parse::<f64>() {
+                Ok(k) if k.is_finite() && k >= 0.0 => c.plan_vmm_time = Some(k),
+                _ => problems.push(Problem {
+                    variable: "TENSILE_PLAN_VMM_TIME",
+                    value: v,
+                    why: "not a number of times the H100's call times (0 or more)".into(),
+                    fallback: "the H100's call times",
                 }),
             }
         }
@@ -561,6 +577,16 @@ mod tests {
             assert_eq!(c.plan_gbps, None, "{v}");
             assert_eq!(problems.len(), 1, "{v}");
             assert_eq!(problems[0].variable, "TENSILE_PLAN_GBPS");
+        }
+        assert_eq!(parse(&[]).0.plan_vmm_time, None);
+        assert_eq!(
+            parse(&[("TENSILE_PLAN_VMM_TIME", " 16 ")]).0.plan_vmm_time,
+            Some(16.0)
+        );
+        for v in ["slow", "-1", "nan"] {
+            let (c, problems) = parse(&[("TENSILE_PLAN_VMM_TIME", v)]);
+            assert_eq!(c.plan_vmm_time, None, "{v}");
+            assert_eq!(problems[0].variable, "TENSILE_PLAN_VMM_TIME", "{v}");
         }
     }
 

@@ -32,10 +32,10 @@ use tensile_trace::Record;
 
 use tensile_protocol::process::monotonic_ns;
 
-use crate::config::{GrantWait, PlanBandwidths};
+use crate::config::GrantWait;
 use crate::executor::ExecutorState;
 use crate::memory::budget::format_size;
-use crate::planning::PlanSource;
+use crate::planning::{PlanPricing, PlanSource};
 use crate::runtime::Runtime;
 use tensile_analyzer::SwappedMapping;
 
@@ -60,10 +60,8 @@ pub struct CoordinatorSource {
     name: String,
     state: StateRecords,
     start_if_missing: bool,
-    /// The rates a coordinator this job starts plans with (one it joins keeps its own), if
-    /// told (`TENSILE_PLAN_GBPS`), else how this job holds swapped-out pages, whose remaps
-    /// the coordinator then prices.
-    plan_costs: (Option<PlanBandwidths>, SwappedMapping),
+    /// How a coordinator this job starts prices moves (one it joins keeps its own).
+    pricing: PlanPricing,
     client: Option<JobClient>,
     priority: Priority,
     /// The most this job may be granted (`TENSILE_DEVICE_MEMORY`; 0: the card), known once
@@ -115,7 +113,7 @@ impl CoordinatorSource {
     pub fn connect(
         name: &str,
         start_if_missing: bool,
-        plan_costs: (Option<PlanBandwidths>, SwappedMapping),
+        pricing: PlanPricing,
         priority: Priority,
         page_bytes: u64,
         fixed_room: Option<f64>,
@@ -125,7 +123,7 @@ impl CoordinatorSource {
             name: name.to_owned(),
             state,
             start_if_missing,
-            plan_costs,
+            pricing,
             client: None,
             priority,
             limit: 0,
@@ -251,14 +249,14 @@ impl CoordinatorSource {
             .arg(SPAWNED_IDLE_EXIT_S)
             .arg("--log")
             .arg(&log);
-        match self.plan_costs {
-            (Some(b), _) => {
-                cmd.arg("--plan-gbps")
-                    .arg(format!("{},{},{}", b.to_device, b.to_host, b.both));
-            }
-            (None, mapping) => {
-                cmd.arg("--swapped").arg(swapped_flag(mapping));
-            }
+        let pricing = self.pricing;
+        if let Some(b) = pricing.gbps {
+            cmd.arg("--plan-gbps")
+                .arg(format!("{},{},{}", b.to_device, b.to_host, b.both));
+        }
+        cmd.arg("--swapped").arg(swapped_flag(pricing.mapping));
+        if pricing.vmm_time != 1.0 {
+            cmd.arg("--plan-vmm-time").arg(pricing.vmm_time.to_string());
         }
         // The coordinator must not load the shim into itself, nor share our terminal's
         // signals (it outlives us, serving other jobs). Nor this job's room as its own: this
@@ -578,7 +576,7 @@ mod tests {
         CoordinatorSource::connect(
             name,
             false,
-            (None, SwappedMapping::HostUnits),
+            PlanPricing::h100(SwappedMapping::HostUnits),
             Priority::Normal,
             2 << 20,
             fixed_room,

@@ -81,7 +81,7 @@ pub struct LocalLearner {
 
 impl LocalLearner {
     /// A learner for `budget_bytes` with copies priced by `cost` and the remaps of pages
-    /// moved by `remaps` ([`plan_costs`]), planning in the manager's pages of `page_bytes`,
+    /// moved by `remaps` ([`PlanPricing::costs`]), planning in the manager's pages of `page_bytes`,
     /// its plans leaving `room` of the budget free.
     pub fn new(
         budget_bytes: u64,
@@ -157,11 +157,9 @@ pub fn start_for(rt: &'static Runtime) {
     if config.policy != Policy::Plan || config.plan_file.is_some() {
         return;
     }
-    let remaps = page_remaps(config.swapped_unmapped, config.host_frames);
-    let costs = plan_costs(config.plan_gbps, remaps);
-    // A coordinator this job starts plans with the same costs (one it joins keeps its own):
-    // the rates told, or the remaps of pages held as this job holds them.
-    let told = config.plan_gbps;
+    // A coordinator this job starts plans with the same prices (one it joins keeps its own).
+    let pricing = PlanPricing::of(config);
+    let costs = pricing.costs();
     let priority = config.priority;
     // Under `auto` the coordinator is the card's: its name comes from the device's UUID,
     // known once the memory manager runs (so the thread waits for it).
@@ -185,11 +183,10 @@ pub fn start_for(rt: &'static Runtime) {
         };
         if let Some(name) = name {
             let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
-            let costs = (told, remaps.mapping);
             // A room set by TENSILE_PLAN_ROOM is this job's; else the coordinator's, which the
             // run may raise.
             let room = config.plan_room;
-            match CoordinatorSource::connect(&name, true, costs, priority, page, room, state) {
+            match CoordinatorSource::connect(&name, true, pricing, priority, page, room, state) {
                 Ok(mut source) => {
                     source.set_grant_wait(config.grant_wait);
                     return Box::new(source) as Box<dyn PlanSource>;
@@ -258,25 +255,55 @@ pub fn page_remaps(swapped_unmapped: bool, frames: HostFrames) -> RemapModel {
     RemapModel::h100(swapped_mapping(swapped_unmapped, frames))
 }
 
-/// The planner's costs: the bandwidths `TENSILE_PLAN_GBPS` gives (the rates pages move at,
-/// remapping included, so no remaps on top), else the H100's copy rates and `remaps`, which
-/// the learner prices per page for the units of each iteration's tensors (the rates pages
-/// really move at; docs/gpu-results.md).
-pub fn plan_costs(
-    gbps: Option<PlanBandwidths>,
-    remaps: RemapModel,
-) -> (CostModel, Option<RemapModel>) {
-    match gbps {
-        Some(b) => (
-            CostModel {
+/// How the planner prices a move: its copy at the card's rates, and the driver's calls that
+/// remap each page moved (docs/gpu-results.md), which the learner prices per page for the
+/// units of each iteration's tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlanPricing {
+    /// `TENSILE_PLAN_GBPS`: the copy rates (`None`: the H100's 55, 55 and 92 GB/s).
+    pub gbps: Option<PlanBandwidths>,
+    /// How swapped-out pages are held (`TENSILE_SWAPPED`, `TENSILE_HOST_UNITS`): which
+    /// calls a remap makes.
+    pub mapping: SwappedMapping,
+    /// `TENSILE_PLAN_VMM_TIME`: the calls take this many times the H100's (a simulated
+    /// card that keeps time slower; 0: free).
+    pub vmm_time: f64,
+}
+
+impl PlanPricing {
+    /// The pricing the configuration says.
+    pub fn of(config: &crate::config::Config) -> PlanPricing {
+        PlanPricing {
+            gbps: config.plan_gbps,
+            mapping: swapped_mapping(config.swapped_unmapped, config.host_frames),
+            vmm_time: config.plan_vmm_time.unwrap_or(1.0),
+        }
+    }
+
+    /// The H100's copy rates and remaps for pages held as `mapping` says.
+    pub fn h100(mapping: SwappedMapping) -> PlanPricing {
+        PlanPricing {
+            gbps: None,
+            mapping,
+            vmm_time: 1.0,
+        }
+    }
+
+    /// The copy rates and the remap calls, for [`LocalLearner::new`] and the coordinator.
+    pub fn costs(&self) -> (CostModel, Option<RemapModel>) {
+        let copies = match self.gbps {
+            Some(b) => CostModel {
                 h2d_gbps: b.to_device,
                 d2h_gbps: b.to_host,
                 bidir_gbps: b.both,
                 ..CostModel::default()
             },
-            None,
-        ),
-        None => (CostModel::default(), Some(remaps)),
+            None => CostModel::default(),
+        };
+        (
+            copies,
+            Some(RemapModel::h100(self.mapping).times(self.vmm_time)),
+        )
     }
 }
 
@@ -626,43 +653,67 @@ mod tests {
     }
 
     #[test]
-    fn the_planner_prices_the_remaps_the_manager_makes_unless_told_the_rates() {
+    fn the_planner_prices_the_remaps_the_manager_makes_beside_the_rates_told() {
         let page = tensile_analyzer::cycle::PAGE_BYTES;
-        let slowed = |frames, unmapped| {
-            let (cost, remaps) = plan_costs(None, page_remaps(unmapped, frames));
-            assert_eq!(cost, CostModel::default(), "copies at the card's rates");
+        let priced = |pricing: PlanPricing| {
+            let (cost, remaps) = pricing.costs();
             cost.with_page_remaps(remaps.expect("remaps priced").per_page(8.0, page))
         };
-        let singles = slowed(HostFrames::Singles, false);
-        let units = slowed(HostFrames::Units, false);
-        let unmapped = slowed(HostFrames::Units, true);
+        let held = |frames, unmapped| {
+            let (cost, _) = PlanPricing::h100(swapped_mapping(unmapped, frames)).costs();
+            assert_eq!(cost, CostModel::default(), "copies at the card's rates");
+            priced(PlanPricing::h100(swapped_mapping(unmapped, frames)))
+        };
+        let singles = held(HostFrames::Singles, false);
+        let units = held(HostFrames::Units, false);
+        let unmapped = held(HostFrames::Units, true);
         assert_eq!(
             page_remaps(true, HostFrames::Singles),
             page_remaps(true, HostFrames::Units)
         );
         let copies = CostModel::default();
-        // Remapping slows every direction; host units remap less than single host frames,
+        // Remapping slows every move; host units remap less than single host frames,
         // leaving pages unmapped less still.
         for (a, b) in [
             (&singles, &units),
             (&units, &unmapped),
             (&unmapped, &copies),
         ] {
-            assert!(a.h2d_gbps < b.h2d_gbps && a.d2h_gbps < b.d2h_gbps);
+            assert!(a.h2d_ns(page) > b.h2d_ns(page) && a.d2h_ns(page) > b.d2h_ns(page));
+            let (a, b) = (a.sustained(), b.sustained());
+            assert!(a.h2d_gbps <= b.h2d_gbps && a.d2h_gbps <= b.d2h_gbps);
+            assert!(a.bidir_gbps <= b.bidir_gbps);
         }
-        assert!(singles.bidir_gbps < units.bidir_gbps && units.bidir_gbps < unmapped.bidir_gbps);
-        let told = PlanBandwidths {
-            to_device: 10.0,
-            to_host: 12.0,
-            both: 20.0,
+        // Told rates are the copies'; the remaps come on top, as many times the H100's as
+        // said (a simulated card keeping time 16 times slower).
+        let told = PlanPricing {
+            gbps: Some(PlanBandwidths {
+                to_device: 10.0,
+                to_host: 12.0,
+                both: 20.0,
+            }),
+            mapping: SwappedMapping::HostUnits,
+            vmm_time: 16.0,
         };
-        for remaps in [
-            page_remaps(false, HostFrames::Singles),
-            page_remaps(true, HostFrames::Singles),
-        ] {
-            let (c, more) = plan_costs(Some(told), remaps);
-            assert_eq!((c.h2d_gbps, c.d2h_gbps, c.bidir_gbps), (10.0, 12.0, 20.0));
-            assert_eq!(more, None, "told rates include the remaps");
-        }
+        let (c, remaps) = told.costs();
+        assert_eq!((c.h2d_gbps, c.d2h_gbps, c.bidir_gbps), (10.0, 12.0, 20.0));
+        let per_page = |r: Option<RemapModel>| r.expect("remaps priced").per_page(8.0, page);
+        let (slow, h100) = (
+            per_page(remaps),
+            per_page(PlanPricing::h100(SwappedMapping::HostUnits).costs().1),
+        );
+        assert!(
+            slow.in_ns.abs_diff(16 * h100.in_ns) <= 16,
+            "{slow:?} {h100:?}"
+        );
+        assert!(
+            slow.out_ns.abs_diff(16 * h100.out_ns) <= 16,
+            "{slow:?} {h100:?}"
+        );
+        let free = PlanPricing {
+            vmm_time: 0.0,
+            ..told
+        };
+        assert_eq!(per_page(free.costs().1).in_ns, 0);
     }
 }

@@ -35,7 +35,7 @@ use tensile_protocol::{
     SegmentError, SlotRoom,
 };
 use tensile_shim::config::PlanBandwidths;
-use tensile_shim::planning::plan_costs;
+use tensile_shim::planning::PlanPricing;
 
 use floor::FloorTracker;
 use grants::{Claim, Standing};
@@ -63,17 +63,21 @@ pub struct CoordinatorArgs {
     /// relearns after the gap.
     #[arg(long, value_name = "KIB", default_value_t = Geometry::default().ring_bytes >> 10)]
     pub ring_kib: u64,
-    /// The rates pages move at that the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
-    /// TENSILE_PLAN_GBPS); default the H100's copy rates (55,55,92) slowed by the H100's
-    /// remap calls for each page moved, shared by the pages of a unit (units the size of
-    /// each job's tensors, held as --swapped says).
+    /// The copy rates the planner assumes, GB/s: H2D,D2H,BOTH (as the jobs'
+    /// TENSILE_PLAN_GBPS); default the H100's (55,55,92). Each page moved also pays the
+    /// H100's remap calls, shared by the pages of a unit (units the size of each job's
+    /// tensors, held as --swapped says).
     #[arg(long, value_name = "H2D,D2H,BOTH")]
     pub plan_gbps: Option<String>,
-    /// How the jobs hold swapped-out pages, whose remaps the default rates price:
+    /// How the jobs hold swapped-out pages, which says what their remaps cost:
     /// host-units (the library's default), single-frames (TENSILE_HOST_UNITS=off) or
-    /// unmapped (TENSILE_SWAPPED=unmapped). Ignored with --plan-gbps.
+    /// unmapped (TENSILE_SWAPPED=unmapped).
     #[arg(long, value_name = "HOW", default_value = "host-units", value_parser = parse_swapped)]
     pub swapped: SwappedMapping,
+    /// The remap calls take this many times the H100's (as the jobs' TENSILE_PLAN_VMM_TIME:
+    /// a simulated card keeping time slower).
+    #[arg(long, value_name = "K", default_value_t = 1.0)]
+    pub plan_vmm_time: f64,
     /// The share of each job's grant its plans leave free, for what a run does that its plan
     /// cannot place: a percentage from 0 to 90. Default: TENSILE_PLAN_ROOM of the
     /// coordinator's environment, else 20%. A job that asks a room of its own (its
@@ -113,13 +117,19 @@ fn parse_swapped(text: &str) -> Result<SwappedMapping, String> {
     .ok_or_else(|| format!("{text:?}: expected host-units, single-frames or unmapped"))
 }
 
-/// The planner's costs for `--plan-gbps` and `--swapped`: told rates as told, else what the
-/// library's own planner assumes, the card's copy rates and the remaps of the pages moved
-/// (docs/gpu-results.md).
+/// The planner's costs for `--plan-gbps`, `--swapped` and `--plan-vmm-time`, as the
+/// library's own planner prices moves: copies at the rates told (else the card's) and the
+/// remaps of the pages moved (docs/gpu-results.md).
 fn cost_model(
     text: Option<&str>,
     swapped: SwappedMapping,
+    vmm_time: f64,
 ) -> Result<(CostModel, Option<RemapModel>), String> {
+    if !(vmm_time.is_finite() && vmm_time >= 0.0) {
+        return Err(format!(
+            "--plan-vmm-time {vmm_time}: expected a number of times the H100's call times (0 or more)"
+        ));
+    }
     let told = match text {
         None => None,
         Some(text) => {
@@ -147,7 +157,12 @@ fn cost_model(
             })
         }
     };
-    Ok(plan_costs(told, RemapModel::h100(swapped)))
+    Ok(PlanPricing {
+        gbps: told,
+        mapping: swapped,
+        vmm_time,
+    }
+    .costs())
 }
 
 /// How often the loop runs when there is nothing to read.
@@ -173,7 +188,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             args.idle_exit
         ));
     }
-    let cost = cost_model(args.plan_gbps.as_deref(), args.swapped)?;
+    let cost = cost_model(args.plan_gbps.as_deref(), args.swapped, args.plan_vmm_time)?;
     let (room, room_problem) = match &args.plan_room {
         Some(v) => (
             parse_room(v).map_err(|why| format!("--plan-room {v}: {why}"))?,

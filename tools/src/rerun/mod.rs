@@ -197,7 +197,7 @@ const H100_RATES: [(&str, f64); 6] = [
 /// the page could not shrink by all of `scale`: one page then stands for more trace bytes).
 fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, String)> {
     let page = played_page(scale);
-    let vmm = time_scale * (scale * page) as f64 / CARD_PAGE_BYTES as f64;
+    let vmm = vmm_time(scale, time_scale);
     let mut env = vec![
         ("TENSILE_SIM_DEVICE_MEMORY".into(), capacity.to_string()),
         ("TENSILE_SIM_TIMING".into(), "h100".into()),
@@ -212,6 +212,12 @@ fn simulator_env(capacity: u64, scale: u64, time_scale: f64) -> Vec<(String, Str
 
 /// The card's VMM page (the H100's granularity).
 const CARD_PAGE_BYTES: u64 = 2 << 20;
+
+/// How many times the card's VMM calls take on the simulated GPU as it is played: the time
+/// scale, and more where the page could not shrink by all of `scale` ([`simulator_env`]).
+fn vmm_time(scale: u64, time_scale: f64) -> f64 {
+    time_scale * (scale * played_page(scale)) as f64 / CARD_PAGE_BYTES as f64
+}
 
 /// The smallest page the simulated GPU takes (`TENSILE_SIM_PAGE`).
 const MIN_PLAYED_PAGE: u64 = 64 << 10;
@@ -228,19 +234,26 @@ fn played_page(scale: u64) -> u64 {
     pow2.max(MIN_PLAYED_PAGE)
 }
 
-/// The settings that make the library's planner price moves as the simulated card runs them
-/// (`cost`'s rates, the remaps included, scaled like the simulator's): `TENSILE_PLAN_GBPS`.
-fn planner_env(cost: &CostModel, scale: u64, time_scale: f64) -> (String, String) {
+/// The settings that make the library's planner price moves as the simulated card runs them:
+/// `cost`'s copy rates scaled like the simulator's (`TENSILE_PLAN_GBPS`), and the remap calls
+/// at the simulator's times (`TENSILE_PLAN_VMM_TIME`).
+fn planner_env(cost: &CostModel, scale: u64, time_scale: f64) -> [(String, String); 2] {
     let rate = |gbps: f64| gbps / scale as f64 / time_scale;
-    (
-        "TENSILE_PLAN_GBPS".into(),
-        format!(
-            "{},{},{}",
-            rate(cost.h2d_gbps),
-            rate(cost.d2h_gbps),
-            rate(cost.bidir_gbps)
+    [
+        (
+            "TENSILE_PLAN_GBPS".into(),
+            format!(
+                "{},{},{}",
+                rate(cost.h2d_gbps),
+                rate(cost.d2h_gbps),
+                rate(cost.bidir_gbps)
+            ),
         ),
-    )
+        (
+            "TENSILE_PLAN_VMM_TIME".into(),
+            format!("{}", vmm_time(scale, time_scale)),
+        ),
+    ]
 }
 
 /// What one run of the player reported.
@@ -732,7 +745,7 @@ impl Session {
             let coordinator = self.card.as_ref().map_or("off", |c| &c.name);
             env.push(("TENSILE_COORDINATOR".into(), coordinator.into()));
             if !self.gpu {
-                env.push(planner_env(&self.cost, self.scale, self.time_scale));
+                env.extend(planner_env(&self.cost, self.scale, self.time_scale));
             }
         } else {
             env.push(("TENSILE_LOG".into(), "warn".into()));
@@ -939,6 +952,12 @@ fn predict(
         bidir_gbps: cost.bidir_gbps / scale as f64,
         d2d_gbps: cost.d2d_gbps / scale as f64,
         memset_gbps: cost.memset_gbps / scale as f64,
+        // A played page stands for `scale` times fewer bytes of the trace's and is remapped
+        // with the same calls.
+        remaps: cost.remaps.map(|r| PageRemapCost {
+            page_bytes: r.page_bytes.div_ceil(scale),
+            ..r
+        }),
         ..*cost
     };
     policies
@@ -1121,14 +1140,24 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     } else {
         "of every tensor"
     };
-    for (policy, (remap, per_unit), whose) in [
-        ("lru", costs.lru_remap, lru_units),
-        ("plan", costs.plan_remap, "of every tensor"),
+    for (policy, (remap, per_unit), whose, how) in [
+        (
+            "lru",
+            costs.lru_remap,
+            lru_units,
+            "after each page's copy, on the path that needs it",
+        ),
+        (
+            "plan",
+            costs.plan_remap,
+            "of every tensor",
+            "beside the copies, on the executor's threads",
+        ),
     ] {
         eprintln!(
             "tensile rerun: {policy}'s prediction charges remapping {:.1} µs per 2 MiB page in \
-             and {:.1} out (the H100's VMM calls, shared by units of {per_unit:.1} pages on \
-             average, {whose})",
+             and {:.1} out, {how} (the H100's VMM calls, shared by units of {per_unit:.1} \
+             pages on average, {whose})",
             remap.in_ns as f64 / 1e3,
             remap.out_ns as f64 / 1e3
         );
