@@ -314,34 +314,47 @@ impl Engine {
 /// in the copies' order.
 #[derive(Default)]
 struct Remaps {
-    queue: VecDeque<TensorId>,
+    /// The remaps waiting, each with the ns it takes.
+    queue: VecDeque<(TensorId, f64)>,
     /// The remap being made and the ns it has left.
     active: Option<(TensorId, f64)>,
 }
 
 impl Remaps {
     fn contains(&self, t: TensorId) -> bool {
-        self.active.is_some_and(|(a, _)| a == t) || self.queue.contains(&t)
+        self.active.is_some_and(|(a, _)| a == t) || self.queue.iter().any(|&(q, _)| q == t)
     }
 
     /// Queues `t`'s remap of `ns`, starting it at once if the thread is idle.
     fn push(&mut self, t: TensorId, ns: f64) {
         match self.active {
             None => self.active = Some((t, ns)),
-            Some(_) => self.queue.push_back(t),
+            Some(_) => self.queue.push_back((t, ns)),
         }
+    }
+
+    /// Ends the remap being made, if it has no time left, and starts the next; returns the
+    /// tensor whose remap ended.
+    fn finish(&mut self) -> Option<TensorId> {
+        let (t, ns) = self.active?;
+        // Done within a rounding error of zero.
+        if ns > 1e-6 {
+            return None;
+        }
+        self.active = self.queue.pop_front();
+        Some(t)
     }
 
     /// Takes `t` out (its tensor was released); the next remap starts if it was the one
     /// being made.
-    fn remove(&mut self, t: TensorId, ns: impl Fn(TensorId) -> f64) {
-        self.queue.retain(|&q| q != t);
+    fn remove(&mut self, t: TensorId) {
+        self.queue.retain(|&(q, _)| q != t);
         if self.active.is_some_and(|(a, _)| a == t) {
-            self.active = self.queue.pop_front().map(|n| (n, ns(n)));
+            self.active = self.queue.pop_front();
         }
     }
 
-    fn state(&self) -> (Vec<TensorId>, Option<(TensorId, f64)>) {
+    fn state(&self) -> (Vec<(TensorId, f64)>, Option<(TensorId, f64)>) {
         (self.queue.iter().copied().collect(), self.active)
     }
 }
@@ -719,8 +732,8 @@ struct BoundaryState {
     d2h_active: Option<(TensorId, f64)>,
     h2d_active: Option<(TensorId, f64)>,
     /// Each direction's remaps: those queued, and the one being made with the ns it has left.
-    d2h_remaps: (Vec<TensorId>, Option<(TensorId, f64)>),
-    h2d_remaps: (Vec<TensorId>, Option<(TensorId, f64)>),
+    d2h_remaps: (Vec<(TensorId, f64)>, Option<(TensorId, f64)>),
+    h2d_remaps: (Vec<(TensorId, f64)>, Option<(TensorId, f64)>),
     /// LRU: tensors in order of last use (ties by id), which is all its decisions look at.
     recency: Vec<TensorId>,
     /// LRU in shim pages: how far ahead of the boundary the host has issued, the write-outs
@@ -1207,11 +1220,8 @@ impl Sim<'_> {
                 self.used -= b;
                 self.d2h.remove(t);
                 self.h2d.remove(t);
-                let cost = self.cost;
-                let bytes = |n: TensorId| self.cycle.tensors[n as usize].bytes;
-                self.d2h_remaps
-                    .remove(t, |n| cost.remap_ns(bytes(n), false));
-                self.h2d_remaps.remove(t, |n| cost.remap_ns(bytes(n), true));
+                self.d2h_remaps.remove(t);
+                self.h2d_remaps.remove(t);
                 if self.d2h.active.is_some_and(|a| a.tensor == t) {
                     self.d2h.active = None;
                 }
@@ -1473,25 +1483,13 @@ impl Sim<'_> {
         self.time += dt;
         // Completion within a rounding error of zero. A remap ends before the copy that
         // ends at the same time queues its own.
-        if let Some((t, ns)) = self.h2d_remaps.active {
-            if ns <= 1e-6 {
-                self.h2d_remaps.active = None;
-                self.arrived(t);
-                if let Some(n) = self.h2d_remaps.queue.pop_front() {
-                    self.h2d_remaps.active = Some((n, self.remap_ns(n, true)));
-                }
-            }
+        if let Some(t) = self.h2d_remaps.finish() {
+            self.arrived(t);
         }
-        if let Some((t, ns)) = self.d2h_remaps.active {
-            if ns <= 1e-6 {
-                self.d2h_remaps.active = None;
-                // (Unless a cancelled swap-out was made again and copies once more.)
-                if !self.d2h.contains(t) && self.d2h.active.is_none_or(|a| a.tensor != t) {
-                    self.left(t);
-                }
-                if let Some(n) = self.d2h_remaps.queue.pop_front() {
-                    self.d2h_remaps.active = Some((n, self.remap_ns(n, false)));
-                }
+        if let Some(t) = self.d2h_remaps.finish() {
+            // (Unless a cancelled swap-out was made again and copies once more.)
+            if !self.d2h.contains(t) && self.d2h.active.is_none_or(|a| a.tensor != t) {
+                self.left(t);
             }
         }
         if let Some(a) = self.h2d.active {

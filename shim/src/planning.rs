@@ -660,9 +660,13 @@ mod tests {
             cost.with_page_remaps(remaps.expect("remaps priced").per_page(8.0, page))
         };
         let held = |frames, unmapped| {
-            let (cost, _) = PlanPricing::h100(swapped_mapping(unmapped, frames)).costs();
-            assert_eq!(cost, CostModel::default(), "copies at the card's rates");
-            priced(PlanPricing::h100(swapped_mapping(unmapped, frames)))
+            let pricing = PlanPricing::h100(swapped_mapping(unmapped, frames));
+            assert_eq!(
+                pricing.costs().0,
+                CostModel::default(),
+                "copies at the card's rates"
+            );
+            priced(pricing)
         };
         let singles = held(HostFrames::Singles, false);
         let units = held(HostFrames::Units, false);
