@@ -310,14 +310,17 @@ impl Engine {
     }
 }
 
+/// A remap: its tensor and the ns it takes (or, being made, has left).
+type Remap = (TensorId, f64);
+
 /// The remaps that follow one direction's copies ([`CostModel::remaps`]): one thread,
 /// in the copies' order.
 #[derive(Default)]
 struct Remaps {
     /// The remaps waiting, each with the ns it takes.
-    queue: VecDeque<(TensorId, f64)>,
-    /// The remap being made and the ns it has left.
-    active: Option<(TensorId, f64)>,
+    queue: VecDeque<Remap>,
+    /// The remap being made.
+    active: Option<Remap>,
 }
 
 impl Remaps {
@@ -354,7 +357,7 @@ impl Remaps {
         }
     }
 
-    fn state(&self) -> (Vec<(TensorId, f64)>, Option<(TensorId, f64)>) {
+    fn state(&self) -> (Vec<Remap>, Option<Remap>) {
         (self.queue.iter().copied().collect(), self.active)
     }
 }
@@ -732,8 +735,8 @@ struct BoundaryState {
     d2h_active: Option<(TensorId, f64)>,
     h2d_active: Option<(TensorId, f64)>,
     /// Each direction's remaps: those queued, and the one being made with the ns it has left.
-    d2h_remaps: (Vec<(TensorId, f64)>, Option<(TensorId, f64)>),
-    h2d_remaps: (Vec<(TensorId, f64)>, Option<(TensorId, f64)>),
+    d2h_remaps: (Vec<Remap>, Option<Remap>),
+    h2d_remaps: (Vec<Remap>, Option<Remap>),
     /// LRU: tensors in order of last use (ties by id), which is all its decisions look at.
     recency: Vec<TensorId>,
     /// LRU in shim pages: how far ahead of the boundary the host has issued, the write-outs
