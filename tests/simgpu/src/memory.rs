@@ -8,14 +8,19 @@
 //!   neighbour;
 //! - pinned host allocations (`cuMemAllocHost`/`cuMemHostAlloc`), accessible to kernels;
 //! - VMM mappings (`cuMemMap`): a `memfd` physical allocation mapped `MAP_SHARED|MAP_FIXED`
-//!   inside a `PROT_NONE` reservation, accessible only after `cuMemSetAccess`.
+//!   inside a `PROT_NONE` reservation, accessible only after `cuMemSetAccess`. Copies of
+//!   16 KiB and more into or between such mappings go through their files ([`file_at`]),
+//!   as a card's copy engine writes memory without the CPU's page tables.
 //!
 //! Invariants (what makes the raw copies below sound):
 //! - every byte of every registered range is backed by a live host mapping this module
 //!   created, readable (and writable if the range's access allows writes) by the host;
-//! - the table and the host mappings change only under the write lock, and every access to
-//!   device memory checks the table and copies under the read lock, so no range can be
-//!   unmapped while it is being read or written;
+//! - the table changes only under the write lock, and every access to device memory checks
+//!   the table and copies under the read lock (a long copy in pieces, each checked under its
+//!   own), so no range can be unmapped while it is being read or written;
+//! - host mappings are made under the write lock, before their range enters the table, and
+//!   torn down under it or after their range has left it (`cuMemUnmap`, under
+//!   [`AddressSpace::vmm_os`], which keeps the range from being mapped again meanwhile);
 //! - a registered range never overlaps another.
 //!
 //! Concurrent kernels may read and write the same bytes at once (as on a GPU, where such a
@@ -28,7 +33,7 @@
 pub mod vmm;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tensile_driver_abi::*;
 use tensile_kernels::{AccessKind, DeviceMemory, Fault};
@@ -161,8 +166,21 @@ impl Device {
 #[derive(Debug)]
 pub struct AddressSpace {
     inner: RwLock<Inner>,
+    /// Held by the VMM calls that map or unmap host memory behind a reservation (`cuMemMap`,
+    /// `cuMemUnmap`, `cuMemAddressFree`), taken before `inner`: `cuMemUnmap` takes its
+    /// ranges out of the table under the write lock and puts them back to reserved after
+    /// releasing it (tearing down a mapping's pages takes about 30 µs per 512 KiB here, which
+    /// copies and kernels then had to wait out), and this keeps a range from being mapped
+    /// again, or its reservation freed, before that is done.
+    vmm_os: Mutex<()>,
     devices: Vec<Device>,
 }
+
+/// The most bytes a copy moves under one read lock ([`AddressSpace::in_pieces`]).
+const COPY_PIECE: u64 = 128 << 10;
+
+/// The smallest piece of a copy made through the file behind a VMM mapping ([`file_at`]).
+const FILE_COPY_MIN: u64 = 16 << 10;
 
 /// A host pointer taking part in a copy (the simulator trusts the application with these,
 /// as the driver does for pinned memory).
@@ -202,6 +220,7 @@ impl AddressSpace {
                 devices: devices.clone(),
                 ..Inner::default()
             }),
+            vmm_os: Mutex::new(()),
             devices,
         }
     }
@@ -225,6 +244,11 @@ impl AddressSpace {
 
     fn write_lock(&self) -> RwLockWriteGuard<'_, Inner> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// See [`AddressSpace::vmm_os`]; take it before [`AddressSpace::write_lock`].
+    fn vmm_os_lock(&self) -> MutexGuard<'_, ()> {
+        self.vmm_os.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// `device`'s capacity (0 for a device that does not exist).
@@ -544,12 +568,13 @@ impl AddressSpace {
     /// # Safety
     /// `dst` must be valid for writes of `len` bytes.
     pub unsafe fn read_to_host(&self, src: u64, dst: *mut u8, len: usize) -> Result<(), Fault> {
-        let inner = self.read_lock();
-        Self::check(&inner, src, len as u64, AccessKind::Read)?;
-        // SAFETY: the source range is registered and readable (checked above, under the read
-        // lock, so it stays mapped: module invariant); the caller vouches for `dst`.
-        unsafe { std::ptr::copy(src as *const u8, dst, len) };
-        Ok(())
+        self.in_pieces(len as u64, &[(src, AccessKind::Read)], |_, at, n| {
+            // SAFETY: the piece of the source is registered and readable and stays mapped
+            // while the read lock `in_pieces` holds lasts (module invariant); the caller
+            // vouches for `dst`.
+            unsafe { std::ptr::copy((src + at) as *const u8, dst.add(at as usize), n as usize) };
+            n
+        })
     }
 
     /// Copies the host bytes at `src` to device memory at `dst`.
@@ -562,22 +587,92 @@ impl AddressSpace {
         src: *const u8,
         len: usize,
     ) -> Result<(), Fault> {
-        let inner = self.read_lock();
-        Self::check(&inner, dst, len as u64, AccessKind::Write)?;
-        // SAFETY: the destination is registered and writable and stays mapped while the read
-        // lock is held (module invariant); the caller vouches for `src`.
-        unsafe { std::ptr::copy(src, dst as *mut u8, len) };
-        Ok(())
+        self.in_pieces(len as u64, &[(dst, AccessKind::Write)], |inner, at, n| {
+            let from = src.wrapping_add(at as usize);
+            if let Some((file, offset, left)) = file_at(inner, dst + at, n) {
+                let m = n.min(left);
+                // SAFETY: the caller vouches for `src`'s `len` bytes, of which these are some.
+                if unsafe { file.write_at(offset, from, m as usize) }.is_ok() {
+                    return m;
+                }
+            }
+            // SAFETY: the piece of the destination is registered and writable and stays
+            // mapped while the read lock `in_pieces` holds lasts (module invariant); the
+            // caller vouches for `src`.
+            unsafe { std::ptr::copy(from, (dst + at) as *mut u8, n as usize) };
+            n
+        })
     }
 
     /// Device-to-device copy (ranges may overlap).
     pub fn copy_device(&self, dst: u64, src: u64, len: u64) -> Result<(), Fault> {
-        let inner = self.read_lock();
-        Self::check(&inner, src, len, AccessKind::Read)?;
-        Self::check(&inner, dst, len, AccessKind::Write)?;
-        // SAFETY: both ranges are registered with the needed access and stay mapped while the
-        // read lock is held (module invariant).
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+        let overlap = dst < src.saturating_add(len) && src < dst.saturating_add(len);
+        if overlap {
+            // Pieces in address order would overwrite source bytes not yet copied when `dst`
+            // is above `src`; such copies are rare, so they are made whole.
+            let inner = self.read_lock();
+            Self::check(&inner, src, len, AccessKind::Read)?;
+            Self::check(&inner, dst, len, AccessKind::Write)?;
+            // SAFETY: both ranges are registered with the needed access and stay mapped
+            // while the read lock is held (module invariant).
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+            return Ok(());
+        }
+        let ranges = [(src, AccessKind::Read), (dst, AccessKind::Write)];
+        self.in_pieces(len, &ranges, |inner, at, n| {
+            if let (Some((from, from_offset, from_left)), Some((to, to_offset, to_left))) =
+                (file_at(inner, src + at, n), file_at(inner, dst + at, n))
+            {
+                let m = n.min(from_left).min(to_left);
+                if from.copy_to(from_offset, to, to_offset, m).is_ok() {
+                    return m;
+                }
+            }
+            // SAFETY: the pieces of both ranges are registered with the needed access and
+            // stay mapped while the read lock `in_pieces` holds lasts (module invariant); they
+            // do not overlap (checked above).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (src + at) as *const u8,
+                    (dst + at) as *mut u8,
+                    n as usize,
+                )
+            };
+            n
+        })
+    }
+
+    /// Checks `len` bytes at each of `ranges` for its access, then calls `copy(inner, offset,
+    /// n)` for consecutive pieces of at most [`COPY_PIECE`] bytes, each under a read lock of
+    /// its own with its pieces of `ranges` checked again under it; `copy` returns how much of
+    /// its piece it copied (at least a byte), and the next piece starts there.
+    ///
+    /// Why pieces: a VMM call takes the write lock, and a copy holding the read lock through
+    /// megabytes held it up for as long, which a card's copy engine never does to the CPU's
+    /// map and unmap calls. The whole range is checked first, so a copy that cannot be made
+    /// has no effect; a range unmapped while the copy is under way faults at its piece, as a
+    /// card's copy would at its page.
+    fn in_pieces(
+        &self,
+        len: u64,
+        ranges: &[(u64, AccessKind)],
+        mut copy: impl FnMut(&Inner, u64, u64) -> u64,
+    ) -> Result<(), Fault> {
+        if len > COPY_PIECE {
+            let inner = self.read_lock();
+            for &(addr, kind) in ranges {
+                Self::check(&inner, addr, len, kind)?;
+            }
+        }
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(COPY_PIECE);
+            let inner = self.read_lock();
+            for &(addr, kind) in ranges {
+                Self::check(&inner, addr + at, n, kind)?;
+            }
+            at += copy(&inner, at, n).clamp(1, n);
+        }
         Ok(())
     }
 
@@ -647,6 +742,28 @@ impl AddressSpace {
         }
         "the range is accessible now (it was not when the access ran)".into()
     }
+}
+
+/// The file behind the VMM mapping at `addr` for a piece of a copy of `n` bytes: the file, the
+/// offset of `addr` in it and the bytes of the mapping from `addr` on. None for memory of any
+/// other kind, and for pieces under [`FILE_COPY_MIN`] (a kernel's stamps).
+///
+/// Why through the file: a mapping made anew has no page tables, and a copy through it faults
+/// once per 4 KiB page. On this machine that made a copy into a fresh 512 KiB mapping take
+/// about 250 µs, where the kernel copies between the files in 80 (`copy_file_range`) or from
+/// the host in 65 (`pwrite`); its unmap then tore down populated page tables (about 27 µs per
+/// 512 KiB, 3 unpopulated). The manager's swaps are copies between such mappings (its arena
+/// and its host window), remapped for nearly every move: a card has none of this cost.
+fn file_at(inner: &Inner, addr: u64, n: u64) -> Option<(&MemFd, u64, u64)> {
+    if n < FILE_COPY_MIN {
+        return None;
+    }
+    let r = find(inner, addr)?;
+    let RegionKind::Mapped { handle, offset } = r.kind else {
+        return None;
+    };
+    let physical = inner.physical.get(&handle)?;
+    Some((&physical.fd, offset + (addr - r.start), r.end() - addr))
 }
 
 /// The registered range containing `addr`.

@@ -136,6 +136,65 @@ pub fn reset_to_reserved(addr: u64, len: u64) -> Result<(), i32> {
 pub struct MemFd(OwnedFd);
 
 impl MemFd {
+    /// Copies `len` bytes at `src_offset` of `src` to `dst_offset` of `dst` inside the kernel
+    /// (`copy_file_range`), without mapping either. Ranges of one file must not overlap.
+    pub fn copy_to(
+        &self,
+        src_offset: u64,
+        dst: &MemFd,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), i32> {
+        let mut done = 0u64;
+        while done < len {
+            let mut from = libc::loff_t::try_from(src_offset + done).map_err(|_| libc::EINVAL)?;
+            let mut to = libc::loff_t::try_from(dst_offset + done).map_err(|_| libc::EINVAL)?;
+            // SAFETY: both descriptors are open; the kernel reads and writes only the files.
+            let n = unsafe {
+                libc::copy_file_range(
+                    self.0.as_raw_fd(),
+                    &mut from,
+                    dst.0.as_raw_fd(),
+                    &mut to,
+                    (len - done) as usize,
+                    0,
+                )
+            };
+            match n {
+                n if n > 0 => done += n as u64,
+                0 => return Err(libc::EIO),
+                _ => return Err(errno()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `len` bytes from `src` at `offset` of the file (`pwrite`), without mapping it.
+    ///
+    /// # Safety
+    /// `src` must be valid for reads of `len` bytes.
+    pub unsafe fn write_at(&self, offset: u64, src: *const u8, len: usize) -> Result<(), i32> {
+        let mut done = 0usize;
+        while done < len {
+            let at = libc::off_t::try_from(offset + done as u64).map_err(|_| libc::EINVAL)?;
+            // SAFETY: the caller vouches for `src`'s `len` bytes; the descriptor is open.
+            let n = unsafe {
+                libc::pwrite(
+                    self.0.as_raw_fd(),
+                    src.add(done) as *const libc::c_void,
+                    len - done,
+                    at,
+                )
+            };
+            match n {
+                n if n > 0 => done += n as usize,
+                0 => return Err(libc::EIO),
+                _ => return Err(errno()),
+            }
+        }
+        Ok(())
+    }
+
     pub fn create(len: u64) -> Result<Self, i32> {
         // SAFETY: the name is a valid NUL-terminated string; the flags are plain bits.
         let fd = unsafe { libc::memfd_create(c"tensile-simgpu".as_ptr(), libc::MFD_CLOEXEC) };

@@ -321,3 +321,76 @@ fn one_access_may_span_mappings_of_different_handles() {
         Err(CUDA_ERROR_ILLEGAL_ADDRESS)
     );
 }
+
+/// Bytes of `n` that differ from one offset to the next (not a multiple of any page).
+fn bytes(seed: u32, n: usize) -> Vec<u8> {
+    (0..n)
+        .map(|i| (pattern_value(seed, i as u64 / 4) >> ((i % 4) * 8)) as u8)
+        .collect()
+}
+
+/// Copies into and between VMM mappings are made through the files behind them, piece by
+/// piece: at unaligned offsets, across mappings of different handles and sides, across a
+/// mapping split by `cuMemSetAccess` (whose second part starts inside its allocation), every
+/// byte lands where it would through the addresses.
+#[test]
+fn copies_between_mappings_keep_every_byte_at_any_offset() {
+    fresh_context();
+    let g = GRAN as u64;
+    let src = reserve(3 * GRAN);
+    let (d1, h2) = (create(GRAN, device_loc()), create(2 * GRAN, host_loc()));
+    ck(map(src, GRAN, d1));
+    ck(map(src + g, 2 * GRAN, h2));
+    ck(set_access(
+        src,
+        3 * GRAN,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    ));
+    // Splits the host mapping's region twice, the access unchanged.
+    ck(set_access(
+        src + g + g / 2 + 4096,
+        64 << 10,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    ));
+    let data = bytes(41, 3 * GRAN);
+    // SAFETY: `data` holds 3 * GRAN bytes; the range is mapped and writable.
+    ck(unsafe { cuMemcpyHtoD_v2(src, data.as_ptr() as *const c_void, 3 * GRAN) });
+
+    let dst = reserve(3 * GRAN);
+    let d3 = create(3 * GRAN, device_loc());
+    ck(map(dst, 3 * GRAN, d3));
+    ck(set_access(
+        dst,
+        3 * GRAN,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    ));
+    let (from, to, len) = (12_345u64, 777u64, 2 * GRAN + 54_321);
+    // SAFETY: both ranges are mapped device memory, apart.
+    ck(unsafe { cuMemcpyDtoD_v2(dst + to, src + from, len) });
+    ck(ctx_sync());
+
+    let mut out = vec![0u8; len];
+    // SAFETY: `out` holds `len` bytes.
+    ck(unsafe { cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, dst + to, len) });
+    let want = &data[from as usize..from as usize + len];
+    let first_bad = out.iter().zip(want).position(|(a, b)| a != b);
+    assert_eq!(first_bad, None, "the copy differs at this byte");
+    // The bytes around the copy are untouched (zero, as created).
+    let mut edge = vec![1u8; to as usize];
+    // SAFETY: `edge` holds `to` bytes.
+    ck(unsafe { cuMemcpyDtoH_v2(edge.as_mut_ptr() as *mut c_void, dst, to as usize) });
+    assert!(
+        edge.iter().all(|&b| b == 0),
+        "bytes before the copy changed"
+    );
+    // Read back through a kernel too: the mapping sees what was written to its file.
+    let words = WORDS;
+    let out32 = alloc(GRAN);
+    ck(copy(out32, src + g, words));
+    let through_kernel = download_u32(out32, words);
+    let want32: Vec<u32> = data[GRAN..2 * GRAN]
+        .chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    same(&through_kernel, &want32, "host mapping read by a kernel");
+}

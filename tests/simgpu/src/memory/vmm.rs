@@ -217,6 +217,7 @@ impl AddressSpace {
 
     /// `cuMemAddressFree`: the whole reservation, with nothing mapped in it.
     pub fn address_free(&self, ptr: u64, size: u64) -> Result<(), CUresult> {
+        let _os = self.vmm_os_lock();
         let mut inner = self.write_lock();
         if inner.reservations.get(&ptr) != Some(&size)
             || !inner.regions_in(ptr, ptr + size).is_empty()
@@ -303,6 +304,7 @@ impl AddressSpace {
         if size == 0 || !aligned(ptr) || !aligned(size) || !aligned(offset) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let _os = self.vmm_os_lock();
         let mut inner = self.write_lock();
         let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let phys = match inner.physical.get(&handle) {
@@ -346,6 +348,7 @@ impl AddressSpace {
         if size == 0 || !aligned(ptr) || !aligned(size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let os = self.vmm_os_lock();
         let mut inner = self.write_lock();
         let end = ptr.checked_add(size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if inner.reservation_of(ptr, size).is_none() {
@@ -364,14 +367,18 @@ impl AddressSpace {
         }
         let c = crate::config::VmmCosts::SIMULATED;
         let cost = per_mapping(&inner, &regions, c.unmap_ns, c.unmap_page_ns);
-        for r in regions {
-            os::reset_to_reserved(r.start, r.len).map_err(os_err)?;
+        for r in &regions {
             inner.regions.remove(&r.start);
             if let RegionKind::Mapped { handle, .. } = r.kind {
                 inner.unref(handle, true);
             }
         }
         drop(inner);
+        // The range has left the table, so no copy or kernel reaches its pages any more, and
+        // `os` keeps it from being mapped again until its pages are gone.
+        let reset = os::reset_to_reserved(ptr, size).map_err(os_err);
+        drop(os);
+        reset?;
         hold(cost, "cuMemUnmap", start);
         Ok(())
     }
