@@ -29,22 +29,15 @@ fn side(location: &CUmemLocation) -> usize {
 /// the card's driver does this work on the caller's CPU. The simulator's own work for the
 /// call (its lock, the host mappings behind it) counts toward that time, as the driver's does
 /// toward the card's: held from the end of that work instead, the MLP's planned swap-outs
-/// took 59 µs a page against the 43 µs of calls modelled (docs/rerun.md, "Session 27"). Short
-/// waits spin (a sleep oversleeps by tens of µs). `call` names it for the call counts
-/// (`crate::calls::vmm_held`, which counts the whole call).
+/// took 59 µs a page against the 43 µs of calls modelled (docs/rerun.md, "Session 27"). The
+/// end of the wait spins ([`crate::card::wait_out`]: a sleep wakes late). `call` names it for
+/// the call counts (`crate::calls::vmm_held`, which counts the whole call).
 fn hold(cost: Held, call: &'static str, start: std::time::Instant) {
     let d = crate::config::vmm_duration(cost.ns);
     if d.is_zero() {
         return;
     }
-    let until = start + d;
-    let left = left_to_hold(start, d, std::time::Instant::now());
-    if left > std::time::Duration::from_micros(200) {
-        std::thread::sleep(left);
-    }
-    while std::time::Instant::now() < until {
-        std::hint::spin_loop();
-    }
+    crate::card::wait_out(|| left_to_hold(start, d, std::time::Instant::now()));
     let held = start.elapsed().as_nanos() as u64;
     crate::calls::vmm_held(
         call,
