@@ -89,7 +89,7 @@ pub fn now_ns() -> u64 {
 
 /// Sleeps until `CLOCK_MONOTONIC` reaches `end_ns`, or a little after: the engines keep time on
 /// that clock, so a late wake delays what this worker does next, not when the card's next
-/// operation starts or ends (spinning the end as [`wait_out`] does took CPU time the two
+/// operation starts or ends (spinning the last 300 µs of every operation took CPU time the two
 /// cores' other threads needed: planned runs were no faster).
 pub fn sleep_until(end_ns: u64) {
     loop {

@@ -29,9 +29,10 @@ fn side(location: &CUmemLocation) -> usize {
 /// the card's driver does this work on the caller's CPU. The simulator's own work for the
 /// call (its lock, the host mappings behind it) counts toward that time, as the driver's does
 /// toward the card's: held from the end of that work instead, the MLP's planned swap-outs
-/// took 59 µs a page against the 43 µs of calls modelled (docs/rerun.md, "Session 27"). The
-/// end of the wait spins ([`crate::card::wait_out`]: a sleep wakes late). `call` names it for
-/// the call counts (`crate::calls::vmm_held`, which counts the whole call).
+/// took 59 µs a page against the 43 µs of calls modelled (docs/rerun.md, "Session 27"). It
+/// sleeps what is left less how late sleeps wake here, and spins the rest
+/// ([`crate::card::wait_out`]). `call` names it for the call counts (`crate::calls::vmm_held`,
+/// which counts the whole call).
 fn hold(cost: Held, call: &'static str, start: std::time::Instant) {
     let d = crate::config::vmm_duration(cost.ns);
     if d.is_zero() {
