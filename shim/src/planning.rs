@@ -641,9 +641,10 @@ mod tests {
         assert_eq!(control.room(), 0.2);
         assert_eq!(control.observe(0, 0), None);
         assert_eq!(control.observe(100, 0), None);
+        assert_eq!(control.observe(200, 50), None, "one window over the line");
         let change = control
-            .observe(200, 50)
-            .expect("a window of 50% beside the plan");
+            .observe(300, 100)
+            .expect("a second window of 50% beside the plan");
         assert!((change.room - 0.3).abs() < 1e-9, "{change:?}");
         // With no plan in force yet, nothing is judged until one comes.
         let mut waiting = room_control(&source, None).unwrap();

@@ -18,8 +18,11 @@
 //!   graph's launch, not now).
 //! - A plan takes effect at an iteration boundary: at its anchor if that is still ahead, else
 //!   at the next launch at position 0 (one later if that launch is the very next one, since
-//!   allocations of its iteration may predate the plan). Host-resident pieces are swapped
-//!   out once, at the first launch of the plan's first iteration.
+//!   allocations of its iteration may predate the plan). Until then the plan it replaces
+//!   stays in force (the outgoing plan): a relearned plan's iteration may start at another
+//!   launch than the old one's, and up to an iteration on demand between them cost the MLP's
+//!   rerun a step of several times the planned one. Host-resident pieces are swapped out
+//!   once, at the first launch of the plan's first iteration.
 //!
 //! Allocations are reported by the allocation hook ([`Executor::allocated`]) only while a
 //! plan is installed. Frees need no report: a role resolves only to an allocation the
@@ -77,10 +80,13 @@ struct Loaded {
     host_resident_pending: AtomicBool,
     /// When each allocation is used next (eviction advice).
     uses: UseTable,
+    /// The plan's role tables. Taken by launches with steps and by allocations while the
+    /// plan is installed; never held across a driver call.
+    roles: Mutex<RoleTables>,
 }
 
 impl Loaded {
-    fn new(plan: ExecPlan, start_seq: u64) -> Loaded {
+    fn new(plan: ExecPlan, start_seq: u64, roles: RoleTables) -> Loaded {
         let index = plan.step_index();
         let before_end = index
             .windows(2)
@@ -101,6 +107,7 @@ impl Loaded {
             before_end,
             start_seq,
             host_resident_pending,
+            roles: Mutex::new(roles),
         }
     }
 
@@ -124,10 +131,11 @@ impl Loaded {
 pub struct Executor {
     /// Whether a plan is installed: the launch path's only load without one.
     active: AtomicBool,
+    /// The plan installed last.
     plan: ArcSwapOption<Loaded>,
-    /// The role tables of the installed plan. Taken by launches with steps and by
-    /// allocations while a plan is installed; never held across a driver call.
-    roles: Mutex<Option<RoleTables>>,
+    /// The plan it replaced, in force until the launch it starts at (see the module
+    /// documentation); `None` once it is in force, or when there was none.
+    outgoing: ArcSwapOption<Loaded>,
     /// Serializes installing and dropping plans.
     changes: Mutex<()>,
     last_version: AtomicU32,
@@ -143,6 +151,7 @@ pub struct Executor {
 
 /// Where the counters stood when an iteration began.
 struct IterationMark {
+    version: u32,
     iteration: i64,
     at: std::time::Instant,
     memory: MemoryStats,
@@ -164,7 +173,7 @@ impl Executor {
         Executor {
             active: AtomicBool::new(false),
             plan: ArcSwapOption::empty(),
-            roles: Mutex::new(None),
+            outgoing: ArcSwapOption::empty(),
             changes: Mutex::new(()),
             last_version: AtomicU32::new(0),
             fallback: AtomicBool::new(false),
@@ -212,6 +221,13 @@ impl Executor {
             }
         }
         let version = plan.version;
+        // The plan in force now goes on until this one starts: the one installed last if it
+        // has started, else the one it was to replace.
+        let outgoing = match self.plan.load_full() {
+            Some(last) if last.start_seq <= next => Some(last),
+            Some(_) => self.outgoing.load_full(),
+            None => None,
+        };
         trace_plan_change(
             version,
             next,
@@ -224,8 +240,15 @@ impl Executor {
         self.mover.set_unit_pages(
             unit_pages(&plan, self.mover.page_bytes()).map(|g| g.max(MIN_UNIT_PAGES)),
         );
-        *lock(&self.roles) = Some(roles);
-        self.plan.store(Some(Arc::new(Loaded::new(plan, start))));
+        if let Some(old) = &outgoing {
+            tracing::info!(
+                "tensile: plan {} stays in force until launch {start}",
+                old.plan.version
+            );
+        }
+        self.outgoing.store(outgoing);
+        self.plan
+            .store(Some(Arc::new(Loaded::new(plan, start, roles))));
         self.last_version.store(version, Ordering::Relaxed);
         self.fallback.store(false, Ordering::Relaxed);
         self.active.store(true, Ordering::Release);
@@ -273,19 +296,12 @@ impl Executor {
         if !self.active.load(Ordering::Relaxed) {
             return false;
         }
-        let guard = self.plan.load();
-        let Some(loaded) = guard.as_ref() else {
-            return false;
-        };
         let seq = tracker.next_launch_seq();
-        let Some(position) = loaded.position(seq) else {
+        let Some((loaded, position)) = self.in_force(seq) else {
             return false;
         };
         let now = iteration_of(loaded.plan.anchor_seq, loaded.plan.period, seq);
-        let roles = lock(&self.roles);
-        let Some(roles) = roles.as_ref() else {
-            return false;
-        };
+        let roles = lock(&loaded.roles);
         let index = tracker.allocs.snapshot();
         out.clear();
         // An allocation the plan does not name (made outside the iteration, or one no role
@@ -329,8 +345,36 @@ impl Executor {
             return;
         }
         let next = tracker.next_launch_seq();
-        if let Some(roles) = lock(&self.roles).as_mut() {
-            roles.allocated(next, Slot { id, ptr, bytes });
+        let slot = Slot { id, ptr, bytes };
+        for installed in [self.plan.load(), self.outgoing.load()] {
+            if let Some(loaded) = installed.as_ref() {
+                lock(&loaded.roles).allocated(next, slot);
+            }
+        }
+    }
+
+    /// The plan in force at launch `seq`, and the launch's position in it.
+    #[inline]
+    fn in_force(&self, seq: u64) -> Option<(Arc<Loaded>, u32)> {
+        let last = self.plan.load();
+        let last = last.as_ref()?;
+        if let Some(position) = last.position(seq) {
+            return Some((Arc::clone(last), position));
+        }
+        let outgoing = self.outgoing.load_full()?;
+        let position = outgoing.position(seq)?;
+        Some((outgoing, position))
+    }
+
+    /// Forgets the outgoing plan once `last`, the plan installed last, is in force.
+    #[inline]
+    fn retire_outgoing(&self, last: &Loaded) {
+        if self.outgoing.load().is_none() {
+            return;
+        }
+        let _change = lock(&self.changes);
+        if is_installed(&self.plan, last) {
+            self.outgoing.store(None);
         }
     }
 
@@ -372,14 +416,10 @@ impl Executor {
         kernel: &KernelMeta,
         capturing: impl FnOnce() -> bool,
     ) {
-        let guard = self.plan.load();
-        let Some(loaded) = guard.as_ref() else {
-            return;
-        };
         // Another thread may take this number first; the check after the launch, on the
         // number it really got, is the one that counts.
         let seq = tracker.next_launch_seq();
-        let Some(position) = loaded.position(seq) else {
+        let Some((loaded, position)) = self.in_force(seq) else {
             return;
         };
         if loaded.plan.kernel_at(position) != Some(kernel.id) {
@@ -387,7 +427,7 @@ impl Executor {
         }
         let steps = loaded.steps(position, When::BeforeLaunch);
         if !steps.is_empty() && !capturing() {
-            self.carry_out(loaded, steps, &[], seq, tracker);
+            self.carry_out(&loaded, steps, &[], seq, tracker);
         }
     }
 
@@ -398,19 +438,18 @@ impl Executor {
         seq: u64,
         capturing: impl FnOnce() -> bool,
     ) {
-        let guard = self.plan.load();
-        let Some(loaded) = guard.as_ref() else {
-            return;
-        };
-        let Some(position) = loaded.position(seq) else {
+        let Some((loaded, position)) = self.in_force(seq) else {
             return;
         };
         if loaded.plan.kernel_at(position) != Some(kernel.id) {
-            self.mismatch(loaded, position, seq, kernel, tracker);
+            self.mismatch(&loaded, position, seq, kernel, tracker);
             return;
         }
-        if position == 0 && tracing::enabled!(tracing::Level::DEBUG) {
-            self.account_iteration(loaded, seq);
+        if position == 0 {
+            self.retire_outgoing(&loaded);
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                self.account_iteration(&loaded, seq);
+            }
         }
         let steps = loaded.steps(position, When::AfterLaunch);
         let host_resident: &[PieceRef] = if position == 0
@@ -422,7 +461,7 @@ impl Executor {
             &[]
         };
         if (!steps.is_empty() || !host_resident.is_empty()) && !capturing() {
-            self.carry_out(loaded, steps, host_resident, seq, tracker);
+            self.carry_out(&loaded, steps, host_resident, seq, tracker);
         }
     }
 
@@ -434,13 +473,17 @@ impl Executor {
             return;
         };
         let now = IterationMark {
+            version: loaded.plan.version,
             iteration: iteration_of(loaded.plan.anchor_seq, loaded.plan.period, seq),
             at: std::time::Instant::now(),
             memory,
             executor: self.counters.snapshot(),
         };
         let mut last = lock(&self.last_iteration);
-        if let Some(was) = last.as_ref().filter(|w| w.iteration + 1 == now.iteration) {
+        if let Some(was) = last
+            .as_ref()
+            .filter(|w| w.version == now.version && w.iteration + 1 == now.iteration)
+        {
             let (m, w) = (&now.memory, &was.memory);
             let (e, we) = (&now.executor, &was.executor);
             let d = |a: u64, b: u64| a.saturating_sub(b);
@@ -499,10 +542,7 @@ impl Executor {
         let mut skipped = 0u64;
         let page = self.mover.page_bytes();
         {
-            let roles = lock(&self.roles);
-            let Some(roles) = roles.as_ref() else {
-                return;
-            };
+            let roles = lock(&loaded.roles);
             let moves = steps
                 .iter()
                 .map(|s| (s.action, &s.piece))
@@ -559,7 +599,9 @@ impl Executor {
         }
     }
 
-    /// Drops `loaded` (if it is still the installed plan) after a kernel mismatch.
+    /// Drops `loaded` (if it is still installed) after a kernel mismatch. An outgoing plan
+    /// goes alone (the plan installed last takes over at its start); the plan installed last
+    /// takes the outgoing one with it.
     #[cold]
     fn mismatch(
         &self,
@@ -570,18 +612,20 @@ impl Executor {
         tracker: &Tracker,
     ) {
         let _change = lock(&self.changes);
-        let current = self.plan.load();
-        if !current
-            .as_ref()
-            .is_some_and(|c| std::ptr::eq(Arc::as_ptr(c), loaded))
-        {
+        let then = if is_installed(&self.plan, loaded) {
+            self.active.store(false, Ordering::Release);
+            self.plan.store(None);
+            self.outgoing.store(None);
+            self.mover.set_unit_pages(None);
+            self.fallback.store(true, Ordering::Relaxed);
+            "swapping on demand until a new plan".to_string()
+        } else if is_installed(&self.outgoing, loaded) {
+            self.outgoing.store(None);
+            let starts = self.plan.load().as_ref().map_or(0, |l| l.start_seq);
+            format!("on demand until the new plan starts at launch {starts}")
+        } else {
             return; // Another thread dropped or replaced it already.
-        }
-        self.active.store(false, Ordering::Release);
-        self.plan.store(None);
-        self.mover.set_unit_pages(None);
-        *lock(&self.roles) = None;
-        self.fallback.store(true, Ordering::Relaxed);
+        };
         self.counters.mismatches.fetch_add(1, Ordering::Relaxed);
         self.counters.plans_dropped.fetch_add(1, Ordering::Relaxed);
         let expected = loaded
@@ -599,11 +643,18 @@ impl Executor {
             loaded.plan.period, kernel.name
         );
         tracing::warn!(
-            "tensile: plan {} dropped {reason}; swapping on demand until a new plan",
+            "tensile: plan {} dropped {reason}; {then}",
             loaded.plan.version,
         );
         trace_plan_change(loaded.plan.version, seq, PlanChangeKind::Dropped { reason });
     }
+}
+
+/// Whether `loaded` is the plan `slot` holds.
+fn is_installed(slot: &ArcSwapOption<Loaded>, loaded: &Loaded) -> bool {
+    slot.load()
+        .as_ref()
+        .is_some_and(|l| std::ptr::eq(Arc::as_ptr(l), loaded))
 }
 
 /// Writes a plan's coming into force or its drop into the trace, when one is written (for

@@ -349,6 +349,88 @@ fn a_plan_installed_mid_iteration_waits_for_a_whole_iteration() {
     assert_eq!(e.stats().mismatches, 0);
 }
 
+/// Plans 7 and 8 over one iteration of kernels a, b, c, learned at different phases: 7's
+/// starts at a and swaps `w1` out after b; 8's starts at c (launch 2) and swaps `w2` out
+/// after it. Returns the executor, its mover, the tracker, the kernels and where each
+/// allocation is, with plan 7 installed and launches 0 to 3 made.
+fn plans_at_two_phases() -> (
+    Executor,
+    Arc<Recording>,
+    Tracker,
+    [&'static KernelMeta; 3],
+    ExecPlan,
+    [u64; 2],
+) {
+    let mover = Arc::new(Recording::default());
+    let e = Executor::new(mover.clone());
+    let t = Tracker::new(Introspection::default());
+    let k = [kernel(1, "a"), kernel(2, "b"), kernel(3, "c")];
+    let at = [0x7000_0000_0000, 0x7100_0000_0000];
+    let w1 = Role::Persistent {
+        alloc_id: alloc(&e, &t, at[0], 2 * PAGE),
+    };
+    let w2 = Role::Persistent {
+        alloc_id: alloc(&e, &t, at[1], 2 * PAGE),
+    };
+    e.install(
+        plan(
+            vec![1, 2, 3],
+            vec![step(1, When::AfterLaunch, Action::SwapOut, w1, 0, 2 * PAGE)],
+        ),
+        &t,
+    );
+    let mut relearned = plan(
+        vec![3, 1, 2],
+        vec![step(0, When::AfterLaunch, Action::SwapOut, w2, 0, 2 * PAGE)],
+    );
+    relearned.version = 8;
+    relearned.anchor_seq = 2;
+    for kernel in [k[0], k[1], k[2], k[0]] {
+        launch(&e, &t, kernel);
+    }
+    assert_eq!(calls(&mover, &e).len(), 1, "plan 7 ran at launch 1");
+    (e, mover, t, k, relearned, at)
+}
+
+#[test]
+fn a_plan_stays_in_force_until_the_one_replacing_it_starts() {
+    let (e, mover, t, [a, b, c], relearned, [w1, w2]) = plans_at_two_phases();
+    // Plan 8's iteration starts at launch 5 (a c): launch 4 is still plan 7's.
+    e.install(relearned, &t);
+    assert_eq!(e.state(), ExecutorState::Planned { version: 8 });
+    let out = |at: u64| vec![(Verb::SwapOut, vec![(at, 2 * PAGE as usize)])];
+    launch(&e, &t, b);
+    assert_eq!(calls(&mover, &e), out(w1), "plan 7 at launch 4");
+    launch(&e, &t, c);
+    assert_eq!(calls(&mover, &e), out(w2), "plan 8 from launch 5");
+    // From there on plan 8 only: b (launch 7) moves nothing.
+    for kernel in [a, b] {
+        launch(&e, &t, kernel);
+    }
+    assert!(calls(&mover, &e).is_empty());
+    launch(&e, &t, c);
+    assert_eq!(calls(&mover, &e), out(w2));
+    let s = e.stats();
+    assert_eq!((s.plans_loaded, s.mismatches, s.steps_done), (2, 0, 4));
+}
+
+#[test]
+fn an_outgoing_plan_that_stops_matching_leaves_alone() {
+    let (e, mover, t, [a, _, c], relearned, [_, w2]) = plans_at_two_phases();
+    e.install(relearned, &t);
+    // Launch 4 is plan 7's b: an a drops plan 7, and plan 8 still starts at launch 5.
+    launch(&e, &t, a);
+    assert!(calls(&mover, &e).is_empty());
+    assert_eq!(e.state(), ExecutorState::Planned { version: 8 });
+    launch(&e, &t, c);
+    assert_eq!(
+        calls(&mover, &e),
+        vec![(Verb::SwapOut, vec![(w2, 2 * PAGE as usize)])]
+    );
+    let s = e.stats();
+    assert_eq!((s.mismatches, s.plans_dropped), (1, 1));
+}
+
 #[test]
 fn host_resident_pieces_leave_once_at_the_first_iteration() {
     let mover = Arc::new(Recording::default());
