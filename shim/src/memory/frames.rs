@@ -882,13 +882,27 @@ impl HostPool {
         self.shared.lock().free_units.get(&n).map_or(0, Vec::len)
     }
 
-    /// A free host unit of `pages` frames (its first), never making one.
+    /// A free host unit of `pages` frames (its first), never making one. Taking the last
+    /// free unit of its size asks the grower for another, where the window has room for it
+    /// without giving back units of other sizes: the next eviction of that size then finds
+    /// one instead of pinning it on its own thread (356 µs per 2 MiB page on the H100). The
+    /// plans' swap-out worker pinned 20 to 40 pages an iteration that way in ResNet-50's
+    /// rerun at 30% of its peak, long after the first iterations.
     pub fn take_free_unit(&self, pages: usize) -> Option<HostFrame> {
         let n = u32::try_from(pages).ok().filter(|&n| n > 1)?;
-        let mut s = self.shared.lock();
+        let sh = &self.shared;
+        let mut s = sh.lock();
         let first = s.free_units.get_mut(&n).and_then(Vec::pop)?;
         s.free_units.retain(|_, v| !v.is_empty());
         s.unit_owned.insert(first, n);
+        if sh.config.background
+            && !s.free_units.contains_key(&n)
+            && !s.wanted_units.contains(&n)
+            && s.window_free_pages(sh.window_pages()) >= n
+        {
+            s.wanted_units.push(n);
+            sh.changed.notify_all();
+        }
         Some(HostFrame(first))
     }
 
@@ -1101,5 +1115,81 @@ impl HostPool {
 impl Drop for HostPool {
     fn drop(&mut self) {
         self.stop_grower();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::memory::fake::{FakeConfig, FakeDriver, Progress};
+
+    const PAGE: usize = 2 << 20;
+
+    fn pool(window_pages: usize) -> HostPool {
+        let fake = Arc::new(FakeDriver::new(FakeConfig {
+            device_capacity: 1 << 40,
+            host_capacity: 1 << 40,
+            progress: Progress::Immediate,
+        }));
+        HostPool::new(
+            fake,
+            HostPoolConfig {
+                page: PAGE,
+                device: 0,
+                numa_node: 0,
+                cap_bytes: window_pages * PAGE,
+                chunk_bytes: PAGE,
+                low_water_frames: 0,
+                background: true,
+            },
+        )
+        .unwrap()
+    }
+
+    /// Waits (up to 5 s) until `pool` has `n` free units of `pages`.
+    fn free_units_reach(pool: &HostPool, pages: usize, n: usize) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if pool.free_units(pages) >= n {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        false
+    }
+
+    #[test]
+    fn taking_the_last_free_unit_of_a_size_has_the_grower_make_another() {
+        let pool = pool(64);
+        assert!(pool.request_unit(4));
+        assert!(free_units_reach(&pool, 4, 1));
+        let first = pool.take_free_unit(4).expect("the unit asked for");
+        assert!(
+            free_units_reach(&pool, 4, 1),
+            "a spare of the size just taken is made in the background"
+        );
+        // The first unit back makes two free: taking one of them asks for nothing.
+        for i in 0..4 {
+            pool.give(HostFrame(first.0 + i));
+        }
+        assert_eq!(pool.free_units(4), 2);
+        assert!(pool.take_free_unit(4).is_some());
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(pool.free_units(4), 1, "one left free: no spare asked");
+    }
+
+    #[test]
+    fn no_spare_is_made_where_the_window_has_no_room_for_it() {
+        // A window of 6 pages: one unit of 4 fits, a second does not.
+        let pool = pool(6);
+        assert!(pool.request_unit(4));
+        assert!(free_units_reach(&pool, 4, 1));
+        assert!(pool.take_free_unit(4).is_some());
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(pool.free_units(4), 0);
+        // (The grower's first chunk of single frames is a page.)
+        assert!(pool.size_bytes() <= 5 * PAGE, "{}", pool.size_bytes());
     }
 }
