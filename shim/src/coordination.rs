@@ -458,7 +458,8 @@ impl PlanSource for CoordinatorSource {
         match admission {
             Admission::Short if !self.said_short => {
                 tracing::error!(
-                    "tensile: this job's largest launch needs {} of device memory, but the \
+                    "tensile: this job's largest launch needs {} of device memory (seen in \
+                     its launches, or in an earlier run of the same command), but the \
                      coordinator {:?} can grant it at most {} beside the other jobs on this GPU \
                      (`tensile status` lists them); launches that need more than the grant wait \
                      {} for memory to be freed, then fail with out of memory \

@@ -920,3 +920,60 @@ fn segments_live_in_tensile_shm_dir_and_one_that_cannot_hold_them_is_reported_on
         "the coordinator in TENSILE_SHM_DIR did not stop"
     );
 }
+
+/// Issue 12, admission: a launch's needs are known only once it is made, so the coordinator
+/// keeps each command line's floor (its largest launch) across runs, in its `--floors` file.
+/// A job's run leaves its floor there as it leaves; the next run of the same command under
+/// another coordinator starts with it (the coordinator says so as the job joins), so a job
+/// that cannot fit is told as it starts (`coordinator::tests::a_job_whose_command_could_not_fit_before_is_told_as_it_joins`).
+#[test]
+fn a_commands_largest_launch_is_remembered_for_its_next_run() {
+    let name = unique_name("floors");
+    let floors = std::env::temp_dir().join(format!("tensile-e2e-{name}.floors"));
+    let _ = std::fs::remove_file(&floors);
+    let floors_arg = floors.to_str().expect("a UTF-8 temporary directory");
+    let remembered = || -> Option<(u64, String)> {
+        let text = std::fs::read_to_string(&floors).ok()?;
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("tensile-floors 1"), "{text}");
+        let (bytes, command) = lines.next()?.split_once('\t')?;
+        Some((bytes.parse().ok()?, command.to_string()))
+    };
+    let first = {
+        let coordinator = OwnCoordinator::start(&name, &["--floors", floors_arg]);
+        planned_job(4, &name).output().assert_ok("the first run");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(r) = remembered() {
+                break r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the job's floor was not kept:\n{}",
+                coordinator.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Its sgd_momentum launches touch a parameter, its gradient and its momentum: three
+    // tensors of a page each, at the least.
+    assert!(first.0 >= 3 * (2 << 20), "{first:?}");
+    assert!(first.1.contains("wl_train"), "{first:?}");
+    let coordinator = OwnCoordinator::start(&name, &["--floors", floors_arg]);
+    let job = planned_job(4, &name).spawn();
+    let deadline = Instant::now() + PATIENCE;
+    while !coordinator
+        .log()
+        .contains("an earlier run of its command needed")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the second run was not given its remembered floor:\n{}",
+            coordinator.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    job.wait().assert_ok("the second run");
+    drop(coordinator);
+    let _ = std::fs::remove_file(&floors);
+}

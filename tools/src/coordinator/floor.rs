@@ -1,6 +1,12 @@
 //! A job's floor: the device memory its largest launch needs resident at once, learned from
 //! its event stream. Below it the job cannot run a step however it swaps, so the coordinator
 //! never squeezes a job under it and says when even that cannot be had.
+//!
+//! A launch's needs are known only once it is made, so a job's floor is learned during its
+//! first iteration. Where an earlier run of the same command left its floor
+//! ([`crate::coordinator::remembered`]), that floor counts from the job's first tick until its
+//! own iteration has been seen ([`FloorTracker::settle`]): a job that cannot fit is told as it
+//! starts, not at the first launch that cannot run.
 
 use std::collections::HashMap;
 
@@ -18,6 +24,10 @@ pub struct FloorTracker {
     sizes: HashMap<u64, u64>,
     /// The largest floor seen so far.
     largest: u64,
+    /// The floor an earlier run of the same command left, until this run's is known (0: none).
+    remembered: u64,
+    /// Whether the job's own iteration has been seen.
+    settled: bool,
     /// The job's page.
     page: u64,
 }
@@ -36,9 +46,40 @@ impl FloorTracker {
         FloorTracker {
             sizes: HashMap::new(),
             largest: 0,
+            remembered: 0,
+            settled: false,
             page: page_bytes,
         }
     }
+
+    /// Counts `bytes`, the floor an earlier run of the job's command left, until
+    /// [`Self::settle`].
+    pub fn remember(&mut self, bytes: u64) {
+        self.remembered = bytes;
+    }
+
+    /// The job's own iteration has been seen: its floor is what it launched, from now on.
+    pub fn settle(&mut self) {
+        self.remembered = 0;
+        self.settled = true;
+    }
+
+    /// What to remember of this run for the next run of its command: its own floor once its
+    /// iteration was seen, else the larger of what it launched and what was remembered (a run
+    /// that stopped early saw part of its launches). 0: nothing to remember.
+    pub fn to_remember(&self) -> u64 {
+        if self.settled {
+            self.largest
+        } else {
+            self.floor()
+        }
+    }
+
+    /// Whether the floor counts one remembered from an earlier run.
+    pub fn is_remembered(&self) -> bool {
+        self.remembered > self.largest
+    }
+
 
     pub fn push(&mut self, record: &Record) {
         match record {
@@ -66,9 +107,10 @@ impl FloorTracker {
         }
     }
 
-    /// The floor in bytes (0 while no launch touched a known allocation).
+    /// The floor in bytes: the largest launch seen, or the remembered floor if larger until
+    /// the job's iteration is known (0 while neither is).
     pub fn floor(&self) -> u64 {
-        self.largest
+        self.largest.max(self.remembered)
     }
 }
 
@@ -138,6 +180,25 @@ mod tests {
         assert_eq!(t.floor(), (3 + 1 + 2) * DEFAULT_PAGE_BYTES);
         t.push(&launch(&[4]));
         assert_eq!(t.floor(), (50 + 2) * DEFAULT_PAGE_BYTES);
+    }
+
+    #[test]
+    fn a_remembered_floor_counts_until_the_jobs_own_iteration_is_seen() {
+        const MIB: u64 = 1 << 20;
+        let mut t = FloorTracker::default();
+        t.remember(200 * MIB);
+        assert_eq!(t.floor(), 200 * MIB);
+        assert!(t.is_remembered());
+        t.push(&alloc(1, 100 * MIB));
+        t.push(&launch(&[1]));
+        assert_eq!(t.floor(), 200 * MIB, "the first launches do not replace it");
+        // This run's program changed: its own floor, smaller, is the one once its
+        // iteration is known.
+        assert_eq!(t.to_remember(), 200 * MIB, "a run that stopped early");
+        t.settle();
+        assert!(!t.is_remembered());
+        assert_eq!(t.floor(), 52 * DEFAULT_PAGE_BYTES);
+        assert_eq!(t.to_remember(), 52 * DEFAULT_PAGE_BYTES);
         // Smaller launches and unknown or freed allocations do not lower or raise it.
         t.push(&Record::Free(Free {
             t_ns: 0,

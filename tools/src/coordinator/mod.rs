@@ -20,10 +20,11 @@ mod floor;
 pub mod grants;
 mod log;
 mod planner;
+mod remembered;
 mod turns;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -88,6 +89,11 @@ pub struct CoordinatorArgs {
     /// around the jobs' arenas (cuBLAS and cuDNN workspaces, NCCL buffers, contexts).
     #[arg(long, value_name = "PERCENT", default_value_t = DEFAULT_RESERVE_PERCENT)]
     pub reserve: f64,
+    /// Where the largest launch of each command is kept across runs, so that a job that
+    /// cannot fit beside the others is told as it joins: a file, or `none`. Default: the
+    /// temporary directory's tensile-coordinator-UID-NAME.floors.
+    #[arg(long, value_name = "FILE")]
+    pub floors: Option<PathBuf>,
     /// When the jobs' needs do not fit the card together, the ones that fit run and the
     /// others wait; a turn lasts this many seconds, or ten times what a change of turns is
     /// measured to take if that is longer (at most 300 s; docs/sharing.md).
@@ -265,6 +271,19 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         }),
     );
     coordinator.room = room;
+    match args.floors.as_deref() {
+        Some(p) if p == Path::new("none") => {}
+        path => {
+            let path = path.map_or_else(|| remembered::default_path(&args.name), Path::to_path_buf);
+            let (floors, problem) = remembered::RememberedFloors::load(path);
+            if let Some(problem) = problem {
+                coordinator
+                    .log
+                    .line(&format!("coordinator {}: {problem}", std::process::id()));
+            }
+            coordinator.remembered = floors;
+        }
+    }
     if let Some(problem) = room_problem {
         coordinator
             .log
@@ -481,6 +500,8 @@ pub struct Coordinator {
     last_grant: Option<Instant>,
     /// The room plans leave free for jobs that ask none of their own (`--plan-room`).
     room: f64,
+    /// The floors of commands run before (`--floors`).
+    remembered: remembered::RememberedFloors,
 }
 
 /// A grant moves only when its target differs from it by more than this fraction of the
@@ -507,6 +528,20 @@ impl Coordinator {
             turns: turns::Turns::new(DEFAULT_TURN),
             last_grant: None,
             room: DEFAULT_PLAN_ROOM,
+            remembered: remembered::RememberedFloors::in_memory(),
+        }
+    }
+
+    /// Keeps what `job` showed of its floor for the next run of its command.
+    fn remember_floor(&mut self, job: &Job) {
+        let floor = job.floor.to_remember();
+        if floor == 0 || job.command_line.is_empty() {
+            return;
+        }
+        self.remembered.set(&job.command_line, floor);
+        if let Err(why) = self.remembered.save() {
+            self.log
+                .line(&format!("coordinator {}: {why}", std::process::id()));
         }
     }
 
@@ -530,10 +565,13 @@ impl Coordinator {
         };
         for r in reclaimed {
             match self.jobs.remove(&r.slot) {
-                Some(job) => self.log.line(&format!(
-                    "job {} died; slot {} reclaimed after {} records",
-                    r.pid, r.slot, job.records
-                )),
+                Some(job) => {
+                    self.log.line(&format!(
+                        "job {} died; slot {} reclaimed after {} records",
+                        r.pid, r.slot, job.records
+                    ));
+                    self.remember_floor(&job);
+                }
                 None => self.log.line(&format!(
                     "job {} died while joining; slot {} reclaimed",
                     r.pid, r.slot
@@ -566,6 +604,7 @@ impl Coordinator {
                         "job {} died; slot {slot} taken by job {} after {} records",
                         job.pid, next.process.pid, job.records
                     ));
+                    self.remember_floor(&job);
                     continue;
                 }
                 let mut corrupt = None;
@@ -579,6 +618,7 @@ impl Coordinator {
                     "job {} left slot {slot} after {} records ({} lost), {planner}: {}",
                     job.pid, job.records, job.lost, job.command_line
                 ));
+                self.remember_floor(&job);
             }
         }
         for (slot, snap) in &live {
@@ -605,6 +645,16 @@ impl Coordinator {
                     SlotRoom::NotSaid => {}
                 }
                 self.joins += 1;
+                let mut floor = FloorTracker::new(snap.page());
+                if let Some(bytes) = self.remembered.get(&snap.command_line) {
+                    floor.remember(bytes);
+                    self.log.line(&format!(
+                        "job {}: an earlier run of its command needed {} for its largest \
+                         launch; that is its floor until its own iteration is seen",
+                        snap.process.pid,
+                        format_bytes(bytes)
+                    ));
+                }
                 self.jobs.insert(
                     *slot,
                     Job {
@@ -619,7 +669,7 @@ impl Coordinator {
                         planner_failures: 0,
                         joined: self.joins,
                         granted: 0,
-                        floor: FloorTracker::new(snap.page()),
+                        floor,
                         admission: Admission::Admitted,
                         needs: std::collections::VecDeque::new(),
                         curve: Vec::new(),
@@ -663,6 +713,9 @@ impl Coordinator {
                     "job {}: its event ring was corrupt ({c}); reset, relearning",
                     job.pid
                 ));
+            }
+            if job.planner.cycle_generation() > 0 {
+                job.floor.settle();
             }
             if job
                 .last_poll
@@ -894,11 +947,16 @@ impl Coordinator {
                 job.admission = admission;
                 if admission == Admission::Short {
                     self.log.line(&format!(
-                        "job {}: its largest launch needs {}, but at most {} can be granted \
+                        "job {}: its largest launch needs {}{}, but at most {} can be granted \
                          to it with every other job at its own floor; it is short until \
                          memory is freed",
                         job.pid,
                         format_bytes(floor),
+                        if job.floor.is_remembered() {
+                            " (in an earlier run of its command)"
+                        } else {
+                            ""
+                        },
                         format_bytes(grantable)
                     ));
                 }
@@ -1432,6 +1490,59 @@ mod tests {
             1,
             "said once: {log}"
         );
+    }
+
+    #[test]
+    fn a_job_whose_command_could_not_fit_before_is_told_as_it_joins() {
+        const G: u64 = 1 << 30;
+        let dir = std::env::temp_dir().join(format!("tensile-floors-c-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("floors");
+        let big = JobOptions {
+            command_line: "python train.py --batch 512".into(),
+            ..JobOptions::default()
+        };
+        // A first run of the command, alone: its largest launch is 6 GiB.
+        {
+            let (name, mut c, _captured) = dividing_coordinator();
+            c.remembered = remembered::RememberedFloors::load(path.clone()).0;
+            let t0 = Instant::now();
+            let mut a = JobClient::join(&name, &big).unwrap();
+            a.set_card_bytes(10 * G);
+            big_launch(&mut a, 1, 6 * G);
+            c.tick(t0);
+            assert_eq!(a.admission().0, Admission::Admitted);
+            a.leave();
+            c.tick(t0 + Duration::from_millis(1));
+        }
+        // The next coordinator: another job holds 5 GiB at once; the command's second run is
+        // told before it launches anything.
+        let (name, mut c, captured) = dividing_coordinator();
+        let (floors, problem) = remembered::RememberedFloors::load(path);
+        assert_eq!(problem, None);
+        c.remembered = floors;
+        let t0 = Instant::now();
+        let mut other = JobClient::join(&name, &JobOptions::default()).unwrap();
+        other.set_card_bytes(10 * G);
+        big_launch(&mut other, 2, 5 * G);
+        c.tick(t0);
+        let again = JobClient::join(&name, &big).unwrap();
+        again.set_card_bytes(10 * G);
+        c.tick(t0 + Duration::from_millis(1));
+        c.tick(t0 + Duration::from_millis(2));
+        let (admission, floor, grantable) = again.admission();
+        assert_eq!(admission, Admission::Short);
+        assert!(floor > 6 * G && grantable < floor, "{floor} {grantable}");
+        assert_eq!(other.admission().0, Admission::Admitted);
+        let log = captured.text();
+        for want in [
+            "an earlier run of its command needed 6.00 GiB",
+            "(in an earlier run of its command), but at most",
+        ] {
+            assert_eq!(log.matches(want).count(), 1, "{want:?} in:\n{log}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The budget commands a job has been sent, in order.
