@@ -80,7 +80,6 @@ impl FloorTracker {
         self.remembered > self.largest
     }
 
-
     pub fn push(&mut self, record: &Record) {
         match record {
             Record::Alloc(a) => {
