@@ -742,6 +742,14 @@ impl HostShared {
         }
     }
 
+    /// Has the grower make a free unit of `n` pages, unless it was asked already.
+    fn want_unit(&self, s: &mut HostState, n: u32) {
+        if !s.wanted_units.contains(&n) {
+            s.wanted_units.push(n);
+            self.changed.notify_all();
+        }
+    }
+
     fn grower_loop(self: Arc<Self>) {
         let mut s = self.lock();
         loop {
@@ -866,11 +874,7 @@ impl HostPool {
         if !sh.config.background {
             return false;
         }
-        let mut s = sh.lock();
-        if !s.wanted_units.contains(&n) {
-            s.wanted_units.push(n);
-            sh.changed.notify_all();
-        }
+        sh.want_unit(&mut sh.lock(), n);
         true
     }
 
@@ -897,11 +901,9 @@ impl HostPool {
         s.unit_owned.insert(first, n);
         if sh.config.background
             && !s.free_units.contains_key(&n)
-            && !s.wanted_units.contains(&n)
             && s.window_free_pages(sh.window_pages()) >= n
         {
-            s.wanted_units.push(n);
-            sh.changed.notify_all();
+            sh.want_unit(&mut s, n);
         }
         Some(HostFrame(first))
     }
