@@ -296,6 +296,23 @@ impl CostModel {
         }
     }
 
+    /// The rates at which pages move when each one brought in pays its remap before its copy
+    /// on the thread that queues the copy, serially ([`Self::folded`] for that direction
+    /// alone), while pages written out keep [`Self::remaps`] for theirs, made after the copy
+    /// by whoever completes the swap-out.
+    pub fn in_folded(&self) -> CostModel {
+        let Some(remap) = self.remaps else {
+            return *self;
+        };
+        let page = remap.page_bytes as f64;
+        CostModel {
+            h2d_gbps: page / (page / self.h2d_gbps + remap.in_ns as f64),
+            bidir_gbps: 2.0 * page / (2.0 * page / self.bidir_gbps + remap.in_ns as f64),
+            remaps: Some(PageRemapCost { in_ns: 0, ..remap }),
+            ..*self
+        }
+    }
+
     /// Per-direction rates (bytes per ns) for (h2d, d2h) when both directions are active.
     pub fn shared_rates(&self) -> (f64, f64) {
         // Each direction gets its share of the bidirectional total, never more than alone.

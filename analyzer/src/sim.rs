@@ -400,6 +400,14 @@ struct Sim<'a> {
     /// The remaps after each direction's copies, with a [`CostModel::remaps`].
     d2h_remaps: Remaps,
     h2d_remaps: Remaps,
+    /// LRU in shim pages: the remaps the host makes itself, after the write-outs it waits
+    /// for (the thread short of frames completes the swap-outs it waited for; the others
+    /// the maintenance thread does, in `d2h_remaps`).
+    host_remaps: Remaps,
+    /// LRU in shim pages: write-outs the host waits for whose copies have landed. It remaps
+    /// them once the copies of all it waits for have (it waits for those, then completes
+    /// what landed), so that a batch's copies and remaps take turns, as in the shim.
+    host_landed: Vec<TensorId>,
     actions: Vec<OpActions>,
     /// Whether tensors are released at their free (else after their last access).
     release_at_free: bool,
@@ -469,11 +477,27 @@ pub fn lru_in_pages(cycle: &Cycle) -> bool {
 }
 
 /// Pages the shim's manager keeps free (or on their way out) ahead of need under a budget of
-/// `budget_pages` once the budget is full: a 32nd of it, at least one eviction batch of 8
-/// pages, at most half of it: the shim's `ManagerConfig` default and its `keep_reserve` (a
-/// test in the shim checks that they agree), kept by the simulator's LRU in shim pages.
-pub fn shim_free_reserve_pages(budget_pages: u64) -> u64 {
-    (budget_pages / 32).max(8).min(budget_pages / 2)
+/// `budget_pages`, once the budget is full, for a program whose live allocations peak at
+/// `peak_pages`: [`free_reserve_pages_for`] with the shim's default floor (a 32nd of the
+/// budget, at least one eviction batch of 8 pages; `ManagerConfig`, a test in the shim checks
+/// that they agree), kept by the simulator's LRU in shim pages.
+pub fn shim_free_reserve_pages(budget_pages: u64, peak_pages: u64) -> u64 {
+    free_reserve_pages_for((budget_pages / 32).max(8), budget_pages, peak_pages)
+}
+
+/// The free reserve rule the shim's manager keeps (`keep_reserve`) and the simulator models:
+/// an eighth of what must turn over (the pages of the peak beyond the budget), at least
+/// `floor`, at most a quarter of the budget unless the floor is more, and never more than
+/// half of it. Under heavy pressure a frame kept free costs no hit (nearly every page turns
+/// over each iteration), and the frames the maintenance thread empties ahead of need spare
+/// the application's thread waiting for its victims' copies and remapping them itself;
+/// under light pressure it would cost hits (docs/rerun.md, "Session 30").
+pub fn free_reserve_pages_for(floor: u64, budget_pages: u64, peak_pages: u64) -> u64 {
+    let over = peak_pages.saturating_sub(budget_pages);
+    (over / 8)
+        .min(budget_pages / 4)
+        .max(floor)
+        .min(budget_pages / 2)
 }
 
 /// Simulates `cycle` under `policy` within `budget`.
@@ -595,10 +619,13 @@ pub fn simulate_with(
     }
     let mut sim = Sim {
         cycle,
-        // The executor remaps a plan's pages beside the copies (the remap stage); every other
-        // policy's moves are copied and remapped in turn.
+        // The executor remaps a plan's pages beside the copies (the remap stage). The shim's
+        // LRU remaps a page in on the thread that queues its copy, and a page out after its
+        // copy on the thread that completes the swap-out (`host_remaps`, `d2h_remaps`). The
+        // textbook LRU copies and remaps in turn.
         cost: match policy {
             Policy::Plan(_) => *cost,
+            _ if shim_lru => cost.in_folded(),
             _ => cost.folded(),
         },
         budget: budget.bytes,
@@ -606,6 +633,10 @@ pub fn simulate_with(
         lru: matches!(policy, Policy::Lru),
         shim: shim_lru.then(|| {
             let page = cycle.page_bytes.max(1);
+            let peak_bytes = crate::timeline::allocated_bytes(cycle)
+                .into_iter()
+                .max()
+                .unwrap_or(0);
             let budget_pages = budget.bytes / page;
             // As the shim's `device_frames_for_new`: more pages than half the budget's.
             let host_backed = whole_bytes
@@ -613,7 +644,8 @@ pub fn simulate_with(
                 .map(|b| b.div_ceil(page) > budget_pages / 2)
                 .collect();
             ShimLru {
-                reserve: shim_free_reserve_pages(budget_pages) * cycle.page_bytes,
+                reserve: shim_free_reserve_pages(budget_pages, peak_bytes.div_ceil(page))
+                    * cycle.page_bytes,
                 next: 0,
                 host_waits: Vec::new(),
                 backed: Vec::new(),
@@ -631,6 +663,8 @@ pub fn simulate_with(
         h2d: Engine::new(n_t),
         d2h_remaps: Remaps::default(),
         h2d_remaps: Remaps::default(),
+        host_remaps: Remaps::default(),
+        host_landed: Vec::new(),
         actions,
         release_at_free,
         stats_cycle: 0,
@@ -737,6 +771,9 @@ struct BoundaryState {
     /// Each direction's remaps: those queued, and the one being made with the ns it has left.
     d2h_remaps: (Vec<Remap>, Option<Remap>),
     h2d_remaps: (Vec<Remap>, Option<Remap>),
+    /// LRU in shim pages: the host's remaps, and the write-outs it waits for that landed.
+    host_remaps: (Vec<Remap>, Option<Remap>),
+    host_landed: Vec<TensorId>,
     /// LRU: tensors in order of last use (ties by id), which is all its decisions look at.
     recency: Vec<TensorId>,
     /// LRU in shim pages: how far ahead of the boundary the host has issued, the write-outs
@@ -766,6 +803,9 @@ impl BoundaryState {
             && self.h2d_remaps.0 == other.h2d_remaps.0
             && close(self.d2h_remaps.1, other.d2h_remaps.1)
             && close(self.h2d_remaps.1, other.h2d_remaps.1)
+            && self.host_remaps.0 == other.host_remaps.0
+            && close(self.host_remaps.1, other.host_remaps.1)
+            && self.host_landed == other.host_landed
             && self.recency == other.recency
             && self.host == other.host
     }
@@ -791,6 +831,8 @@ impl Sim<'_> {
             h2d_active: self.h2d.active.map(|a| (a.tensor, a.remaining)),
             d2h_remaps: self.d2h_remaps.state(),
             h2d_remaps: self.h2d_remaps.state(),
+            host_remaps: self.host_remaps.state(),
+            host_landed: self.host_landed.clone(),
             recency,
             host: self.shim.as_ref().map(|s| {
                 let mut backed: Vec<Backed> = s
@@ -1225,6 +1267,8 @@ impl Sim<'_> {
                 self.h2d.remove(t);
                 self.d2h_remaps.remove(t);
                 self.h2d_remaps.remove(t);
+                self.host_remaps.remove(t);
+                self.host_landed.retain(|&h| h != t);
                 if self.d2h.active.is_some_and(|a| a.tensor == t) {
                     self.d2h.active = None;
                 }
@@ -1398,7 +1442,9 @@ impl Sim<'_> {
             self.place[t as usize] == Place::ToHost
                 && (self.d2h.contains(t)
                     || self.d2h.active.is_some_and(|a| a.tensor == t)
-                    || self.d2h_remaps.contains(t))
+                    || self.d2h_remaps.contains(t)
+                    || self.host_remaps.contains(t)
+                    || self.host_landed.contains(&t))
         })
     }
 
@@ -1463,6 +1509,7 @@ impl Sim<'_> {
             self.d2h.active.map(|a| a.remaining / rd),
             self.h2d_remaps.active.map(|(_, ns)| ns),
             self.d2h_remaps.active.map(|(_, ns)| ns),
+            self.host_remaps.active.map(|(_, ns)| ns),
         ]
         .into_iter()
         .flatten()
@@ -1478,7 +1525,11 @@ impl Sim<'_> {
         if let Some(a) = self.d2h.active.as_mut() {
             a.remaining -= dt * rd;
         }
-        for remaps in [&mut self.h2d_remaps, &mut self.d2h_remaps] {
+        for remaps in [
+            &mut self.h2d_remaps,
+            &mut self.d2h_remaps,
+            &mut self.host_remaps,
+        ] {
             if let Some((_, ns)) = remaps.active.as_mut() {
                 *ns -= dt;
             }
@@ -1489,7 +1540,10 @@ impl Sim<'_> {
         if let Some(t) = self.h2d_remaps.finish() {
             self.arrived(t);
         }
-        if let Some(t) = self.d2h_remaps.finish() {
+        for t in [self.d2h_remaps.finish(), self.host_remaps.finish()]
+            .into_iter()
+            .flatten()
+        {
             // (Unless a cancelled swap-out was made again and copies once more.)
             if !self.d2h.contains(t) && self.d2h.active.is_none_or(|a| a.tensor != t) {
                 self.left(t);
@@ -1514,14 +1568,45 @@ impl Sim<'_> {
                 // A cancelled swap-out (LRU in shim pages) leaves its tensor on the device,
                 // with no remap.
                 if self.place[a.tensor as usize] == Place::ToHost {
-                    if self.cost.remaps.is_some() {
+                    let host_waits = self
+                        .shim
+                        .as_ref()
+                        .is_some_and(|s| s.host_waits.contains(&a.tensor));
+                    if self.cost.remaps.is_none() {
+                        self.left(a.tensor);
+                    } else if host_waits {
+                        self.host_landed.push(a.tensor);
+                    } else {
                         let ns = self.remap_ns(a.tensor, false);
                         self.d2h_remaps.push(a.tensor, ns);
-                    } else {
-                        self.left(a.tensor);
                     }
                 }
             }
+        }
+        if !self.host_landed.is_empty() {
+            self.remap_landed_on_the_host();
+        }
+    }
+
+    /// LRU in shim pages: once the copies of every write-out the host waits for have landed
+    /// (or been cancelled), the host remaps those that landed, one after another.
+    fn remap_landed_on_the_host(&mut self) {
+        self.host_landed
+            .retain(|&t| self.place[t as usize] == Place::ToHost);
+        let copying = |t: TensorId| {
+            self.place[t as usize] == Place::ToHost
+                && (self.d2h.contains(t) || self.d2h.active.is_some_and(|a| a.tensor == t))
+        };
+        let waiting = self
+            .shim
+            .as_ref()
+            .is_some_and(|s| s.host_waits.iter().any(|&t| copying(t)));
+        if waiting {
+            return;
+        }
+        for t in std::mem::take(&mut self.host_landed) {
+            let ns = self.remap_ns(t, false);
+            self.host_remaps.push(t, ns);
         }
     }
 

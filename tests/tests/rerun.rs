@@ -124,6 +124,26 @@ fn reduced_reruns_of_the_shared_traces_verify_every_stamp_under_swapping() {
 }
 
 #[test]
+fn predict_only_prints_the_predictions_a_played_run_is_compared_with() {
+    let predicted = reduced("mlp", &["--predict-only"], &[]);
+    assert!(predicted.status.success(), "{}", text(&predicted));
+    let doc = json(&predicted);
+    let lru = &doc["predictions"][0];
+    assert_eq!(lru["policy"], "lru", "{doc}");
+    assert!(lru["step_ns"].as_u64() > Some(0), "{doc}");
+    assert!(
+        !String::from_utf8_lossy(&predicted.stderr).contains("native run"),
+        "--predict-only played something: {}",
+        text(&predicted)
+    );
+    let played = reduced("mlp", &[], &[]);
+    assert!(played.status.success(), "{}", text(&played));
+    let run = &json(&played)["runs"][0];
+    assert_eq!(lru["step_ns"], run["predicted_ns"], "{run}");
+    assert_eq!(lru["bytes_h2d"], run["predicted"]["bytes_h2d"], "{run}");
+}
+
+#[test]
 fn a_broken_swap_is_caught_by_the_stamps_and_named() {
     let out = reduced("mlp", &[], &[("TENSILE_RERUN_FAULT", "stale:1")]);
     assert!(

@@ -200,6 +200,8 @@ pub struct Suballocator {
     pending: Vec<PendingFrees>,
     allocs: BTreeMap<u64, Allocation>,
     live_bytes: u64,
+    /// The most `live_bytes` has been.
+    peak_live_bytes: u64,
     /// The stream slots that have allocated, by slot.
     allocating: Vec<bool>,
 }
@@ -219,6 +221,7 @@ impl Suballocator {
             pending: Vec::new(),
             allocs: BTreeMap::new(),
             live_bytes: 0,
+            peak_live_bytes: 0,
             allocating: Vec::new(),
         }
     }
@@ -235,6 +238,11 @@ impl Suballocator {
     /// Arena bytes in use or ever handed out (the frontier).
     pub fn frontier(&self) -> u64 {
         self.frontier
+    }
+
+    /// The most bytes live allocations have spanned at once.
+    pub fn peak_live_bytes(&self) -> u64 {
+        self.peak_live_bytes
     }
 
     pub fn live_count(&self) -> usize {
@@ -346,6 +354,7 @@ impl Suballocator {
         };
         self.allocs.insert(alloc.ptr, alloc);
         self.live_bytes += span;
+        self.peak_live_bytes = self.peak_live_bytes.max(self.live_bytes);
         Ok(Placed { alloc, grown })
     }
 

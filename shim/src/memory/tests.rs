@@ -2103,17 +2103,39 @@ fn swap_out_after_use_skips_pinned_pages_and_an_access_cancels_it() {
 #[test]
 fn the_default_free_reserve_is_the_one_the_analyzers_lru_model_keeps() {
     // `tensile replay --shim-pages` and `tensile rerun` predict LRU with the analyzer's figure;
-    // the manager keeps its configured reserve capped at half the budget (`keep_reserve`).
+    // the manager keeps the rule from its configured floor (`keep_reserve`).
     for budget_pages in [1usize, 4, 16, 100, 257, 1_000, 20_000] {
-        for page in [64 << 10, 512 << 10, 2 << 20] {
-            let cfg = ManagerConfig::with_page(budget_pages * page, 1 << 40, page);
-            assert_eq!(
-                cfg.free_reserve_pages.min(budget_pages / 2) as u64,
-                tensile_analyzer::sim::shim_free_reserve_pages(budget_pages as u64),
-                "a budget of {budget_pages} pages of {page} bytes"
-            );
+        for peak_pages in [0, budget_pages, 2 * budget_pages, 10 * budget_pages] {
+            for page in [64 << 10, 512 << 10, 2 << 20] {
+                let cfg = ManagerConfig::with_page(budget_pages * page, 1 << 40, page);
+                let (budget, peak) = (budget_pages as u64, peak_pages as u64);
+                assert_eq!(
+                    tensile_analyzer::sim::free_reserve_pages_for(
+                        cfg.free_reserve_pages as u64,
+                        budget,
+                        peak
+                    ),
+                    tensile_analyzer::sim::shim_free_reserve_pages(budget, peak),
+                    "a budget of {budget_pages} pages of {page} bytes, a peak of {peak_pages}"
+                );
+            }
         }
     }
+}
+
+#[test]
+fn the_free_reserve_grows_with_the_pressure_up_to_a_quarter_of_the_budget() {
+    use tensile_analyzer::sim::free_reserve_pages_for as reserve;
+    // Light pressure: the floor.
+    assert_eq!(reserve(32, 1_024, 1_280), 32);
+    // Twice the budget: an eighth of the 1,024 pages that turn over.
+    assert_eq!(reserve(32, 1_024, 2_048), 128);
+    // Heavy pressure: a quarter of the budget.
+    assert_eq!(reserve(32, 1_024, 4_096), 256);
+    assert_eq!(reserve(32, 1_024, 100_000), 256);
+    // A floor above the quarter stays (never above half the budget), and none stays none.
+    assert_eq!(reserve(300, 1_024, 100_000), 300);
+    assert_eq!(reserve(900, 1_024, 0), 512);
 }
 
 #[test]
@@ -2144,6 +2166,29 @@ fn without_a_free_reserve_nothing_leaves_ahead_of_need() {
         assert!(read(&fake, &mm, s, p, PAGE).get().unwrap() == pattern(i as u8, PAGE));
     }
     assert_consistent(&fake, &mm);
+}
+
+#[test]
+fn under_heavy_pressure_a_quarter_of_the_budget_is_kept_free_ahead_of_need() {
+    // A budget of 32 pages and a floor of 2: 36 live pages (light pressure) keep the floor;
+    // 128 (four times the budget) keep an eighth of the 96 beyond it, at most a quarter of
+    // the budget: 8.
+    for (live, reserve) in [(36usize, 2usize), (128, 8)] {
+        let (fake, mm) = setup(32, 512, Progress::Immediate);
+        let s = fake.stream_create().unwrap();
+        let ptrs: Vec<CUdeviceptr> = (0..live).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+        for (i, &p) in ptrs.iter().enumerate() {
+            write(&fake, &mm, s, p, pattern(i as u8, PAGE));
+        }
+        mm.maintain().unwrap();
+        mm.poll().unwrap();
+        let resident = ptrs.iter().filter(|&&p| on_device(&mm, p)).count();
+        assert_eq!(resident, 32 - reserve, "{live} live pages");
+        for (i, &p) in ptrs.iter().enumerate() {
+            assert!(read(&fake, &mm, s, p, PAGE).get().unwrap() == pattern(i as u8, PAGE));
+        }
+        assert_consistent(&fake, &mm);
+    }
 }
 
 #[test]

@@ -94,6 +94,11 @@ pub struct RerunArgs {
     /// shows what the GPU waited on).
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
+    /// Print each policy's prediction (as the runs would be compared with) and play
+    /// nothing: seconds instead of minutes, to see what a budget or the environment's
+    /// TENSILE_* settings change in the model.
+    #[arg(long)]
+    pub predict_only: bool,
 }
 
 /// A simulated card shared with other reruns (`--card`).
@@ -1145,7 +1150,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             "lru",
             costs.lru_remap,
             lru_units,
-            "after each page's copy, on the path that needs it",
+            "in on the thread that queues the copy, out after the copy by the thread that completes the swap-out",
         ),
         (
             "plan",
@@ -1161,6 +1166,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             remap.in_ns as f64 / 1e3,
             remap.out_ns as f64 / 1e3
         );
+    }
+    if args.predict_only {
+        print_predictions(&args, &analysis, &policies, budget, scale, &costs, room)?;
+        return Ok(());
     }
     let (native_step_ns, native) = if session.card.is_some() {
         eprintln!("tensile rerun: --card: no native run");
@@ -1247,6 +1256,56 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     } else {
         Err(failures.join("; "))
     }
+}
+
+/// `--predict-only`: each policy's prediction, as a table or (`--json`) one object.
+fn print_predictions(
+    args: &RerunArgs,
+    analysis: &Analysis,
+    policies: &[PolicyKind],
+    budget: u64,
+    scale: u64,
+    costs: &PolicyCosts,
+    room: f64,
+) -> Result<(), String> {
+    let predicted = predict(analysis, policies, budget, scale, costs, room);
+    if args.json {
+        let doc = json!({
+            "trace": args.trace.display().to_string(),
+            "scale": scale,
+            "budget_bytes": budget,
+            "predictions": predicted.iter().map(|(policy, p)| json!({
+                "policy": policy_name(*policy),
+                "step_ns": p.map(|p| p.step_ns),
+                "bytes_h2d": p.map(|p| p.bytes_h2d),
+                "bytes_d2h": p.map(|p| p.bytes_d2h),
+                "stall_ns": p.map(|p| p.stall_ns),
+            })).collect::<Vec<_>>(),
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<8} {:>12} {:>11} {:>11} {:>12}",
+        "policy", "predicted", "H2D/iter", "D2H/iter", "stall/iter"
+    );
+    for (policy, p) in predicted {
+        match p {
+            Some(p) => println!(
+                "{:<8} {:>12} {:>11} {:>11} {:>12}",
+                policy_name(policy),
+                ms(p.step_ns),
+                format_bytes(p.bytes_h2d),
+                format_bytes(p.bytes_d2h),
+                ms(p.stall_ns)
+            ),
+            None => println!("{:<8} no prediction", policy_name(policy)),
+        }
+    }
+    Ok(())
 }
 
 fn run_json(r: &ManagedRun) -> Value {

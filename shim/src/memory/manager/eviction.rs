@@ -5,6 +5,8 @@
 
 use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
+use tensile_analyzer::sim::free_reserve_pages_for;
+
 use crate::memory::advice::NextUse;
 use crate::memory::driver::Event;
 use crate::memory::frames::{DevFrame, DevicePool};
@@ -95,14 +97,31 @@ impl Inner {
     pub(super) fn keep_reserve(&mut self, complete_outgoing: bool) -> Result<(), CUresult> {
         self.poll_with(complete_outgoing)?;
         let ready = self.dev.available() + self.outgoing.len();
-        let reserve = self
-            .cfg
-            .free_reserve_pages
-            .min(self.dev.budget_frames() / 2);
+        let reserve = self.reserve_pages();
         if ready < reserve {
             self.for_demand(Demand::Reserve, |s| s.evict(reserve - ready, 0))?;
         }
         Ok(())
+    }
+
+    /// Frames [`Self::keep_reserve`] keeps free or on their way out: the configured
+    /// [`super::ManagerConfig::free_reserve_pages`] at least, more under heavy pressure
+    /// ([`free_reserve_pages_for`]: an eighth of what must turn over, up to a quarter of the
+    /// budget), and no more than a quarter of the host pool's cap; none while the configured
+    /// one is 0 (a plan in force moves the pages itself).
+    ///
+    /// Why more under pressure: the application's thread that lacks frames waits for its
+    /// victims' copies out and remaps them itself, the copy engine idle meanwhile; the frames
+    /// the maintenance thread empties ahead of need come without either.
+    pub(super) fn reserve_pages(&self) -> usize {
+        let floor = self.cfg.free_reserve_pages;
+        if floor == 0 {
+            return 0;
+        }
+        let budget = self.dev.budget_frames();
+        let peak = self.sub.peak_live_bytes().div_ceil(self.page as u64);
+        let rule = free_reserve_pages_for(floor as u64, budget as u64, peak) as usize;
+        rule.min((self.cfg.host_cap / self.page / 4).max(floor))
     }
 
     /// Device frames for `pages` (sorted), one unit per run of consecutive pages (at most
@@ -165,8 +184,10 @@ impl Inner {
                 }
                 if self.unlocked_round() {
                     // Let the caller complete the swap-outs (their VMM calls) without the
-                    // lock, first waiting for the copies out unless some have landed, then
-                    // start over. Only the units no other thread is completing are ours to
+                    // lock, first waiting for the copy out queued first unless some have
+                    // landed, then start over. Only the first: the swap-out stream copies
+                    // the next units while this thread remaps the one that landed (waiting
+                    // for all of them had every copy and then every remap take turns). Only the units no other thread is completing are ours to
                     // complete: a landed copy of theirs is no reason to stop (the completion
                     // found nothing, the operation spun through its rounds in microseconds
                     // and then waited for the copies out with the lock held, every other
@@ -176,7 +197,10 @@ impl Inner {
                     let landed = events
                         .iter()
                         .any(|&e| driver.event_query(e).unwrap_or(false));
-                    self.copy_waits = if landed { Vec::new() } else { events };
+                    self.copy_waits = match landed {
+                        true => Vec::new(),
+                        false => self.first_copied(&events).into_iter().collect(),
+                    };
                     self.completion_wanted = true;
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
                 }

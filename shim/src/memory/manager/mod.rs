@@ -204,6 +204,10 @@ struct Inner {
     swap_out_stream: Stream,
     /// Copy events and how many pages (or deferred frames) still refer to each.
     copy_event_refs: HashMap<Event, u32>,
+    /// When each copy event was last handed out, by a count of hand-outs: the order of the
+    /// copies on a swap stream, which complete in it ([`Inner::first_copied`]).
+    copy_event_order: HashMap<Event, u64>,
+    copy_events_handed: u64,
     spare_events: Vec<Event>,
     /// Pages in `ToHost` / `ToDevice`.
     outgoing: BTreeSet<usize>,
@@ -470,6 +474,8 @@ impl MemoryManager {
             swap_in_stream,
             swap_out_stream,
             copy_event_refs: HashMap::new(),
+            copy_event_order: HashMap::new(),
+            copy_events_handed: 0,
             spare_events: Vec::new(),
             outgoing: BTreeSet::new(),
             completing: BTreeSet::new(),

@@ -50,11 +50,24 @@ impl Inner {
         }
     }
 
+    /// An event for a swap's copy, recorded on its stream right after the copy is queued.
     pub(super) fn copy_event(&mut self) -> Result<Event, CUresult> {
-        match self.spare_events.pop() {
-            Some(e) => Ok(e),
-            None => self.driver.event_create(),
-        }
+        let ev = match self.spare_events.pop() {
+            Some(e) => e,
+            None => self.driver.event_create()?,
+        };
+        self.copy_events_handed += 1;
+        self.copy_event_order.insert(ev, self.copy_events_handed);
+        Ok(ev)
+    }
+
+    /// Of `events`, copy events of one swap stream, the one whose copy was queued first:
+    /// the stream runs its copies in order, so it completes first.
+    pub(super) fn first_copied(&self, events: &[Event]) -> Option<Event> {
+        events
+            .iter()
+            .copied()
+            .min_by_key(|e| self.copy_event_order.get(e).copied().unwrap_or(0))
     }
 
     pub(super) fn ref_event(&mut self, ev: Event, n: u32) {
