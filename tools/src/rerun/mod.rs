@@ -1168,7 +1168,8 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         );
     }
     if args.predict_only {
-        print_predictions(&args, &analysis, &policies, budget, scale, &costs, room)?;
+        let predicted = predict(&analysis, &policies, budget, scale, &costs, room);
+        print_predictions(&args, budget, scale, &predicted)?;
         return Ok(());
     }
     let (native_step_ns, native) = if session.card.is_some() {
@@ -1261,14 +1262,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
 /// `--predict-only`: each policy's prediction, as a table or (`--json`) one object.
 fn print_predictions(
     args: &RerunArgs,
-    analysis: &Analysis,
-    policies: &[PolicyKind],
     budget: u64,
     scale: u64,
-    costs: &PolicyCosts,
-    room: f64,
+    predicted: &[(PolicyKind, Option<Predicted>)],
 ) -> Result<(), String> {
-    let predicted = predict(analysis, policies, budget, scale, costs, room);
     if args.json {
         let doc = json!({
             "trace": args.trace.display().to_string(),
@@ -1292,7 +1289,7 @@ fn print_predictions(
         "{:<8} {:>12} {:>11} {:>11} {:>12}",
         "policy", "predicted", "H2D/iter", "D2H/iter", "stall/iter"
     );
-    for (policy, p) in predicted {
+    for &(policy, p) in predicted {
         match p {
             Some(p) => println!(
                 "{:<8} {:>12} {:>11} {:>11} {:>12}",
