@@ -304,12 +304,16 @@ impl CostModel {
         let Some(remap) = self.remaps else {
             return *self;
         };
-        let page = remap.page_bytes as f64;
-        CostModel {
-            h2d_gbps: page / (page / self.h2d_gbps + remap.in_ns as f64),
-            bidir_gbps: 2.0 * page / (2.0 * page / self.bidir_gbps + remap.in_ns as f64),
-            remaps: Some(PageRemapCost { in_ns: 0, ..remap }),
+        // Folded with the remaps in alone: the rates in and both ways slowed, the rate out not.
+        let folded_in = CostModel {
+            remaps: Some(PageRemapCost { out_ns: 0, ..remap }),
             ..*self
+        }
+        .folded();
+        CostModel {
+            d2h_gbps: self.d2h_gbps,
+            remaps: Some(PageRemapCost { in_ns: 0, ..remap }),
+            ..folded_in
         }
     }
 

@@ -1568,13 +1568,13 @@ impl Sim<'_> {
                 // A cancelled swap-out (LRU in shim pages) leaves its tensor on the device,
                 // with no remap.
                 if self.place[a.tensor as usize] == Place::ToHost {
-                    let host_waits = self
-                        .shim
-                        .as_ref()
-                        .is_some_and(|s| s.host_waits.contains(&a.tensor));
                     if self.cost.remaps.is_none() {
                         self.left(a.tensor);
-                    } else if host_waits {
+                    } else if self
+                        .shim
+                        .as_ref()
+                        .is_some_and(|s| s.host_waits.contains(&a.tensor))
+                    {
                         self.host_landed.push(a.tensor);
                     } else {
                         let ns = self.remap_ns(a.tensor, false);

@@ -187,7 +187,8 @@ impl Inner {
                     // lock, first waiting for the copy out queued first unless some have
                     // landed, then start over. Only the first: the swap-out stream copies
                     // the next units while this thread remaps the one that landed (waiting
-                    // for all of them had every copy and then every remap take turns). Only the units no other thread is completing are ours to
+                    // for all of them had every copy and then every remap take turns).
+                    // Only the units no other thread is completing are ours to
                     // complete: a landed copy of theirs is no reason to stop (the completion
                     // found nothing, the operation spun through its rounds in microseconds
                     // and then waited for the copies out with the lock held, every other
@@ -197,9 +198,10 @@ impl Inner {
                     let landed = events
                         .iter()
                         .any(|&e| driver.event_query(e).unwrap_or(false));
-                    self.copy_waits = match landed {
-                        true => Vec::new(),
-                        false => self.first_copied(&events).into_iter().collect(),
+                    self.copy_waits = if landed {
+                        Vec::new()
+                    } else {
+                        self.first_copied(&events).into_iter().collect()
                     };
                     self.completion_wanted = true;
                     return Err(CUDA_ERROR_OUT_OF_MEMORY);
