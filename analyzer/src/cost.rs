@@ -296,24 +296,13 @@ impl CostModel {
         }
     }
 
-    /// The rates at which pages move when each one brought in pays its remap before its copy
-    /// on the thread that queues the copy, serially ([`Self::folded`] for that direction
-    /// alone), while pages written out keep [`Self::remaps`] for theirs, made after the copy
-    /// by whoever completes the swap-out.
-    pub fn in_folded(&self) -> CostModel {
-        let Some(remap) = self.remaps else {
-            return *self;
-        };
-        // Folded with the remaps in alone: the rates in and both ways slowed, the rate out not.
-        let folded_in = CostModel {
-            remaps: Some(PageRemapCost { out_ns: 0, ..remap }),
-            ..*self
-        }
-        .folded();
+    /// The same copies with pages written out paying their remaps ([`Self::remaps`]) and
+    /// pages brought in paying none here: the shim's LRU maps those on the host before it
+    /// queues their copies, and the simulator prices that on the host's own timeline.
+    pub fn without_remaps_in(&self) -> CostModel {
         CostModel {
-            d2h_gbps: self.d2h_gbps,
-            remaps: Some(PageRemapCost { in_ns: 0, ..remap }),
-            ..folded_in
+            remaps: self.remaps.map(|r| PageRemapCost { in_ns: 0, ..r }),
+            ..*self
         }
     }
 

@@ -52,6 +52,10 @@ pub struct CycleOp {
     pub source: DurationSource,
     /// Tensors it touches, sorted.
     pub tensors: Vec<TensorId>,
+    /// The host waited for the device before it issued this op (a recorded stream or device
+    /// synchronization, such as PyTorch's `loss.item()`): a host running ahead stops here
+    /// until the compute stream has run every op before it.
+    pub host_waits: bool,
 }
 
 /// How a tensor is recognised in every iteration.
@@ -332,6 +336,7 @@ impl Cycle {
                 duration_ns: d,
                 source: DurationSource::Measured,
                 tensors: Vec::new(),
+                host_waits: false,
             })
             .collect();
         for (tid, t) in tensors.iter().enumerate() {
@@ -459,9 +464,16 @@ fn build(trace: &Trace, span: Range<usize>, next_start: usize, cost: &CostModel)
                 duration_ns,
                 source,
                 tensors: Vec::new(),
+                host_waits: false,
             }
         })
         .collect();
+    for sync in &trace.syncs {
+        let at = sync.before_op as usize;
+        if span.contains(&at) {
+            ops[at - span.start].host_waits = true;
+        }
+    }
 
     // Ops that touch each allocation, found once (ops list their allocations).
     let mut touching: std::collections::HashMap<AllocIdx, Vec<usize>> = Default::default();

@@ -240,10 +240,11 @@ pub fn split(cycle: &Cycle, pieces: &[Piece]) -> Result<Cycle, String> {
         &cycle.ops.iter().map(|o| o.duration_ns).collect::<Vec<_>>(),
         tensors,
     )?;
-    // Keep what the ops are and where their durations came from.
+    // Keep what the ops are, where their durations came from, and where the host waited.
     for (s, o) in split.ops.iter_mut().zip(&cycle.ops) {
         s.kind = o.kind;
         s.source = o.source;
+        s.host_waits = o.host_waits;
     }
     split.span = cycle.span.clone();
     split.estimated_launches = cycle.estimated_launches;

@@ -408,6 +408,14 @@ struct Sim<'a> {
     /// them once the copies of all it waits for have (it waits for those, then completes
     /// what landed), so that a batch's copies and remaps take turns, as in the shim.
     host_landed: Vec<TensorId>,
+    /// LRU in shim pages: the remaps of pages brought in, made by the host before it queues
+    /// their copies (a copy starts once its page's remap is done). The host makes them one
+    /// after another, after the remaps of `host_remaps` (one thread: it completes the
+    /// write-outs it waited for, then maps what comes in), and issues no further op while
+    /// one is left: the application's thread maps the pages of a launch before it returns.
+    /// So while the host runs ahead they cost the compute stream nothing, and when it does
+    /// not they hold each launch back.
+    host_in: Remaps,
     actions: Vec<OpActions>,
     /// Whether tensors are released at their free (else after their last access).
     release_at_free: bool,
@@ -434,6 +442,9 @@ struct ShimLru {
     reserve: u64,
     /// The first unrolled op the host has not issued ([`Sim::issue_ahead`]).
     next: u64,
+    /// Prices the remaps of pages brought in, which the host makes before it queues their
+    /// copies ([`Sim::host_in`]).
+    remaps_in: CostModel,
     /// Write-outs the host waits for before it issues another op.
     host_waits: Vec<TensorId>,
     /// Allocations the host has made while the tensor's previous incarnation still held it
@@ -620,12 +631,13 @@ pub fn simulate_with(
     let mut sim = Sim {
         cycle,
         // The executor remaps a plan's pages beside the copies (the remap stage). The shim's
-        // LRU remaps a page in on the thread that queues its copy, and a page out after its
-        // copy on the thread that completes the swap-out (`host_remaps`, `d2h_remaps`). The
-        // textbook LRU copies and remaps in turn.
+        // LRU remaps a page in on the host before it queues its copy (`host_in`, priced by
+        // `ShimLru::remaps_in`), and a page out after its copy on the thread that completes
+        // the swap-out (`host_remaps`, `d2h_remaps`). The textbook LRU copies and remaps in
+        // turn.
         cost: match policy {
             Policy::Plan(_) => *cost,
-            _ if shim_lru => cost.in_folded(),
+            _ if shim_lru => cost.without_remaps_in(),
             _ => cost.folded(),
         },
         budget: budget.bytes,
@@ -647,6 +659,7 @@ pub fn simulate_with(
                 reserve: shim_free_reserve_pages(budget_pages, peak_bytes.div_ceil(page))
                     * cycle.page_bytes,
                 next: 0,
+                remaps_in: *cost,
                 host_waits: Vec::new(),
                 backed: Vec::new(),
                 host_backed,
@@ -665,6 +678,7 @@ pub fn simulate_with(
         h2d_remaps: Remaps::default(),
         host_remaps: Remaps::default(),
         host_landed: Vec::new(),
+        host_in: Remaps::default(),
         actions,
         release_at_free,
         stats_cycle: 0,
@@ -774,6 +788,7 @@ struct BoundaryState {
     /// LRU in shim pages: the host's remaps, and the write-outs it waits for that landed.
     host_remaps: (Vec<Remap>, Option<Remap>),
     host_landed: Vec<TensorId>,
+    host_in: (Vec<Remap>, Option<Remap>),
     /// LRU: tensors in order of last use (ties by id), which is all its decisions look at.
     recency: Vec<TensorId>,
     /// LRU in shim pages: how far ahead of the boundary the host has issued, the write-outs
@@ -806,6 +821,8 @@ impl BoundaryState {
             && self.host_remaps.0 == other.host_remaps.0
             && close(self.host_remaps.1, other.host_remaps.1)
             && self.host_landed == other.host_landed
+            && self.host_in.0 == other.host_in.0
+            && close(self.host_in.1, other.host_in.1)
             && self.recency == other.recency
             && self.host == other.host
     }
@@ -833,6 +850,7 @@ impl Sim<'_> {
             h2d_remaps: self.h2d_remaps.state(),
             host_remaps: self.host_remaps.state(),
             host_landed: self.host_landed.clone(),
+            host_in: self.host_in.state(),
             recency,
             host: self.shim.as_ref().map(|s| {
                 let mut backed: Vec<Backed> = s
@@ -1078,12 +1096,16 @@ impl Sim<'_> {
         while shim.next <= global + HOST_LEAD_OPS {
             shim.host_waits
                 .retain(|&t| self.place[t as usize] == Place::ToHost);
-            if !shim.host_waits.is_empty() {
+            if !shim.host_waits.is_empty() || self.host_in.active.is_some() {
                 break;
             }
             let gj = shim.next;
             let j = (gj % p) as usize;
             let op = &self.cycle.ops[j];
+            if op.host_waits && gj > global {
+                // A recorded synchronization: the host waits for the compute stream.
+                break;
+            }
             let queued = self.bytes_on_host(&self.h2d.queue);
             // New allocations take frames when the host makes them (the shim backs them at
             // once), stamped as just used: an absent tensor takes its place on the device; one
@@ -1248,7 +1270,9 @@ impl Sim<'_> {
                         if !self.h2d.contains(t)
                             && self.h2d.active.is_none_or(|a| a.tensor != t) =>
                     {
-                        self.h2d.push_back(t)
+                        let ns = shim.remaps_in.remap_ns(self.bytes(t), true);
+                        self.host_in.push(t, ns);
+                        self.h2d.push_back(t);
                     }
                     _ => {}
                 }
@@ -1268,6 +1292,7 @@ impl Sim<'_> {
                 self.d2h_remaps.remove(t);
                 self.h2d_remaps.remove(t);
                 self.host_remaps.remove(t);
+                self.host_in.remove(t);
                 self.host_landed.retain(|&h| h != t);
                 if self.d2h.active.is_some_and(|a| a.tensor == t) {
                     self.d2h.active = None;
@@ -1278,6 +1303,7 @@ impl Sim<'_> {
             }
             Place::Host | Place::Absent => {
                 self.h2d.remove(t);
+                self.host_in.remove(t);
             }
         }
         self.place[t as usize] = Place::Absent;
@@ -1332,6 +1358,11 @@ impl Sim<'_> {
                         // On demand: LRU's normal path, a plan's miss.
                         if !self.lru {
                             self.demand_fetches += 1;
+                        }
+                        if let Some(shim) = &self.shim {
+                            // Mapped by the host, which is waiting for this op.
+                            let ns = shim.remaps_in.remap_ns(self.bytes(t), true);
+                            self.host_in.push(t, ns);
                         }
                         self.h2d.push_front(t);
                     }
@@ -1478,7 +1509,7 @@ impl Sim<'_> {
             match self.place[t as usize] {
                 Place::Host => {
                     let b = self.bytes(t);
-                    if b > self.free_bytes() && self.enforce_budget {
+                    if (b > self.free_bytes() && self.enforce_budget) || self.host_in.contains(t) {
                         break;
                     }
                     self.h2d.pop_front();
@@ -1510,15 +1541,29 @@ impl Sim<'_> {
             self.h2d_remaps.active.map(|(_, ns)| ns),
             self.d2h_remaps.active.map(|(_, ns)| ns),
             self.host_remaps.active.map(|(_, ns)| ns),
+            self.host_in_running().map(|(_, ns)| ns),
         ]
         .into_iter()
         .flatten()
         .reduce(f64::min)
     }
 
+    /// The remap in the host is making, if it is not completing write-outs (one thread does
+    /// both, those first).
+    fn host_in_running(&self) -> Option<Remap> {
+        self.host_in
+            .active
+            .filter(|_| self.host_remaps.active.is_none())
+    }
+
     /// Moves copies forward by `dt`, completing those that finish.
     fn progress(&mut self, dt: f64) {
         let (rh, rd) = self.rates();
+        if self.host_in_running().is_some() {
+            if let Some((_, ns)) = self.host_in.active.as_mut() {
+                *ns -= dt;
+            }
+        }
         if let Some(a) = self.h2d.active.as_mut() {
             a.remaining -= dt * rh;
         }
@@ -1539,6 +1584,10 @@ impl Sim<'_> {
         // ends at the same time queues its own.
         if let Some(t) = self.h2d_remaps.finish() {
             self.arrived(t);
+        }
+        if self.host_remaps.active.is_none() {
+            // (Its copy starts in `start_copies`.)
+            self.host_in.finish();
         }
         for t in [self.d2h_remaps.finish(), self.host_remaps.finish()]
             .into_iter()
@@ -1804,6 +1853,62 @@ mod tests {
         // nothing comes back for them.
         assert!(pages.bytes_h2d < pages.bytes_d2h, "{pages:?}");
         assert!(pages.step_ns < whole.step_ns, "{pages:?} {whole:?}");
+    }
+
+    /// How long op `op` waited in the last iteration of `r` (0 if it did not).
+    fn waited_ns(r: &SimReport, op: u32) -> u64 {
+        r.waits
+            .iter()
+            .filter(|w| w.op == op)
+            .map(|w| w.waited_ns)
+            .sum()
+    }
+
+    #[test]
+    fn lru_in_shim_pages_runs_no_op_ahead_of_a_recorded_synchronization() {
+        // As in `lru_in_shim_pages_fetches_while_the_host_runs_ahead`, but the program waited
+        // for the device before it launched op 1 (a `loss.item()`): the host cannot launch
+        // op 1 while op 0 runs, so op 1's pages come in only after it, and it waits for them.
+        let mut cycle = ring(5);
+        cycle.ops[0].duration_ns = 5_000_000;
+        let (_, ahead) = lru_both_ways(&cycle, 272 * MIB);
+        cycle.ops[1].host_waits = true;
+        let (_, synced) = lru_both_ways(&cycle, 272 * MIB);
+        assert_eq!(waited_ns(&ahead, 1), 0, "{:?}", ahead.waits);
+        // 64 MiB at 55 GB/s: 1.22 ms.
+        assert!(waited_ns(&synced, 1) >= 1_200_000, "{:?}", synced.waits);
+        assert!(synced.step_ns > ahead.step_ns, "{synced:?} {ahead:?}");
+    }
+
+    #[test]
+    fn lru_in_shim_pages_maps_pages_in_on_the_host_as_it_runs_ahead() {
+        // The ring of `lru_in_shim_pages_fetches_while_the_host_runs_ahead`, each page coming
+        // in remapped for 100 µs by the host before its copy: op 1's pages (up to 32) take
+        // up to 3.2 ms of the host's time, which op 0's 5 ms hide while the host runs ahead.
+        // After a recorded synchronization they do not: op 1 waits for the remap of every
+        // page it lacks, one after another (each copy, 38 µs, overlaps the next remap).
+        let mut cycle = ring(5).with_units(MoveUnits::ShimPages);
+        cycle.ops[0].duration_ns = 5_000_000;
+        let cost = CostModel::default().with_page_remaps(crate::PageRemapCost {
+            page_bytes: 2 * MIB,
+            in_ns: 100_000,
+            out_ns: 0,
+        });
+        let options = SimOptions {
+            record_waits: true,
+            ..SimOptions::default()
+        };
+        let run = |c: &Cycle| simulate(c, Policy::Lru, Budget::new(272 * MIB), &cost, options);
+        let ahead = run(&cycle).unwrap();
+        assert_eq!(waited_ns(&ahead, 1), 0, "{:?}", ahead.waits);
+        cycle.ops[1].host_waits = true;
+        let synced = run(&cycle).unwrap();
+        let wait = synced.waits.iter().find(|w| w.op == 1).expect("op 1 waits");
+        let remaps = wait.tensors.len() as u64 * 100_000;
+        assert!(
+            remaps > 0 && (remaps..remaps + 100_000).contains(&wait.waited_ns),
+            "{wait:?}"
+        );
     }
 
     /// A transient of `bytes` allocated before op `alloc`, accessed at `accesses`, freed

@@ -37,6 +37,9 @@
 //!   ([`crate::calls`]); with VMM time on, also per VMM call and side the mappings and pages
 //!   it covered and the time it was modelled to take and took (`vmm ...` lines).
 //!
+//! - `TENSILE_SIM_ENGINE_LOG`: log every kernel and host copy a stream ran, with when it was
+//!   queued, ready and ended ([`crate::engine_log`]).
+//!
 //! A value that does not parse is reported on stderr once and the default is used.
 
 use std::sync::atomic::{AtomicU64, Ordering};

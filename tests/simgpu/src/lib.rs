@@ -21,6 +21,7 @@ pub mod capture;
 pub mod card;
 pub mod config;
 pub mod context;
+pub mod engine_log;
 pub mod errors;
 pub mod event;
 pub mod handles;

@@ -11,6 +11,7 @@ use tensile_kernels::{Dim3, Fault, Launch, TwinError};
 
 use crate::card::{self, Direction};
 use crate::config;
+use crate::engine_log;
 use crate::event::Event;
 use crate::memory::{AddressSpace, HostPtr};
 use crate::pool::Pool;
@@ -132,6 +133,25 @@ unsafe fn copy(space: &AddressSpace, dst: Side, src: Side, len: u64) -> Result<(
 }
 
 impl Op {
+    /// What the engine log calls this item, and its bytes (`None`: not logged).
+    pub fn log_kind(&self, space: &AddressSpace) -> Option<(engine_log::Kind, u64)> {
+        let copy = |dst: Side, src: Side, bytes: u64| {
+            let kind = match classify(space, dst, src) {
+                Path::Bus(Direction::ToDevice, _) => engine_log::Kind::ToDevice,
+                Path::Bus(Direction::ToHost, _) => engine_log::Kind::ToHost,
+                Path::Device => engine_log::Kind::OnCard,
+                Path::Host => return None,
+            };
+            Some((kind, bytes))
+        };
+        match self {
+            Op::Kernel { .. } => Some((engine_log::Kind::Kernel, 0)),
+            Op::Copy { dst, src, len } => copy(*dst, *src, *len),
+            Op::Copy2D(c) => copy(c.dst, c.src, c.width * c.height),
+            _ => None,
+        }
+    }
+
     /// Runs the operation on `device`'s engines, ready at `ready` on the card's clock (see
     /// `card.rs`); returns when it ended on that clock. `broken`: the context already has a
     /// sticky error, so only the bookkeeping that keeps waiters from hanging (event records,

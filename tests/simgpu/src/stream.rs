@@ -238,6 +238,11 @@ impl Stream {
                 ready = ready.max(crate::card::now_ns());
             }
             let broken = self.fault.load(Ordering::Acquire) != 0;
+            let logged = if crate::engine_log::on() {
+                item.op.log_kind(space)
+            } else {
+                None
+            };
             // A panic inside an operation must not kill the worker (its waiters would hang):
             // it breaks the context like a fault.
             let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -246,6 +251,9 @@ impl Stream {
             let failure = match outcome {
                 Ok(Ok(end)) => {
                     last_end = end;
+                    if let Some((kind, bytes)) = logged {
+                        crate::engine_log::item(kind, self.id, item.queued_ns, ready, end, bytes);
+                    }
                     None
                 }
                 Ok(Err(f)) => Some((f.code, f.message)),
