@@ -95,6 +95,28 @@ fn check_contract(doc: &Value, out: &Output) {
                 spans.abs_diff(stall) <= stall / 100 + 1_000,
                 "stalls: spans {spans} ns, statistics {stall} ns: {ctx}"
             );
+            // On the simulated card: where its time went, from its engine log. Its kernels
+            // ran for their recorded time, and a step is at least that and the idle time.
+            if doc["device"] == "simulated" {
+                let card = &r["card"];
+                let get = |key: &str| {
+                    card[key]
+                        .as_u64()
+                        .unwrap_or_else(|| panic!("card {key}: {ctx}"))
+                };
+                let compute = get("compute_ns");
+                assert!(compute > 0, "{ctx}");
+                let idle = get("idle_for_host_ns") + get("idle_for_copies_ns");
+                let step = r["step_ns"].as_u64().unwrap();
+                assert!(
+                    compute + idle <= step + step / 2,
+                    "{card} vs step {step}: {ctx}"
+                );
+                assert!(
+                    card["h2d_busy_ns"].is_u64() && card["d2h_busy_ns"].is_u64(),
+                    "{ctx}"
+                );
+            }
         }
     }
 }

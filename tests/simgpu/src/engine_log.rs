@@ -5,8 +5,8 @@
 //! card made without the bus); `QUEUED` is when the host queued the item, `READY` when its
 //! stream and what it waited for let it go, `END` when it ended. So an idle compute engine
 //! can be told apart: a kernel queued after the one before it ended waited for the host; one
-//! queued earlier but ready later waited for a copy or an event. The analyzer's example
-//! `engine_idle` reads it beside the model's waits (docs/rerun.md, "Session 31").
+//! queued earlier but ready later waited for a copy or an event. `tensile rerun` sets it for
+//! its managed runs and prints that split (docs/rerun.md, "Session 31").
 //!
 //! Unset: one relaxed load per item. Each line is one `write` to a file opened for append, so
 //! lines from several streams do not interleave.

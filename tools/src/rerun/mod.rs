@@ -14,6 +14,7 @@
 //! Not here: the prediction (that is `tensile-analyzer`, called in-process as `tensile replay`
 //! calls it) or any memory management (that is the library).
 
+mod card_log;
 mod driver;
 pub mod player;
 pub mod script;
@@ -623,6 +624,9 @@ struct ManagedRun {
     plans_learned: Vec<String>,
     /// The library's host time per steady-state iteration, by kind, in trace time.
     host: HostTime,
+    /// Where the simulated card's time went per steady-state iteration, in trace time (on a
+    /// GPU: `None`).
+    card: Option<card_log::CardTime>,
 }
 
 /// What every run of one `tensile rerun` shares: where things are, how it is scaled, and the
@@ -775,6 +779,16 @@ impl Session {
             }
             None => {}
         }
+        // On the simulated GPU, the card logs what it ran: where the step's time went.
+        let card_log = (!self.gpu).then(|| {
+            self.trace_path(&format!("{name}-card"))
+                .with_extension("log")
+        });
+        if let Some(path) = &card_log {
+            // (The card appends to it.)
+            let _ = std::fs::remove_file(path);
+            env.push(("TENSILE_SIM_ENGINE_LOG".into(), path.display().to_string()));
+        }
         let full_trace = self.trace_path(name);
         let full = run_player(
             &self.pieces,
@@ -807,11 +821,19 @@ impl Session {
                 executor: full.executor,
                 plans_learned: full.plans_learned,
                 host: HostTime::default(),
+                card: None,
             });
         }
         // The baseline run plays the prologue and one iteration (the prologue alone when N is
         // 1): the difference holds only steady-state iterations, without the first one after
         // the prologue and without the final check of every stamp, which both runs make.
+        let card = match &card_log {
+            Some(path) => {
+                card_log::read(path, self.iterations)?.map(|t| t.scaled(|ns| self.trace_time(ns)))
+            }
+            None => None,
+        };
+        env.retain(|(k, _)| k != "TENSILE_SIM_ENGINE_LOG");
         let baseline_iterations = self.iterations.min(2) - 1;
         let baseline_trace = self.trace_path(&format!("{name}-baseline"));
         let baseline = run_player(
@@ -853,6 +875,7 @@ impl Session {
                     u64::from(self.iterations - baseline_iterations),
                 )
                 .scaled(|ns| self.trace_time(ns)),
+            card,
         })
     }
 }
@@ -1331,6 +1354,13 @@ fn run_json(r: &ManagedRun) -> Value {
             .zip(r.host.0)
             .map(|(&(_, name), ns)| (name.to_string(), json!(ns)))
             .collect::<serde_json::Map<String, Value>>(),
+        "card": r.card.map(|c| json!({
+            "compute_ns": c.compute_ns,
+            "idle_for_host_ns": c.idle_host_ns,
+            "idle_for_copies_ns": c.idle_copies_ns,
+            "h2d_busy_ns": c.h2d_busy_ns,
+            "d2h_busy_ns": c.d2h_busy_ns,
+        })),
     })
 }
 
@@ -1447,6 +1477,21 @@ fn human(
             policy_name(r.policy),
             kinds.join(", ")
         );
+    }
+    for r in runs.iter().filter(|r| r.verified) {
+        if let Some(c) = r.card {
+            let _ = writeln!(
+                out,
+                "card       {} per iteration: compute {}; idle waiting for the host {}, for \
+                 copies {}; copy engines busy {} to the device, {} to the host",
+                policy_name(r.policy),
+                ms(c.compute_ns),
+                ms(c.idle_host_ns),
+                ms(c.idle_copies_ns),
+                ms(c.h2d_busy_ns),
+                ms(c.d2h_busy_ns)
+            );
+        }
     }
     for r in runs.iter().filter(|r| r.policy == PolicyKind::Plan) {
         let _ = writeln!(
