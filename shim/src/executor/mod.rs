@@ -11,9 +11,10 @@
 //!   launch's kernel. A mismatch drops the plan at once (one log line), and everything is
 //!   swapped on demand until a new plan arrives.
 //! - The steps at the position ([`ExecPlan::step_index`]) are resolved to address ranges
-//!   ([`roles`]) and queued, one job per verb, to the executor's thread ([`worker`]), which
-//!   calls the manager's verbs: a swap-out moves only the pages entirely inside the piece (a
-//!   neighbour sharing a page is never evicted), a prefetch every page the piece overlaps.
+//!   ([`roles`]) and queued, one job per verb, to the executor's threads (one per verb,
+//!   [`worker`]), which call the manager's verbs: a swap-out moves only the pages entirely
+//!   inside the piece (a neighbour sharing a page is never evicted), a prefetch every page the
+//!   piece overlaps.
 //!   Launches on a capturing stream are checked but trigger nothing (their work runs at the
 //!   graph's launch, not now).
 //! - A plan takes effect at an iteration boundary: at its anchor if that is still ahead, else
