@@ -1283,27 +1283,24 @@ impl Sim<'_> {
     }
 
     fn release(&mut self, t: TensorId) {
-        let b = self.bytes(t);
-        match self.place[t as usize] {
-            Place::Device | Place::ToDevice | Place::ToHost => {
-                self.used -= b;
-                self.d2h.remove(t);
-                self.h2d.remove(t);
-                self.d2h_remaps.remove(t);
-                self.h2d_remaps.remove(t);
-                self.host_remaps.remove(t);
-                self.host_in.remove(t);
-                self.host_landed.retain(|&h| h != t);
-                if self.d2h.active.is_some_and(|a| a.tensor == t) {
-                    self.d2h.active = None;
-                }
-                if self.h2d.active.is_some_and(|a| a.tensor == t) {
-                    self.h2d.active = None;
-                }
+        // Wherever it is, a read-back queued for it goes, with its remap in.
+        self.h2d.remove(t);
+        self.host_in.remove(t);
+        if matches!(
+            self.place[t as usize],
+            Place::Device | Place::ToDevice | Place::ToHost
+        ) {
+            self.used -= self.bytes(t);
+            self.d2h.remove(t);
+            self.d2h_remaps.remove(t);
+            self.h2d_remaps.remove(t);
+            self.host_remaps.remove(t);
+            self.host_landed.retain(|&h| h != t);
+            if self.d2h.active.is_some_and(|a| a.tensor == t) {
+                self.d2h.active = None;
             }
-            Place::Host | Place::Absent => {
-                self.h2d.remove(t);
-                self.host_in.remove(t);
+            if self.h2d.active.is_some_and(|a| a.tensor == t) {
+                self.h2d.active = None;
             }
         }
         self.place[t as usize] = Place::Absent;
