@@ -491,8 +491,8 @@ impl Executor {
             tracing::debug!(
                 "tensile: iteration {} of plan {} took {:.1} ms on the host; the plan moved {} \
                  pages out and {} in; the manager chose {} out for launches, {} for \
-                 prefetches, {} for allocations, {} ahead, and brought {} in on demand; {} \
-                 accesses stalled for {:.1} ms; now {} frames in use, {} of them dead pages",
+                 prefetches, {} for allocations, {} ahead, and brought {} in on demand; its \
+                 prefetches found {} pages still leaving; {} accesses stalled for {:.1} ms; now {} frames in use, {} of them dead pages",
                 was.iteration,
                 loaded.plan.version,
                 now.at.duration_since(was.at).as_secs_f64() * 1e3,
@@ -503,6 +503,7 @@ impl Executor {
                 d(m.evicted_for.allocation, w.evicted_for.allocation),
                 d(m.evicted_for.reserve, w.evicted_for.reserve),
                 d(m.pages_in_on_demand, w.pages_in_on_demand),
+                d(m.prefetch_pages_leaving, w.prefetch_pages_leaving),
                 d(m.stalled_launches, w.stalled_launches),
                 d(m.stall_ns, w.stall_ns) as f64 / 1e6,
                 m.frames_in_use,
@@ -534,11 +535,15 @@ impl Executor {
             verb: Verb::SwapOut,
             ranges: Vec::new(),
             steps: 0,
+            seq,
+            queued: std::time::Instant::now(),
         };
         let mut ahead = Job {
             verb: Verb::Prefetch,
             ranges: Vec::new(),
             steps: 0,
+            seq,
+            queued: std::time::Instant::now(),
         };
         let mut skipped = 0u64;
         let page = self.mover.page_bytes();

@@ -553,3 +553,45 @@ fn the_advice_counts_launches_to_each_pages_next_use_in_the_plan() {
         vec![NextUse::In(0), never, never, never, unknown]
     );
 }
+
+#[test]
+fn a_prefetch_asks_for_its_pages_a_few_at_a_time_in_order() {
+    let mover = Arc::new(Recording::default());
+    let worker = Worker::start(mover.clone(), Arc::new(Counters::default())).unwrap();
+    let chunk = worker::PREFETCH_CHUNK_PAGES * PAGE;
+    let (a, b) = (1 << 30, 2 << 30);
+    // A range of two chunks and a half, then one smaller than a chunk.
+    let ranges = vec![(a, (2 * chunk + chunk / 2) as usize), (b, PAGE as usize)];
+    assert!(worker.send(Job {
+        verb: Verb::Prefetch,
+        ranges: ranges.clone(),
+        steps: 2,
+        seq: 0,
+        queued: std::time::Instant::now(),
+    }));
+    assert!(worker.flush(std::time::Duration::from_secs(5)));
+    let calls = mover.calls.lock().unwrap().clone();
+    let c = chunk as usize;
+    assert_eq!(
+        calls,
+        vec![
+            (Verb::Prefetch, vec![(a, c)]),
+            (Verb::Prefetch, vec![(a + chunk, c)]),
+            (Verb::Prefetch, vec![(a + 2 * chunk, c / 2)]),
+            (Verb::Prefetch, vec![(b, PAGE as usize)]),
+        ]
+    );
+    // Swap-outs go as they are.
+    assert!(worker.send(Job {
+        verb: Verb::SwapOut,
+        ranges: ranges.clone(),
+        steps: 2,
+        seq: 0,
+        queued: std::time::Instant::now(),
+    }));
+    assert!(worker.flush(std::time::Duration::from_secs(5)));
+    assert_eq!(
+        mover.calls.lock().unwrap().last(),
+        Some(&(Verb::SwapOut, ranges))
+    );
+}

@@ -54,6 +54,10 @@ pub struct Job {
     pub ranges: Vec<(u64, usize)>,
     /// Plan steps these ranges carry out.
     pub steps: u64,
+    /// The launch that triggered it, and when it was queued (for the thread's trace-level
+    /// account of each job: how long it waited in the queue and ran).
+    pub seq: u64,
+    pub queued: std::time::Instant,
 }
 
 enum Msg {
@@ -136,12 +140,21 @@ fn run(rx: Receiver<Msg>, mover: &dyn Mover, counters: &Counters) {
                 continue;
             }
         };
+        let start = std::time::Instant::now();
         let result = match job.verb {
             Verb::SwapOut => mover.swap_out(&job.ranges),
-            Verb::Prefetch => mover.prefetch(&job.ranges),
+            Verb::Prefetch => prefetch_in_chunks(mover, &job.ranges),
         };
         match result {
             Ok(pages) => {
+                tracing::trace!(
+                    "tensile: {:?} of launch {} waited {:.1} ms queued, ran {:.1} ms, {} pages",
+                    job.verb,
+                    job.seq,
+                    (start - job.queued).as_secs_f64() * 1e3,
+                    start.elapsed().as_secs_f64() * 1e3,
+                    pages
+                );
                 counters.steps_done.fetch_add(job.steps, Ordering::Relaxed);
                 let moved = match job.verb {
                     Verb::SwapOut => &counters.pages_out,
@@ -167,4 +180,26 @@ fn run(rx: Receiver<Msg>, mover: &dyn Mover, counters: &Counters) {
             }
         }
     }
+}
+
+/// Pages a prefetch asks the manager for at once, at most.
+pub const PREFETCH_CHUNK_PAGES: u64 = 8;
+
+/// Prefetches `ranges` a few pages at a time, in order. The manager brings a request in only
+/// once it holds frames for all of it, and gives back what it took when it must wait: a
+/// trigger's whole request (up to hundreds of pages) waited for that many frames to be free
+/// at once, while the application's own smaller requests took each frame as it came free
+/// and the copy engine sat idle.
+fn prefetch_in_chunks(mover: &dyn Mover, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
+    let chunk = (PREFETCH_CHUNK_PAGES * mover.page_bytes()) as usize;
+    let mut coming = 0;
+    for &(start, len) in ranges {
+        let mut at = 0;
+        while at < len {
+            let n = chunk.min(len - at);
+            coming += mover.prefetch(&[(start + at as u64, n)])?;
+            at += n;
+        }
+    }
+    Ok(coming)
 }

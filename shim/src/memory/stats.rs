@@ -35,6 +35,10 @@ pub struct MemoryStats {
     pub evicted_for: EvictedFor,
     /// Pages brought in because an access found them on the host (not prefetched).
     pub pages_in_on_demand: u64,
+    /// Pages a prefetch named that were still on their way out (`ToHost`) when it came: the
+    /// host runs ahead of the device, so a prefetch can come before the swap-out it undoes
+    /// has copied anything (those pages are left to leave, and an access reads them back).
+    pub prefetch_pages_leaving: u64,
     /// Times one of the application's threads found the manager's lock held, and how long
     /// such waits took in all (`MemoryManager::lock`); the same for the library's own threads
     /// (maintenance, plan executor: named `tensile-…`).

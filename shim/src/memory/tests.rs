@@ -2055,6 +2055,14 @@ fn swap_out_after_use_leaves_behind_queued_work_with_its_data() {
         0,
         "already leaving"
     );
+    // A prefetch that comes before the copies out (the host runs ahead) neither cancels nor
+    // waits for them: it counts the pages and leaves them to leave.
+    assert_eq!(mm.prefetch(&[(x, 2 * PAGE)]).unwrap(), 0);
+    assert_eq!(mm.stats().prefetch_pages_leaving, 2);
+    assert!(matches!(
+        mm.residency(x),
+        Some(ResidencyState::ToHost { .. })
+    ));
     // The copy streams were created before `s`: run in creation order, an unordered copy would
     // read x before the write and carry zeros to the host.
     fake.run_all();

@@ -175,14 +175,17 @@ impl Inner {
 
     pub(super) fn prefetch(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
         let pages = self.pages_in(ranges);
-        let coming: usize = pages
-            .iter()
-            .filter(|&&p| {
-                self.pages
-                    .get(p)
-                    .is_some_and(|e| matches!(e.state, ResidencyState::Host(_)))
-            })
-            .count();
+        let (mut coming, mut leaving) = (0usize, 0u64);
+        for &p in &pages {
+            match self.pages.get(p).map(|e| e.state) {
+                Some(ResidencyState::Host(_)) => coming += 1,
+                Some(ResidencyState::ToHost { .. }) => leaving += 1,
+                _ => {}
+            }
+        }
+        if !self.op.rerun {
+            self.stats.prefetch_pages_leaving += leaving;
+        }
         if coming == 0 {
             // (Or none left: those of an earlier round came in without the lock.)
             return Ok(self.op.arrived_pages);
