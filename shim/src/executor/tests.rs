@@ -555,37 +555,34 @@ fn the_advice_counts_launches_to_each_pages_next_use_in_the_plan() {
 }
 
 #[test]
-fn a_prefetch_asks_for_its_pages_a_few_at_a_time_in_order() {
+fn a_prefetch_asks_for_its_pieces_one_at_a_time_in_order() {
     let mover = Arc::new(Recording::default());
     let worker = Worker::start(mover.clone(), Arc::new(Counters::default())).unwrap();
-    let chunk = worker::PREFETCH_CHUNK_PAGES * PAGE;
-    let (a, b) = (1 << 30, 2 << 30);
-    // A range of two chunks and a half, then one smaller than a chunk.
-    let ranges = vec![(a, (2 * chunk + chunk / 2) as usize), (b, PAGE as usize)];
+    let (a, b, c) = (1 << 30, 2 << 30, 3 << 30);
+    let ranges = vec![
+        (b, 40 * PAGE as usize),
+        (a, PAGE as usize),
+        (c, 3 * PAGE as usize),
+    ];
     assert!(worker.send(Job {
         verb: Verb::Prefetch,
         ranges: ranges.clone(),
-        steps: 2,
+        steps: 3,
         seq: 0,
         queued: std::time::Instant::now(),
     }));
     assert!(worker.flush(std::time::Duration::from_secs(5)));
     let calls = mover.calls.lock().unwrap().clone();
-    let c = chunk as usize;
+    let each: Vec<Call> = ranges.iter().map(|&r| (Verb::Prefetch, vec![r])).collect();
     assert_eq!(
-        calls,
-        vec![
-            (Verb::Prefetch, vec![(a, c)]),
-            (Verb::Prefetch, vec![(a + chunk, c)]),
-            (Verb::Prefetch, vec![(a + 2 * chunk, c / 2)]),
-            (Verb::Prefetch, vec![(b, PAGE as usize)]),
-        ]
+        calls, each,
+        "one call per piece, in the plan's order, none cut"
     );
     // Swap-outs go as they are.
     assert!(worker.send(Job {
         verb: Verb::SwapOut,
         ranges: ranges.clone(),
-        steps: 2,
+        steps: 3,
         seq: 0,
         queued: std::time::Instant::now(),
     }));

@@ -143,7 +143,7 @@ fn run(rx: Receiver<Msg>, mover: &dyn Mover, counters: &Counters) {
         let start = std::time::Instant::now();
         let result = match job.verb {
             Verb::SwapOut => mover.swap_out(&job.ranges),
-            Verb::Prefetch => prefetch_in_chunks(mover, &job.ranges),
+            Verb::Prefetch => prefetch_each(mover, &job.ranges),
         };
         match result {
             Ok(pages) => {
@@ -182,24 +182,18 @@ fn run(rx: Receiver<Msg>, mover: &dyn Mover, counters: &Counters) {
     }
 }
 
-/// Pages a prefetch asks the manager for at once, at most.
-pub const PREFETCH_CHUNK_PAGES: u64 = 8;
-
-/// Prefetches `ranges` a few pages at a time, in order. The manager brings a request in only
+/// Prefetches `ranges` one after another, in order. The manager brings a request in only
 /// once it holds frames for all of it, and gives back what it took when it must wait: a
-/// trigger's whole request (up to hundreds of pages) waited for that many frames to be free
-/// at once, while the application's own smaller requests took each frame as it came free
-/// and the copy engine sat idle.
-fn prefetch_in_chunks(mover: &dyn Mover, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
-    let chunk = (PREFETCH_CHUNK_PAGES * mover.page_bytes()) as usize;
+/// trigger's whole request (all the pieces the plan reads back at one launch, hundreds of
+/// pages) waited for that many frames to be free at once, while the application's own
+/// smaller requests took each frame as it came free and the copy engine sat idle. A range is
+/// one piece of the plan: whole units of the manager, which map in whole (a piece cut
+/// smaller still mapped its units whole, once per cut: ResNet-50 at 50% of its peak made
+/// twice the remaps and ran at 1.37 times its prediction against 1.06).
+fn prefetch_each(mover: &dyn Mover, ranges: &[(u64, usize)]) -> Result<usize, CUresult> {
     let mut coming = 0;
-    for &(start, len) in ranges {
-        let mut at = 0;
-        while at < len {
-            let n = chunk.min(len - at);
-            coming += mover.prefetch(&[(start + at as u64, n)])?;
-            at += n;
-        }
+    for range in ranges {
+        coming += mover.prefetch(std::slice::from_ref(range))?;
     }
     Ok(coming)
 }
