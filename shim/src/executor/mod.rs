@@ -492,7 +492,8 @@ impl Executor {
                 "tensile: iteration {} of plan {} took {:.1} ms on the host; the plan moved {} \
                  pages out and {} in; the manager chose {} out for launches, {} for \
                  prefetches, {} for allocations, {} ahead, and brought {} in on demand; its \
-                 prefetches found {} pages still leaving; {} accesses stalled for {:.1} ms; now {} frames in use, {} of them dead pages",
+                 prefetches found {} pages still leaving; {} accesses stalled for {:.1} ms; \
+                 now {} frames in use, {} of them dead pages",
                 was.iteration,
                 loaded.plan.version,
                 now.at.duration_since(was.at).as_secs_f64() * 1e3,
@@ -531,19 +532,20 @@ impl Executor {
                 .find(s.ptr)
                 .is_some_and(|r| r.id == s.id && r.start == s.ptr)
         };
+        let queued = std::time::Instant::now();
         let mut out = Job {
             verb: Verb::SwapOut,
             ranges: Vec::new(),
             steps: 0,
             seq,
-            queued: std::time::Instant::now(),
+            queued,
         };
         let mut ahead = Job {
             verb: Verb::Prefetch,
             ranges: Vec::new(),
             steps: 0,
             seq,
-            queued: std::time::Instant::now(),
+            queued,
         };
         let mut skipped = 0u64;
         let page = self.mover.page_bytes();
