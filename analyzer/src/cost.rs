@@ -214,6 +214,24 @@ impl CostModel {
         Ok(())
     }
 
+    /// The same card with `share` (0 to 1] of its copy engines: the host-to-device,
+    /// device-to-host and combined rates times `share`; copies and memsets on the device, and
+    /// remaps (made on the job's own threads), unchanged. For a job whose swaps share the
+    /// engines with other jobs' swaps (the coordinator's share, `tools/src/coordinator`).
+    pub fn with_copy_share(self, share: f64) -> CostModel {
+        let share = if share.is_finite() {
+            share.clamp(1e-3, 1.0)
+        } else {
+            1.0
+        };
+        CostModel {
+            h2d_gbps: self.h2d_gbps * share,
+            d2h_gbps: self.d2h_gbps * share,
+            bidir_gbps: self.bidir_gbps * share,
+            ..self
+        }
+    }
+
     /// Time to move `bytes` at `gbps`, rounded up to whole ns.
     pub fn ns_at(bytes: u64, gbps: f64) -> u64 {
         (bytes as f64 / gbps).ceil() as u64
@@ -494,5 +512,30 @@ mod tests {
         .validate()
         .is_err());
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn a_copy_share_slows_the_copy_engines_and_nothing_else() {
+        let card = CostModel::default().with_page_remaps(PageRemapCost {
+            page_bytes: 2 << 20,
+            in_ns: 10_000,
+            out_ns: 20_000,
+        });
+        let half = card.with_copy_share(0.5);
+        assert_eq!(half.h2d_gbps, card.h2d_gbps / 2.0);
+        assert_eq!(half.d2h_gbps, card.d2h_gbps / 2.0);
+        assert_eq!(half.bidir_gbps, card.bidir_gbps / 2.0);
+        assert_eq!(half.d2d_gbps, card.d2d_gbps);
+        assert_eq!(half.memset_gbps, card.memset_gbps);
+        assert_eq!(
+            half.remaps, card.remaps,
+            "remaps are made on the job's own threads"
+        );
+        let bytes = 64 << 20;
+        let copy = |c: &CostModel| c.h2d_ns(bytes) - c.remap_ns(bytes, true).ceil() as u64;
+        assert!(copy(&half).abs_diff(2 * copy(&card)) <= 1);
+        assert_eq!(card.with_copy_share(1.0), card);
+        assert_eq!(card.with_copy_share(f64::NAN), card);
+        assert_eq!(card.with_copy_share(7.0), card, "never more than the card");
     }
 }

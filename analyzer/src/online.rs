@@ -475,6 +475,16 @@ impl Learner {
         self.plan_again();
     }
 
+    /// The copy costs plans are made with changed (another job's swaps now share the copy
+    /// engines, or stopped sharing them): the next poll replans, as for a budget change.
+    pub fn set_cost(&mut self, cost: CostModel) {
+        if cost == self.options.cost {
+            return;
+        }
+        self.options.cost = cost;
+        self.plan_again();
+    }
+
     /// The share of the budget plans leave free now.
     pub fn room(&self) -> f64 {
         self.options.room

@@ -99,6 +99,31 @@ pub struct CoordinatorArgs {
     /// measured to take if that is longer (at most 300 s; docs/sharing.md).
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_TURN.as_secs_f64())]
     pub turn: f64,
+    /// Whether the jobs that swap beside each other share the copy engines in their plans
+    /// (`on`: each is planned with an equal share of the card's copy rates) or each is
+    /// planned as if it had them to itself (`off`). Default: TENSILE_COPY_SHARE of the
+    /// coordinator's environment (a coordinator a job starts inherits the job's), else on.
+    #[arg(long, value_name = "on|off")]
+    pub copy_share: Option<String>,
+}
+
+/// `--copy-share`, or TENSILE_COPY_SHARE where it is not given (`env`), else on.
+fn copy_share_setting(
+    flag: Option<&str>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<bool, String> {
+    let (text, what) = match flag {
+        Some(t) => (t.to_string(), "--copy-share"),
+        None => match env("TENSILE_COPY_SHARE") {
+            Some(t) => (t, "TENSILE_COPY_SHARE"),
+            None => return Ok(true),
+        },
+    };
+    match text.trim() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{what}={other:?}: expected on or off")),
+    }
 }
 
 /// Default `--turn`: the shortest turn, before any change of turns (the paused jobs' working
@@ -195,6 +220,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
         ));
     }
     let cost = cost_model(args.plan_gbps.as_deref(), args.swapped, args.plan_vmm_time)?;
+    let copy_share = copy_share_setting(args.copy_share.as_deref(), |k| std::env::var(k).ok())?;
     let (room, room_problem) = match &args.plan_room {
         Some(v) => (
             parse_room(v).map_err(|why| format!("--plan-room {v}: {why}"))?,
@@ -290,6 +316,7 @@ pub fn run(args: CoordinatorArgs) -> Result<(), String> {
             .line(&format!("coordinator {}: {problem}", std::process::id()));
     }
     coordinator.reserve_fraction = args.reserve / 100.0;
+    coordinator.copy_share = copy_share;
     coordinator.turns = turns::Turns::new(Duration::from_secs_f64(args.turn));
     let idle_exit = Duration::from_secs_f64(args.idle_exit);
     let path = coordinator.segment.path();
@@ -357,6 +384,8 @@ struct Job {
     curve_for: (u64, u64),
     /// Whether it holds its launches while others have the card.
     paused: bool,
+    /// The share of the card's copy engines its plans count on (1: all of them).
+    copy_share: f64,
     /// The room its plans leave free now (a share of its grant).
     room: f64,
     /// The room it asked for, as last read from its slot.
@@ -502,6 +531,9 @@ pub struct Coordinator {
     room: f64,
     /// The floors of commands run before (`--floors`).
     remembered: remembered::RememberedFloors,
+    /// Whether jobs that swap beside each other are planned with a share of the copy
+    /// engines (`--copy-share`).
+    copy_share: bool,
 }
 
 /// A grant moves only when its target differs from it by more than this fraction of the
@@ -529,6 +561,7 @@ impl Coordinator {
             last_grant: None,
             room: DEFAULT_PLAN_ROOM,
             remembered: remembered::RememberedFloors::in_memory(),
+            copy_share: true,
         }
     }
 
@@ -675,6 +708,7 @@ impl Coordinator {
                         curve: Vec::new(),
                         curve_for: (0, 0),
                         paused: false,
+                        copy_share: 1.0,
                         room,
                         room_asked: snap.room_asked,
                         ran_ns: 0,
@@ -757,6 +791,7 @@ impl Coordinator {
             }
         }
         self.grant(now, &live);
+        self.share_copy_engines();
         let Coordinator {
             segment, log, jobs, ..
         } = self;
@@ -1001,6 +1036,48 @@ impl Coordinator {
         }
     }
 
+    /// Tells each job's planner its share of the card's copy engines: the jobs that run and
+    /// must swap (granted less than they need) share them equally, so that each plans its
+    /// prefetches for the rate it will get and they do not all count on the whole engine;
+    /// a job that fits its grant, or waits its turn, moves little and counts for none. (The
+    /// jobs are still planned one by one: their phases are not staggered.)
+    fn share_copy_engines(&mut self) {
+        fn swaps(job: &Job) -> bool {
+            !job.paused
+                && job.granted > 0
+                && job
+                    .needs
+                    .front()
+                    .is_some_and(|&(_, need)| need > job.granted)
+        }
+        let swapping = self.jobs.values().filter(|j| swaps(j)).count();
+        for job in self.jobs.values_mut() {
+            let share = if self.copy_share && swapping > 1 && swaps(job) {
+                1.0 / swapping as f64
+            } else {
+                1.0
+            };
+            if (share - job.copy_share).abs() < 1e-9 {
+                continue;
+            }
+            self.log.line(&if share < 1.0 {
+                format!(
+                    "job {}: its plans count on {} of the copy engines ({swapping} jobs swap \
+                     beside each other); planning again",
+                    job.pid,
+                    percent(share)
+                )
+            } else {
+                format!(
+                    "job {}: its plans count on the whole copy engines again; planning again",
+                    job.pid
+                )
+            });
+            job.copy_share = share;
+            job.planner.set_copy_share(share);
+        }
+    }
+
     /// Decides which jobs run (see [`turns`]) and tells each job that starts or stops
     /// waiting; `order` and `claims` are the jobs by join order.
     fn take_turns(
@@ -1118,6 +1195,8 @@ mod tests {
         budget: u64,
         /// The room its plans leave, as made and as changed since.
         room: Option<f64>,
+        /// The shares of the copy engines it was told, in order.
+        copy_shares: Vec<f64>,
     }
 
     /// Plans once it has seen `after` launches: a plan whose period is the launch count.
@@ -1160,6 +1239,9 @@ mod tests {
         }
         fn set_room(&mut self, room: f64) {
             self.seen.lock().unwrap().room = Some(room);
+        }
+        fn set_copy_share(&mut self, share: f64) {
+            self.seen.lock().unwrap().copy_shares.push(share);
         }
         fn state(&self) -> PlannerState {
             if self.planned {
@@ -1714,5 +1796,94 @@ mod tests {
         let log = captured.text();
         assert!(log.contains("grants of a 10.00 GiB card: job"), "{log}");
         assert!(log.contains(" waits"), "{log}");
+    }
+
+    #[test]
+    fn jobs_that_swap_beside_each_other_are_planned_with_a_share_of_the_copy_engines() {
+        const G: u64 = 1 << 30;
+        let name = unique_name();
+        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
+        let captured = Captured::default();
+        // Each job's double, in join order.
+        let planners: Arc<Mutex<Vec<Arc<Mutex<Seen>>>>> = Arc::default();
+        let made = planners.clone();
+        let mut c = Coordinator::new(
+            segment,
+            Log::new(Box::new(captured.clone())),
+            Box::new(move |_, _| {
+                let seen = Arc::new(Mutex::new(Seen::default()));
+                made.lock().unwrap().push(seen.clone());
+                Box::new(Scripted {
+                    seen,
+                    after: usize::MAX,
+                    planned: false,
+                })
+            }),
+        );
+        c.reserve_fraction = 0.0;
+        let shares = |i: usize| {
+            planners.lock().unwrap()[i]
+                .lock()
+                .unwrap()
+                .copy_shares
+                .clone()
+        };
+        let t0 = Instant::now();
+        let tick = |c: &mut Coordinator, ms: u64| c.tick(t0 + Duration::from_millis(ms));
+        let limited = JobOptions {
+            budget_bytes: 4 * G,
+            ..JobOptions::default()
+        };
+        // A job limited to 4 GiB that needs 6 swaps, alone: the engines are its own.
+        let mut a = JobClient::join(&name, &limited).unwrap();
+        a.set_card_bytes(16 * G);
+        a.set_memory(4 * G, 6 * G);
+        tick(&mut c, 1);
+        assert_eq!(budgets(&mut a), vec![4 * G]);
+        assert_eq!(shares(0), Vec::<f64>::new());
+        // A second such job: each plans with half of them. A third that fits its grant moves
+        // nothing and changes nothing.
+        let mut b = JobClient::join(&name, &limited).unwrap();
+        b.set_card_bytes(16 * G);
+        b.set_memory(4 * G, 6 * G);
+        let small = JobClient::join(&name, &JobOptions::default()).unwrap();
+        small.set_card_bytes(16 * G);
+        small.set_memory(G, G);
+        tick(&mut c, 2);
+        assert_eq!(budgets(&mut b), vec![4 * G]);
+        assert_eq!(shares(0), vec![0.5]);
+        assert_eq!(shares(1), vec![0.5]);
+        assert_eq!(shares(2), Vec::<f64>::new());
+        tick(&mut c, 3);
+        assert_eq!(shares(0), vec![0.5], "told once");
+        // The second leaves: the first has the engines again.
+        b.leave();
+        tick(&mut c, 4);
+        assert_eq!(shares(0), vec![0.5, 1.0]);
+        let log = captured.text();
+        assert!(
+            log.contains("its plans count on 50% of the copy engines (2 jobs swap"),
+            "{log}"
+        );
+        assert!(log.contains("the whole copy engines again"), "{log}");
+        drop((a, small));
+    }
+
+    #[test]
+    fn the_copy_share_is_on_unless_the_flag_or_the_environment_says_off() {
+        let none = |_: &str| None;
+        let off = |_: &str| Some("off".to_string());
+        assert_eq!(copy_share_setting(None, none), Ok(true));
+        assert_eq!(copy_share_setting(None, off), Ok(false));
+        assert_eq!(
+            copy_share_setting(Some("on"), off),
+            Ok(true),
+            "the flag first"
+        );
+        let bad = copy_share_setting(None, |_| Some("half".into())).unwrap_err();
+        assert!(
+            bad.contains("TENSILE_COPY_SHARE") && bad.contains("half"),
+            "{bad}"
+        );
     }
 }

@@ -28,6 +28,10 @@ pub trait JobPlanner: Send {
     /// Plans from now on leave `room` (a share, 0 to 0.9) of the grant free: the job asked
     /// for it. The next poll plans again.
     fn set_room(&mut self, room: f64);
+    /// The job's swaps get `share` (0 to 1] of the card's copy engines from now on, the
+    /// rest going to other jobs that swap beside it: plans price its copies at that rate.
+    /// The next poll plans again.
+    fn set_copy_share(&mut self, _share: f64) {}
     /// Where it stands.
     fn state(&self) -> PlannerState;
     /// How many times it failed (panicked) and started over; one job's stream must not take
@@ -61,6 +65,8 @@ pub trait JobPlanner: Send {
 pub struct LearnerPlanner {
     learner: Learner,
     options: LearnerOptions,
+    /// The copy costs of the card to itself ([`JobPlanner::set_copy_share`] scales them).
+    card_cost: CostModel,
     failures: u64,
 }
 
@@ -82,6 +88,7 @@ impl LearnerPlanner {
         LearnerPlanner {
             learner: Learner::new(options.clone()),
             options,
+            card_cost: cost,
             failures: 0,
         }
     }
@@ -125,6 +132,12 @@ impl JobPlanner for LearnerPlanner {
         // Kept in the options too, so a learner started over after a failure keeps it.
         self.options.room = room;
         self.guarded(|l| l.set_room(room));
+    }
+
+    fn set_copy_share(&mut self, share: f64) {
+        let cost = self.card_cost.with_copy_share(share);
+        self.options.cost = cost;
+        self.guarded(|l| l.set_cost(cost));
     }
 
     fn failures(&self) -> u64 {
