@@ -201,6 +201,13 @@ pub struct CUlaunchConfig {
     pub num_attrs: u32,
 }
 
+/// `CUipcMemHandle`: an opaque handle another process opens to use an allocation.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
 /// `CUDA_MEMCPY2D` (v2).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

@@ -45,6 +45,9 @@ macro_rules! with_managed_entry_points {
             MemGetInfo => alloc::mem_get_info
                 : (free: *mut usize, total: *mut usize)
                 = [cuMemGetInfo_v2];
+            IpcGetMemHandle => alloc::ipc_get_mem_handle
+                : (handle: *mut $crate::abi::CUipcMemHandle, dptr: $crate::abi::CUdeviceptr)
+                = [cuIpcGetMemHandle];
 
             // Kernel launches.
             LaunchKernel => launch::launch_kernel

@@ -226,6 +226,45 @@ fn line<'a>(out: &'a Output, prefix: &str, name: &str) -> &'a str {
 }
 
 #[test]
+fn sharing_arena_memory_through_cuda_ipc_fails_with_one_line_saying_why_and_loses_nothing() {
+    // The driver exports only cuMemAlloc memory through legacy IPC; the arena's is VMM
+    // mappings. The application gets the driver's own error (not a crash, not a handle to
+    // memory that may be swapped), one line says why and what to do, and the data is intact.
+    let native = mem("ipc").output();
+    native.assert_ok("native");
+    assert_eq!(
+        line(&native, "R", "ipc"),
+        "0",
+        "the simulator refused cuMemAlloc memory"
+    );
+    let out = mem("ipc")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .output();
+    out.assert_ok("under the shim");
+    assert_eq!(
+        line(&out, "R", "ipc"),
+        "1",
+        "CUDA_ERROR_INVALID_VALUE, the driver's"
+    );
+    let said: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("cuIpcGetMemHandle failed"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    assert!(said[0].contains("TENSILE_POLICY=off"), "{}", said[0]);
+    assert_eq!(line(&out, "D", "after"), line(&native, "D", "after"));
+    // Without the manager, allocations are the driver's and share as they would.
+    let off = mem("ipc")
+        .preload(true)
+        .env("TENSILE_POLICY", "off")
+        .output();
+    off.assert_ok("under the shim, policy off");
+    assert_eq!(line(&off, "R", "ipc"), "0");
+}
+
+#[test]
 fn a_launch_needing_more_than_the_budget_is_out_of_memory_and_nothing_else_breaks() {
     // Two 6 MiB tensors under an 8 MiB budget: each fits, both at once do not.
     let native = mem("oom").arg("6").output();

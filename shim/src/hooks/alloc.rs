@@ -1,4 +1,5 @@
-//! Allocation and free hooks, and `cuMemGetInfo`.
+//! Allocation and free hooks, `cuMemGetInfo`, and `cuIpcGetMemHandle` (memory shared with
+//! other processes).
 //!
 //! With a memory manager running (policy `lru`/`plan`), allocations in its context are
 //! served from its arena instead of the driver; otherwise they are forwarded. Either way
@@ -15,8 +16,10 @@
 //! stream is refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: the free would happen at
 //! every launch of the graph, which the arena cannot express.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use tensile_driver_abi::{
-    CUdeviceptr, CUmemoryPool, CUresult, CUstream, CUDA_ERROR_INVALID_VALUE,
+    CUdeviceptr, CUipcMemHandle, CUmemoryPool, CUresult, CUstream, CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_SUCCESS,
 };
 use tensile_trace::AllocKind;
@@ -309,5 +312,49 @@ pub unsafe fn mem_get_info(
         }
         // SAFETY: forwarded unchanged.
         None => unsafe { (call.real)(free, total) },
+    }
+}
+
+/// `cuIpcGetMemHandle`: another process that opens the handle uses the memory behind this
+/// one's back, so an arena allocation the driver exports is pinned on the device until it is
+/// freed (never swapped). The driver exports only `cuMemAlloc` memory through CUDA IPC, not
+/// the VMM mappings the arena serves (so the simulated GPU, and, by the driver's
+/// documentation, the card: not checked on one); then its error goes back, with one line
+/// saying why and what to do.
+///
+/// # Safety
+/// The driver's contract for `cuIpcGetMemHandle`.
+pub unsafe fn ipc_get_mem_handle(
+    call: Call<pfn::IpcGetMemHandle>,
+    handle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { (call.real)(handle, dptr) };
+    let Some(m) = call.rt.memory().filter(|m| m.mm.owns(dptr)) else {
+        return r;
+    };
+    if r != CUDA_SUCCESS {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "tensile: cuIpcGetMemHandle failed (error {r}) for {dptr:#x}, memory \
+                 libtensile serves from its arena: the driver shares only cuMemAlloc memory \
+                 through CUDA IPC, so a process that shares GPU memory with other processes \
+                 (torch.multiprocessing with CUDA tensors) must run without libtensile's \
+                 memory manager (TENSILE_POLICY=off)"
+            );
+        }
+        return r;
+    }
+    match m.mm.pin_for_capture(&[(dptr, 1)]) {
+        Ok(()) => r,
+        Err(code) => {
+            tracing::error!(
+                "tensile: memory at {dptr:#x} shared through CUDA IPC could not be pinned on \
+                 the device (error {code}): refusing to share it"
+            );
+            code
+        }
     }
 }

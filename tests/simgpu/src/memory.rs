@@ -357,6 +357,25 @@ impl AddressSpace {
         Ok(start)
     }
 
+    /// Whether `cuIpcGetMemHandle` may export the allocation at `addr`: the base of device
+    /// memory from `cuMemAlloc` (not managed memory, not a pool's, not a VMM mapping, which
+    /// the driver shares only through `cuMemExportToShareableHandle`).
+    pub fn ipc_exportable(&self, addr: u64) -> bool {
+        let inner = self.read_lock();
+        find(&inner, addr).is_some_and(|r| {
+            r.start == addr
+                && matches!(
+                    r.kind,
+                    RegionKind::Linear {
+                        managed: false,
+                        pool: None,
+                        charged,
+                        ..
+                    } if charged > 0
+                )
+        })
+    }
+
     /// Whether `[addr, addr + len)` lies inside one managed allocation.
     pub fn is_managed(&self, addr: u64, len: u64) -> bool {
         let inner = self.read_lock();

@@ -275,6 +275,26 @@ unsafe fn mem_get_address_range(
 }
 export!(cuMemGetAddressRange_v2, mem_get_address_range, (base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr));
 
+/// Exports only what the driver's legacy IPC exports (`Space::ipc_exportable`); the handle
+/// names the address (no other process can open it here: `cuIpcOpenMemHandle` is not
+/// simulated).
+unsafe fn ipc_get_mem_handle(
+    handle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+) -> Result<(), CUresult> {
+    // SAFETY: API contract.
+    let out = unsafe { Out::new(handle) }?;
+    current_ctx()?;
+    if !st()?.space.ipc_exportable(dptr) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut reserved = [0u8; 64];
+    reserved[..8].copy_from_slice(&dptr.to_le_bytes());
+    out.set(CUipcMemHandle { reserved });
+    Ok(())
+}
+export!(cuIpcGetMemHandle, ipc_get_mem_handle, (handle: *mut CUipcMemHandle, dptr: CUdeviceptr));
+
 const ATTR_HOST_POINTER: i32 = 4;
 const ATTR_BUFFER_ID: i32 = 7;
 const ATTR_IS_MANAGED: i32 = 8;

@@ -153,6 +153,7 @@ implemented!(
     cuMemFree_v2,
     cuMemGetAccess,
     cuMemGetAddressRange_v2,
+    cuIpcGetMemHandle,
     cuMemGetAllocationGranularity,
     cuMemGetAllocationPropertiesFromHandle,
     cuMemGetInfo_v2,
