@@ -487,7 +487,13 @@ impl Job {
         // fall short of it (BERT's, sampled as its iteration was found, was 1.04 GiB of the
         // 1.18 it held from the next iteration on, and a job let into the difference was
         // stopped 2 s later).
-        let window = self.needs.front().map_or(footprint, |&(_, b)| b);
+        self.need_now()
+    }
+
+    /// The need as last recorded by [`Self::need`]: the largest footprint of the window, or
+    /// the peak of its iteration if larger.
+    fn need_now(&self) -> u64 {
+        let window = self.needs.front().map_or(0, |&(_, b)| b);
         window.max(self.planner.cycle_peak_bytes().unwrap_or(0))
     }
 }
@@ -1037,18 +1043,14 @@ impl Coordinator {
     }
 
     /// Tells each job's planner its share of the card's copy engines: the jobs that run and
-    /// must swap (granted less than they need) share them equally, so that each plans its
+    /// must swap (granted less than they need, the need the grants were decided on) share
+    /// them equally, so that each plans its
     /// prefetches for the rate it will get and they do not all count on the whole engine;
     /// a job that fits its grant, or waits its turn, moves little and counts for none. (The
     /// jobs are still planned one by one: their phases are not staggered.)
     fn share_copy_engines(&mut self) {
         fn swaps(job: &Job) -> bool {
-            !job.paused
-                && job.granted > 0
-                && job
-                    .needs
-                    .front()
-                    .is_some_and(|&(_, need)| need > job.granted)
+            !job.paused && job.granted > 0 && job.need_now() > job.granted
         }
         let swapping = self.jobs.values().filter(|j| swaps(j)).count();
         for job in self.jobs.values_mut() {
@@ -1502,25 +1504,38 @@ mod tests {
         adapting.leave();
     }
 
+    /// What each job's planner double saw, in join order.
+    type Planners = Arc<Mutex<Vec<Arc<Mutex<Seen>>>>>;
+
     /// A coordinator on a segment of its own whose planners never plan and which keeps no
     /// reserve (so the card's numbers are the grants'): its name, it, and its log.
     fn dividing_coordinator() -> (String, Coordinator, Captured) {
+        let (name, c, captured, _) = dividing_coordinator_with_planners();
+        (name, c, captured)
+    }
+
+    /// [`dividing_coordinator`], and what its planners saw.
+    fn dividing_coordinator_with_planners() -> (String, Coordinator, Captured, Planners) {
         let name = unique_name();
         let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
         let captured = Captured::default();
+        let planners = Planners::default();
+        let made = planners.clone();
         let mut c = Coordinator::new(
             segment,
             Log::new(Box::new(captured.clone())),
-            Box::new(|_, _| {
+            Box::new(move |_, _| {
+                let seen = Arc::new(Mutex::new(Seen::default()));
+                made.lock().unwrap().push(seen.clone());
                 Box::new(Scripted {
-                    seen: Arc::default(),
+                    seen,
                     after: usize::MAX,
                     planned: false,
                 })
             }),
         );
         c.reserve_fraction = 0.0;
-        (name, c, captured)
+        (name, c, captured, planners)
     }
 
     /// A job's allocation of `bytes` and one launch touching it.
@@ -1801,26 +1816,7 @@ mod tests {
     #[test]
     fn jobs_that_swap_beside_each_other_are_planned_with_a_share_of_the_copy_engines() {
         const G: u64 = 1 << 30;
-        let name = unique_name();
-        let segment = CoordinatorSegment::create(&name, Geometry::default()).unwrap();
-        let captured = Captured::default();
-        // Each job's double, in join order.
-        let planners: Arc<Mutex<Vec<Arc<Mutex<Seen>>>>> = Arc::default();
-        let made = planners.clone();
-        let mut c = Coordinator::new(
-            segment,
-            Log::new(Box::new(captured.clone())),
-            Box::new(move |_, _| {
-                let seen = Arc::new(Mutex::new(Seen::default()));
-                made.lock().unwrap().push(seen.clone());
-                Box::new(Scripted {
-                    seen,
-                    after: usize::MAX,
-                    planned: false,
-                })
-            }),
-        );
-        c.reserve_fraction = 0.0;
+        let (name, mut c, captured, planners) = dividing_coordinator_with_planners();
         let shares = |i: usize| {
             planners.lock().unwrap()[i]
                 .lock()
