@@ -164,6 +164,11 @@ pub struct Config {
     /// MLP's step on the H200 and cuts GPT-2's by a fifth (docs/gpu-results.md, "Host units");
     /// docs/memory.md.
     pub host_frames: HostFrames,
+    /// `TENSILE_HANDOVER=on|off` (default on; true here: off): whether a page read back when
+    /// no device frame is free may take the frames of a unit still leaving, its copy in
+    /// ordered after that unit's copy out on the device, rather than wait for the copy out
+    /// and remap the unit first on the reading thread (docs/memory.md, "Frames handed over").
+    pub handover_off: bool,
     /// `TENSILE_GRANT_WAIT`: how long an access larger than this job's grant waits for it to
     /// grow (default 30 s).
     pub grant_wait: GrantWait,
@@ -419,6 +424,19 @@ impl Config {
             }
         }
 
+        if let Some(v) = get("TENSILE_HANDOVER").filter(|v| !v.trim().is_empty()) {
+            match v.trim().to_ascii_lowercase().as_str() {
+                "on" | "1" | "true" => c.handover_off = false,
+                "off" | "0" | "false" => c.handover_off = true,
+                _ => problems.push(Problem {
+                    variable: "TENSILE_HANDOVER",
+                    value: v,
+                    why: "expected on or off".into(),
+                    fallback: "on",
+                }),
+            }
+        }
+
         if let Some(v) = get("TENSILE_COORDINATOR") {
             match Coordinator::parse(&v) {
                 Ok(coordinator) => c.coordinator = coordinator,
@@ -665,6 +683,11 @@ mod tests {
         );
         assert_eq!(problems.len(), 1);
         assert_eq!(problems[0].variable, "TENSILE_HOST_UNITS");
+        assert!(!parse(&[]).0.handover_off, "frames handed over by default");
+        assert!(parse(&[("TENSILE_HANDOVER", " OFF")]).0.handover_off);
+        let (c, problems) = parse(&[("TENSILE_HANDOVER", "later")]);
+        assert!(!c.handover_off, "a bad value keeps the default");
+        assert_eq!(problems[0].variable, "TENSILE_HANDOVER");
         let (c, problems) = parse(&[("TENSILE_SWAPPED", "nowhere")]);
         assert!(!c.swapped_unmapped);
         assert_eq!(problems.len(), 1);

@@ -347,6 +347,7 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
     mc.device = driver.device();
     mc.host_mapped = !config.swapped_unmapped;
     mc.host_units = config.host_frames == crate::config::HostFrames::Units;
+    mc.hand_over = !config.handover_off;
     if config.swapped_unmapped {
         tracing::info!(
             "tensile: TENSILE_SWAPPED=unmapped: a swapped-out page's address is left unmapped; \

@@ -492,7 +492,8 @@ impl Executor {
                 "tensile: iteration {} of plan {} took {:.1} ms on the host; the plan moved {} \
                  pages out and {} in; the manager chose {} out for launches, {} for \
                  prefetches, {} for allocations, {} ahead, and brought {} in on demand; its \
-                 prefetches found {} pages still leaving; {} accesses stalled for {:.1} ms; \
+                 prefetches found {} pages still leaving; {} pages were read back into \
+                 frames still leaving; {} accesses stalled for {:.1} ms; \
                  now {} frames in use, {} of them dead pages",
                 was.iteration,
                 loaded.plan.version,
@@ -505,6 +506,7 @@ impl Executor {
                 d(m.evicted_for.reserve, w.evicted_for.reserve),
                 d(m.pages_in_on_demand, w.pages_in_on_demand),
                 d(m.prefetch_pages_leaving, w.prefetch_pages_leaving),
+                d(m.pages_handed_over, w.pages_handed_over),
                 d(m.stalled_launches, w.stalled_launches),
                 d(m.stall_ns, w.stall_ns) as f64 / 1e6,
                 m.frames_in_use,

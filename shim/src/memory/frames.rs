@@ -47,8 +47,13 @@ pub struct HostFrame(pub u32);
 struct DevUnit {
     handle: PhysHandle,
     pages: u32,
-    /// Frames of it owned by pages; 0: the unit is free.
+    /// Frames of it owned by pages; 0: the unit is free (unless handed over).
     owned: u32,
+    /// Mapped at a page still leaving the device as well as at the pages read back into it
+    /// (`manager/handover.rs`): given back meanwhile, it is *parked* (in use, not free) until
+    /// [`DevicePool::end_hand_over`], so that it is neither released nor its index reused
+    /// while a page's state names it.
+    handed_over: bool,
 }
 
 /// Device memory within the budget, in units of one or more pages, each its own physical
@@ -198,6 +203,7 @@ impl DevicePool {
                     handle,
                     pages: n,
                     owned: n,
+                    handed_over: false,
                 };
                 let u = match self.vacant.pop() {
                     Some(u) => {
@@ -253,11 +259,42 @@ impl DevicePool {
         };
         debug_assert!(unit.owned > 0, "{f:?} given back twice");
         unit.owned = unit.owned.saturating_sub(1);
+        if unit.owned == 0 && !unit.handed_over {
+            let pages = unit.pages;
+            self.free.entry(pages).or_default().push(f.unit);
+            self.free_pages += pages as usize;
+        }
+    }
+
+    /// Marks the unit of `f` handed over: its frames, once given back, stay parked until
+    /// [`Self::end_hand_over`].
+    pub fn hand_over(&mut self, f: DevFrame) {
+        if let Some(unit) = self.units.get_mut(f.unit as usize).and_then(Option::as_mut) {
+            unit.handed_over = true;
+        }
+    }
+
+    /// Ends the hand-over of the unit of `f`: parked, it is free now.
+    pub fn end_hand_over(&mut self, f: DevFrame) {
+        let Some(unit) = self.units.get_mut(f.unit as usize).and_then(Option::as_mut) else {
+            debug_assert!(false, "a frame of a released unit: {f:?}");
+            return;
+        };
+        unit.handed_over = false;
         if unit.owned == 0 {
             let pages = unit.pages;
             self.free.entry(pages).or_default().push(f.unit);
             self.free_pages += pages as usize;
         }
+    }
+
+    /// Whether the unit of `f` is handed over and every frame of it given back (for
+    /// consistency checks).
+    pub fn is_parked(&self, f: DevFrame) -> bool {
+        self.units
+            .get(f.unit as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|u| u.handed_over && u.owned == 0)
     }
 
     /// Every frame of the free units (for consistency checks).

@@ -39,6 +39,9 @@ pub struct MemoryStats {
     /// host runs ahead of the device, so a prefetch can come before the swap-out it undoes
     /// has copied anything (those pages are left to leave, and an access reads them back).
     pub prefetch_pages_leaving: u64,
+    /// Pages read back into the frames of a unit still on its way out, the copy in ordered
+    /// after its copy out on the device (`manager/handover.rs`).
+    pub pages_handed_over: u64,
     /// Times one of the application's threads found the manager's lock held, and how long
     /// such waits took in all (`MemoryManager::lock`); the same for the library's own threads
     /// (maintenance, plan executor: named `tensile-…`).

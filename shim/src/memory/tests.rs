@@ -37,6 +37,8 @@ fn config_fenced(budget_pages: usize, host_cap_pages: usize, fence_every: u32) -
         host_mapped: true,
         // Host units on: the property tests check them too.
         host_units: true,
+        // Frames handed over on: the property tests check them too.
+        hand_over: true,
     }
 }
 
@@ -2771,4 +2773,74 @@ fn an_allocation_landing_on_a_freed_page_being_completed_waits_for_the_commit() 
     let r = read(fake, mm, s, a, 2 * PAGE);
     assert_eq!(r.get().as_deref(), Some(&pattern(1, 2 * PAGE)[..]));
     assert_consistent(fake, mm);
+}
+
+/// A page read back when no frame is free takes the frames of a unit still on its way out
+/// (`manager/handover.rs`): the access queues its copy in behind that unit's copy out, on the
+/// device, and returns without waiting for anything on the host. Nothing has run when it
+/// returns; then both pages' bytes survive (the copy in cannot overwrite the frame before the
+/// copy out has read it), and an access to the victim waits for its swap-out and reads it
+/// back. With the hand-over off, the same access waits for the copy out on the host.
+#[test]
+fn a_read_back_takes_a_leaving_units_frames_in_stream_order_and_loses_no_byte() {
+    for hand_over in [true, false] {
+        let cfg = ManagerConfig {
+            free_reserve_pages: 0,
+            hand_over,
+            ..config(2, 64)
+        };
+        let (fake, mm) = setup_with(cfg, Progress::Manual);
+        mm.set_free_reserve_pages(0);
+        let s = fake.stream_create().unwrap();
+        let p: Vec<CUdeviceptr> = (0..3).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+        for (i, &x) in p.iter().enumerate() {
+            write(&fake, &mm, s, x, pattern(i as u8, PAGE));
+            fake.run_all();
+            mm.poll().unwrap();
+        }
+        let on_host = |x: CUdeviceptr| matches!(mm.residency(x), Some(ResidencyState::Host(_)));
+        let reader = p.iter().position(|&x| on_host(x)).expect("one page left");
+        let host_waits =
+            || fake.calls(FakeCall::EventSynchronize) + fake.calls(FakeCall::StreamSynchronize);
+        let waits_before = host_waits();
+        let handed_before = mm.stats().pages_handed_over;
+        let t = mm.prepare_access(s, &[(p[reader], PAGE)]).unwrap();
+        let r = fake.app_read(s, p[reader], PAGE).unwrap();
+        mm.note_access_done(t).unwrap();
+        if !hand_over {
+            assert!(
+                host_waits() > waits_before,
+                "the copy out was not waited for"
+            );
+            assert_eq!(mm.stats().pages_handed_over, 0);
+            fake.run_all();
+            assert_eq!(r.get().unwrap(), pattern(reader as u8, PAGE));
+            continue;
+        }
+        assert_eq!(host_waits(), waits_before, "the access waited on the host");
+        assert_eq!(mm.stats().pages_handed_over - handed_before, 1);
+        assert!(r.get().is_none(), "the read ran before the copies");
+        let victim = p
+            .iter()
+            .position(|&x| matches!(mm.residency(x), Some(ResidencyState::ToHost { .. })))
+            .expect("the victim still leaving");
+        mm.audit().unwrap();
+        fake.run_all();
+        assert_eq!(
+            r.get().unwrap(),
+            pattern(reader as u8, PAGE),
+            "the page read back"
+        );
+        mm.audit().unwrap();
+        let rv = read(&fake, &mm, s, p[victim], PAGE);
+        fake.run_all();
+        assert_eq!(rv.get().unwrap(), pattern(victim as u8, PAGE), "the victim");
+        for (i, &x) in p.iter().enumerate() {
+            let r = read(&fake, &mm, s, x, PAGE);
+            fake.run_all();
+            assert_eq!(r.get().unwrap(), pattern(i as u8, PAGE), "page {i}");
+        }
+        mm.poll().unwrap();
+        assert_consistent(&fake, &mm);
+    }
 }

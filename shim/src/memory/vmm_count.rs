@@ -217,6 +217,7 @@ fn small_manager(budget_pages: usize, host_mapped: bool) -> (Arc<FakeDriver>, Me
         advice_sample: super::manager::ADVICE_SAMPLE,
         host_mapped,
         host_units: true,
+        hand_over: true,
     };
     let mm = MemoryManager::new(fake.clone(), cfg).expect("manager");
     (fake, mm)
@@ -285,6 +286,9 @@ fn a_tensor_leaves_and_returns_with_one_mapping_and_one_access_call_each_way() {
         "units were created in steady state"
     );
     for (&x, p) in [a, b, c].iter().zip(&patterns) {
+        // Read as a launch would: a tensor whose frames were just handed over to the one
+        // brought in last is still on its way out (manager/handover.rs).
+        access(x);
         let read = fake.app_read(s, x, 4 * P).expect("read");
         assert!(
             read.get().as_deref() == Some(&p[..]),
@@ -293,7 +297,9 @@ fn a_tensor_leaves_and_returns_with_one_mapping_and_one_access_call_each_way() {
     }
     mm.audit().expect("audit");
     // One page of a tensor on the host comes in with the rest of its host unit (the unit is
-    // mapped whole), and every byte still reads right.
+    // mapped whole), and every byte still reads right. (Polled first: the last one to leave
+    // was handed over, and is completed there.)
+    mm.poll().expect("poll");
     let out = [a, b, c]
         .into_iter()
         .position(|x| matches!(mm.residency(x), Some(super::ResidencyState::Host(_))))
@@ -558,8 +564,15 @@ fn without_host_mappings_a_unit_moved_costs_one_device_unmap_out_and_one_map_in(
         "a stray read of a swapped-out page did not fault"
     );
     // ... and one it prepares brings a back whole: one device map, b's one device unmap, no
-    // host-side call at all.
-    assert_eq!(calls_of(&fake, || access(a)), (1, 1, 1));
+    // host-side call at all. (b's frames are handed over to a: its unmap completes its
+    // swap-out, at the next poll.)
+    assert_eq!(
+        calls_of(&fake, || {
+            access(a);
+            mm.poll().expect("poll");
+        }),
+        (1, 1, 1)
+    );
     let read = fake.app_read(s, a, 4 * P).expect("read a");
     assert!(
         read.get() == Some(pattern),

@@ -209,6 +209,7 @@ impl Inner {
         // completes them); `maintain` does it off the launch path, in larger batches. A page
         // of this access still `ToHost` is then simply cancelled, at no cost.
         self.poll_with(false)?;
+        self.wait_for_handed_victims(t)?;
         let mut waits: Vec<Event> = Vec::new();
         let mut bring_in: Vec<usize> = Vec::new();
         let mut leaving: Vec<usize> = Vec::new();
@@ -222,6 +223,7 @@ impl Inner {
         }
         // Still on the device: keep them there, with the rest of their units (a unit leaves
         // whole); the host frames are free once the copies that fill them are done.
+        // (`wait_for_handed_victims` left none whose frames were handed over.)
         let mut cancelled: Vec<usize> = Vec::new();
         for p in self.whole_units(leaving, |e| {
             matches!(e.state, ResidencyState::ToHost { .. })
@@ -239,7 +241,7 @@ impl Inner {
             // A host unit's mapping goes whole, so its pages come in together.
             let bring_in =
                 self.whole_host_units(bring_in, |e| matches!(e.state, ResidencyState::Host(_)));
-            let frames = self.acquire_device_frames(&bring_in)?;
+            let frames = self.acquire_frames_to_read_back(&bring_in)?;
             if self.demand == Demand::Access {
                 self.stats.pages_in_on_demand += bring_in.len() as u64;
             }
@@ -273,6 +275,40 @@ impl Inner {
             tracing::debug!(code = e, "evicting ahead of need failed");
         }
         Ok(stalled)
+    }
+
+    /// Makes sure no page of `t` is in a unit whose frames were handed over (`handover.rs`):
+    /// such a swap-out cannot be cancelled, so the access waits for its copy out and its
+    /// completion (those units first), then reads the pages back like any on the host. The
+    /// waits are made without the lock where the operation may (the caller starts over).
+    fn wait_for_handed_victims(&mut self, t: &AccessTicket) -> Result<(), CUresult> {
+        let handed = self.handed_among(t.runs.iter().flat_map(|&(a, b)| a..=b));
+        if handed.is_empty() {
+            return Ok(());
+        }
+        self.urgent_completions
+            .extend(handed.iter().map(|&(first, _)| first));
+        let events: Vec<Event> = handed.iter().map(|&(_, ev)| ev).collect();
+        if self.unlocked_round() {
+            self.copy_waits = events;
+            self.completion_wanted = true;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        self.stats.locked_waits += 1;
+        for ev in events {
+            self.driver.event_synchronize(ev)?;
+        }
+        self.poll()?;
+        if !self
+            .handed_among(t.runs.iter().flat_map(|&(a, b)| a..=b))
+            .is_empty()
+        {
+            // Their completion failed (retried by the next poll) or another thread is
+            // making it: wait for a commit and look again.
+            self.remap_stall = true;
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(())
     }
 
     /// Pages that must be on the device at once for `t`: those it touches (backed), with

@@ -42,6 +42,12 @@ pub(super) struct Arrival {
     frames: Vec<DevFrame>,
     /// The event recorded after the copies in.
     event: Event,
+    /// Copy-out events the copies in wait for on the device: of the units among `frames`
+    /// handed over while still leaving (`handover.rs`). Each holds a reference until the
+    /// commit, so that it is not recorded again for another copy meanwhile.
+    waits: Vec<Event>,
+    /// Pages coming into frames handed over.
+    handed_pages: usize,
     /// Host mappings to remove first, as `(first page, pages)`: a host unit's goes whole.
     host_unmaps: Vec<(usize, usize)>,
     /// The device units to map (address, bytes, allocation) and the ranges to give access.
@@ -124,10 +130,16 @@ impl Arrival {
             outcome.error = Some(e);
             return;
         }
+        // Frames handed over are written only once their copies out have read them.
         let queued = self
-            .copies
+            .waits
             .iter()
-            .try_for_each(|&(dst, src, len)| driver.memcpy_dtod_async(dst, src, len, self.stream))
+            .try_for_each(|&ev| driver.stream_wait_event(self.stream, ev))
+            .and_then(|()| {
+                self.copies.iter().try_for_each(|&(dst, src, len)| {
+                    driver.memcpy_dtod_async(dst, src, len, self.stream)
+                })
+            })
             .and_then(|()| driver.event_record(self.event, self.stream));
         match queued {
             Ok(()) => outcome.queued = true,
@@ -158,11 +170,21 @@ impl Inner {
         let event = match self.copy_event() {
             Ok(ev) => ev,
             Err(e) => {
-                for d in frames {
-                    self.dev.give(d);
-                }
+                self.give_back_frames(frames);
                 return Err(e);
             }
+        };
+        let waits = self.handover_waits(&frames);
+        for &ev in &waits {
+            self.ref_event(ev, 1);
+        }
+        let handed_pages = if waits.is_empty() {
+            0
+        } else {
+            frames
+                .iter()
+                .filter(|d| self.handed.contains_key(&d.unit))
+                .count()
         };
         let mut host_unmaps: Vec<(usize, usize)> = Vec::new();
         for &p in pages {
@@ -197,6 +219,8 @@ impl Inner {
             pages: pages.to_vec(),
             frames,
             event,
+            waits,
+            handed_pages,
             host_unmaps,
             device_maps,
             access,
@@ -227,6 +251,9 @@ impl Inner {
         for &run in &a.pinned {
             self.unpin_or_pin(run, false);
         }
+        for &ev in &a.waits {
+            self.unref_event(ev);
+        }
         // Host mappings removed are noted as such: the pages coming in leave the set below,
         // whatever else shared their host units is mapped back by `remap_host`.
         for &(first, n) in &a.host_unmaps[..outcome.host_unmapped] {
@@ -238,9 +265,7 @@ impl Inner {
                 pages = a.pages.len(),
                 "a swap-in's driver calls failed; its pages stay on the host"
             );
-            for d in a.frames {
-                self.dev.give(d);
-            }
+            self.give_back_frames(a.frames);
             self.spare_events.push(a.event);
             self.remap_host();
             return;
@@ -261,6 +286,7 @@ impl Inner {
         let n = a.pages.len();
         self.journal_swap(outcome.ran.1, SwapDir::ToDevice, cause, n, n);
         self.stats.pages_swapped_in += a.pages.len() as u64;
+        self.stats.pages_handed_over += a.handed_pages as u64;
         // The access that wanted the pages stalled (counted when it returns), even if they
         // have landed by the time it looks again.
         self.op.stalled |= a.on_demand;

@@ -1,4 +1,5 @@
-//! The bookkeeping audit tests run after every step: every frame owned exactly once, the
+//! The bookkeeping audit tests run after every step: every frame owned exactly once (a unit
+//! handed over by the pages read back into it, `handover.rs`), the
 //! in-flight sets matching the page states, no pin left behind. Only tests call it (it is
 //! compiled in every build, being public); the manager's own paths never do.
 
@@ -84,7 +85,10 @@ impl MemoryManager {
                 ResidencyState::Device(d) => own_dev(d, "page")?,
                 ResidencyState::Host(h) => host_own(h, "page")?,
                 ResidencyState::ToHost { dev, host, .. } => {
-                    own_dev(dev, "page")?;
+                    // A unit handed over: the pages read back into it own its frames.
+                    if !s.handed.contains_key(&dev.unit) {
+                        own_dev(dev, "page")?;
+                    }
                     host_own(host, "page")?;
                     if !s.outgoing.contains(&p) {
                         return Err(format!("page {p} is ToHost but not outgoing"));
@@ -96,6 +100,32 @@ impl MemoryManager {
                     if !s.incoming.contains(&p) {
                         return Err(format!("page {p} is ToDevice but not incoming"));
                     }
+                }
+            }
+        }
+        for (&unit, u) in &s.handed {
+            for i in 0..u.pages {
+                let frame = DevFrame {
+                    unit,
+                    offset: i as u32,
+                };
+                let victim = s.pages.get(u.first + i).map(|e| e.state);
+                if !matches!(victim, Some(ResidencyState::ToHost { dev, event, .. })
+                    if dev == frame && event == u.event)
+                {
+                    return Err(format!(
+                        "unit {unit} handed over, but page {} is {victim:?}",
+                        u.first + i
+                    ));
+                }
+                // Owned by the pages read back into it, or given back by them and parked.
+                if !dev.contains(&frame) {
+                    if !s.dev.is_parked(frame) {
+                        return Err(format!(
+                            "unit {unit} handed over, but nothing read back into {frame:?}"
+                        ));
+                    }
+                    dev.insert(frame);
                 }
             }
         }

@@ -32,6 +32,7 @@ fn setup(budget_pages: usize) -> (Arc<FakeDriver>, MemoryManager) {
         advice_sample: ADVICE_SAMPLE,
         host_mapped: true,
         host_units: false,
+        hand_over: true,
     };
     let mm = MemoryManager::new(fake.clone(), cfg).unwrap();
     (fake, mm)

@@ -135,24 +135,48 @@ impl Inner {
     /// completing and says what completing them takes.
     pub(super) fn begin_completions(&mut self) -> Result<Completions, CUresult> {
         let mut done: std::collections::HashMap<Event, bool> = std::collections::HashMap::new();
-        let outgoing: Vec<usize> = self.outgoing.iter().copied().collect();
+        // Units an access waits for first (handed over: `handover.rs`), then in page order.
+        let urgent = std::mem::take(&mut self.urgent_completions);
+        let urgent: Vec<usize> = urgent
+            .into_iter()
+            .filter(|p| self.outgoing.contains(p))
+            .collect();
+        let n_urgent = urgent.len();
+        let outgoing: Vec<usize> = urgent
+            .into_iter()
+            .chain(self.outgoing.iter().copied())
+            .collect();
         let mut units: Vec<UnitCompletion> = Vec::new();
         let mut done_to = 0;
         let mut failed = None;
-        for p in outgoing {
+        for (i, p) in outgoing.into_iter().enumerate() {
             if units.len() == COMPLETION_BATCH_UNITS {
                 break;
             }
-            if p < done_to || self.completing.contains(&p) {
+            let in_order = i >= n_urgent;
+            if (in_order && p < done_to) || self.completing.contains(&p) {
                 continue;
             }
             let Some((a, n)) = self.unit_span(p) else {
                 continue;
             };
-            done_to = a + n;
+            if units.iter().any(|u| u.first == a) {
+                continue; // taken first, as urgent
+            }
+            if in_order {
+                done_to = a + n;
+            }
+            // A pinned page's swap-out is about to be cancelled by the access that pinned it,
+            // unless its frames were handed over: then that access waits for this completion.
+            let handed = self.is_handed(a);
             let mut landed = true;
             for q in a..a + n {
-                let event = match self.pages.get(q).filter(|e| e.pins == 0).map(|e| e.state) {
+                let event = match self
+                    .pages
+                    .get(q)
+                    .filter(|e| e.pins == 0 || handed)
+                    .map(|e| e.state)
+                {
                     Some(ResidencyState::ToHost { event, .. }) if !self.completing.contains(&q) => {
                         event
                     }
@@ -247,6 +271,14 @@ impl Inner {
             if i >= outcome.unmapped {
                 continue;
             }
+            // A unit handed over keeps its frames: the pages read back into them hold them.
+            let handed = match self.pages.get(u.first).and_then(|e| e.state.device_frame()) {
+                Some(d) if self.handed.remove(&d.unit).is_some() => {
+                    self.dev.end_hand_over(d);
+                    true
+                }
+                _ => false,
+            };
             for q in span {
                 let event = match self.pages.get(q).map(|e| e.state) {
                     Some(ResidencyState::ToHost { event, .. }) => event,
@@ -260,7 +292,9 @@ impl Inner {
                         self.outgoing.remove(&q);
                         // A freed page that left with its unit holds no device frame any more.
                         self.dead_device.remove(&q);
-                        self.dev.give(d);
+                        if !handed {
+                            self.dev.give(d);
+                        }
                         self.unref_event(event);
                     }
                     Err(e) => {

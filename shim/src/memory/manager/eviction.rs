@@ -96,7 +96,7 @@ impl Inner {
     /// waits for anything.
     pub(super) fn keep_reserve(&mut self, complete_outgoing: bool) -> Result<(), CUresult> {
         self.poll_with(complete_outgoing)?;
-        let ready = self.dev.available() + self.outgoing.len();
+        let ready = self.dev.available() + self.leaving_frames();
         let reserve = self.reserve_pages();
         if ready < reserve {
             self.for_demand(Demand::Reserve, |s| s.evict(reserve - ready, 0))?;
@@ -144,12 +144,23 @@ impl Inner {
             .flat_map(|(first, n)| DevicePool::frames(first, n));
         if r.is_err() {
             // Whatever went wrong, the units taken so far go back.
-            for d in frames {
-                self.dev.give(d);
-            }
+            self.give_back_frames(frames);
             return r.map(|()| Vec::new());
         }
         Ok(frames.collect())
+    }
+
+    /// [`Self::acquire_device_frames`] for pages read back: these may also take the frames
+    /// of units still on their way out, their copies in then ordered after those units'
+    /// copies out ([`Self::handover_waits`]; `handover.rs`).
+    pub(super) fn acquire_frames_to_read_back(
+        &mut self,
+        pages: &[usize],
+    ) -> Result<Vec<DevFrame>, CUresult> {
+        self.hand_over_ok = self.cfg.hand_over;
+        let r = self.acquire_device_frames(pages);
+        self.hand_over_ok = false;
+        r
     }
 
     pub(super) fn acquire_into(
@@ -166,7 +177,7 @@ impl Inner {
             }
             // Evict enough for the rest (in flight already counts), then wait for it.
             let short: usize = sizes[got.len()..].iter().sum();
-            let in_flight = self.outgoing.len();
+            let in_flight = self.leaving_frames();
             if short > in_flight {
                 let want = (short - in_flight).max(self.cfg.evict_batch);
                 self.evict(want, short - in_flight)?;
@@ -174,9 +185,18 @@ impl Inner {
             if self.dev.available() >= k {
                 continue; // dead pages were dropped without a copy
             }
-            if !self.outgoing.is_empty() {
-                // (`completing` is a part of `outgoing`.)
-                if self.completing.len() == self.outgoing.len() {
+            if self.hand_over_ok {
+                // A read-back takes a leaving unit's frames at once, ordered after its copy
+                // out on the device, rather than wait for that copy here and complete it.
+                if let Some(u) = self.take_leaving_unit(k) {
+                    got.push(u);
+                    continue;
+                }
+            }
+            let leaving = self.leaving_frames();
+            if leaving > 0 {
+                // (`completing` is a part of `outgoing`; handed-over units give no frames.)
+                if self.completing_for_frames() == leaving {
                     // Every frame on its way is being completed by another thread without
                     // the lock: wait for its commit.
                     self.remap_stall = true;
@@ -211,7 +231,7 @@ impl Inner {
                 if self.dev.available() >= k {
                     continue;
                 }
-                if self.outgoing.is_empty() {
+                if self.leaving_frames() == 0 {
                     // All of them landed and a unit of `k` is still short: evict again.
                     rounds += 1;
                     if rounds <= 4 {
@@ -219,8 +239,32 @@ impl Inner {
                     }
                 }
             }
+            if self.leaving_frames() == 0 && !self.handed.is_empty() {
+                // Every unit on its way out was handed over, and the pages read back into
+                // them cannot leave before those units complete (a unit leaves whole, in one
+                // state): complete them, then evict again.
+                let events: Vec<Event> = self.handed.values().map(|u| u.event).collect();
+                if self.unlocked_round() {
+                    let driver = self.driver.clone();
+                    let landed = events
+                        .iter()
+                        .any(|&e| driver.event_query(e).unwrap_or(false));
+                    self.copy_waits = if landed {
+                        Vec::new()
+                    } else {
+                        self.first_copied(&events).into_iter().collect()
+                    };
+                    self.completion_wanted = true;
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                self.wait_outgoing()?;
+                rounds += 1;
+                if rounds <= 4 {
+                    continue;
+                }
+            }
             rounds += 1;
-            if self.outgoing.is_empty() || rounds > 4 {
+            if self.leaving_frames() == 0 || rounds > 4 {
                 // Nothing free, nothing on its way out, and nothing evictable: the resident
                 // pages are pinned by calls in flight on other threads. Not an out-of-memory:
                 // the caller gives back what it holds, waits for pins to drop and retries.

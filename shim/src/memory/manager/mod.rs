@@ -5,7 +5,9 @@
 //! 1. **Pointers never move.** An allocation's virtual range is fixed from `alloc` to `free`;
 //!    swapping changes what physical memory backs its pages, never the address.
 //! 2. **Every page of a live allocation is mapped and accessible** (to a device or a host
-//!    frame), so even an access the manager did not predict reads and writes the right bytes.
+//!    frame), so even an access the manager did not predict reads and writes the right bytes;
+//!    except that while a leaving unit's frames are handed over to pages read back
+//!    (`handover.rs`), the victim's address maps the reader's frame until its completion.
 //! 3. **The budget holds.** Device memory is created only through [`DevicePool`], which never
 //!    exceeds the budget.
 //! 4. **No remap under queued work.** A page is unmapped only when idle: not pinned by a
@@ -55,6 +57,7 @@
 //! | `swap.rs` | the copies to and from the host, their events, `poll` and waits |
 //! | `completion.rs` | completing landed swap-outs (their VMM calls) without the lock |
 //! | `arrival.rs` | swap-ins (their VMM calls, copies and event) without the lock |
+//! | `handover.rs` | a read-back taking a leaving unit's frames, ordered on the device |
 //! | `first_backing.rs` | a new allocation's maps (and its dead units' unmaps) without the lock |
 //! | `verbs.rs` | swap out, prefetch and budget changes for a planned policy |
 //! | `audit.rs` | the bookkeeping check tests run |
@@ -86,6 +89,7 @@ mod backing;
 mod completion;
 mod eviction;
 mod first_backing;
+mod handover;
 mod swap;
 mod units;
 mod verbs;
@@ -135,6 +139,11 @@ pub struct ManagerConfig {
     /// Whether a device unit leaving the device while pages are mapped to host memory goes
     /// into one host unit of its size (`TENSILE_HOST_UNITS`; docs/memory.md, "Host units").
     pub host_units: bool,
+    /// Whether a page read back when no device frame is free may take the frames of a unit
+    /// still on its way out, its copy in ordered after that unit's copy out on the device
+    /// (`TENSILE_HANDOVER`; `handover.rs`), instead of waiting for the copy out on the host
+    /// and completing that swap-out first.
+    pub hand_over: bool,
 }
 
 impl ManagerConfig {
@@ -168,6 +177,7 @@ impl ManagerConfig {
             advice_sample: ADVICE_SAMPLE,
             host_mapped: true,
             host_units: false,
+            hand_over: true,
         }
     }
 }
@@ -211,6 +221,14 @@ struct Inner {
     spare_events: Vec<Event>,
     /// Pages in `ToHost` / `ToDevice`.
     outgoing: BTreeSet<usize>,
+    /// Units of `outgoing` whose frames a read-back took before their copy out landed, by
+    /// unit (`handover.rs`): their completion unmaps the victim's address and keeps the
+    /// frames, which the pages read back hold.
+    handed: HashMap<u32, handover::HandedUnit>,
+    /// Set while frames are found for a read-back, which may take a leaving unit's.
+    hand_over_ok: bool,
+    /// First pages of handed-over units an access waits for: completed before the others.
+    urgent_completions: Vec<usize>,
     /// `ToHost` pages (of `outgoing`) whose swap-out is being completed without the lock
     /// (`completion.rs`): nothing may remap them or cancel their swap-out meanwhile.
     completing: BTreeSet<usize>,
@@ -478,6 +496,9 @@ impl MemoryManager {
             copy_events_handed: 0,
             spare_events: Vec::new(),
             outgoing: BTreeSet::new(),
+            handed: HashMap::new(),
+            hand_over_ok: false,
+            urgent_completions: Vec::new(),
             completing: BTreeSet::new(),
             incoming: BTreeSet::new(),
             deferred_host: Vec::new(),

@@ -339,10 +339,11 @@ impl Inner {
         self.swap_out_events(self.outgoing.iter().copied())
     }
 
-    /// [`Self::outgoing_events`] of the swap-outs no thread is completing yet.
+    /// [`Self::outgoing_events`] of the swap-outs no thread is completing yet whose frames
+    /// come back to the pool (not handed over).
     pub(super) fn uncompleted_outgoing_events(&self) -> Vec<Event> {
         let pages = self.outgoing.iter().copied();
-        self.swap_out_events(pages.filter(|p| !self.completing.contains(p)))
+        self.swap_out_events(pages.filter(|&p| !self.completing.contains(&p) && !self.is_handed(p)))
     }
 
     /// The events of the swap-outs of `pages`, each once.

@@ -174,8 +174,21 @@ impl Inner {
     }
 
     pub(super) fn prefetch(&mut self, ranges: &[(CUdeviceptr, usize)]) -> Result<usize, CUresult> {
-        let pages = self.pages_in(ranges);
-        let (mut coming, mut leaving) = (0usize, 0u64);
+        let mut pages = self.pages_in(ranges);
+        // A unit whose frames another read-back took cannot come back before its copy out
+        // and its completion: left for its access to wait for (`handover.rs`), rather than
+        // hold every later prefetch behind that wait. (Counted as leaving below.)
+        let handed: Vec<usize> = self
+            .handed_among(pages.iter().copied())
+            .into_iter()
+            .flat_map(|(first, _)| {
+                let n = self.unit_span(first).map_or(1, |(_, n)| n);
+                first..first + n
+            })
+            .collect();
+        let leaving_handed = pages.iter().filter(|p| handed.contains(p)).count() as u64;
+        pages.retain(|p| !handed.contains(p));
+        let (mut coming, mut leaving) = (0usize, leaving_handed);
         for &p in &pages {
             match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::Host(_)) => coming += 1,
@@ -217,13 +230,13 @@ impl Inner {
         self.dev.set_budget_frames(frames);
         self.poll_with(false)?;
         let over = self.dev.in_use().saturating_sub(frames);
-        let leaving = self.outgoing.len();
+        let leaving = self.leaving_frames();
         if over <= leaving {
             return Ok(0);
         }
         // Nothing needed: only idle pages are taken, so `evict` never waits.
         self.for_demand(Demand::Budget, |s| s.evict(over - leaving, 0))?;
-        Ok(self.outgoing.len().saturating_sub(leaving))
+        Ok(self.leaving_frames().saturating_sub(leaving))
     }
 
     pub(super) fn set_budget(&mut self, frames: usize) -> Result<(), CUresult> {
@@ -246,11 +259,11 @@ impl Inner {
             if last || round == 8 {
                 break;
             }
-            let out = self.outgoing.len();
+            let out = self.leaving_frames();
             if over > out {
                 self.for_demand(Demand::Budget, |s| s.evict(over - out, over - out))?;
             }
-            if self.outgoing.is_empty() {
+            if self.leaving_frames() == 0 {
                 last = true;
                 continue;
             }
