@@ -170,7 +170,9 @@ impl Inner {
         let event = match self.copy_event() {
             Ok(ev) => ev,
             Err(e) => {
-                self.give_back_frames(frames);
+                for d in frames {
+                    self.dev.give(d);
+                }
                 return Err(e);
             }
         };
@@ -265,7 +267,11 @@ impl Inner {
                 pages = a.pages.len(),
                 "a swap-in's driver calls failed; its pages stay on the host"
             );
-            self.give_back_frames(a.frames);
+            // (A unit handed over is parked until its victim completes: its copies in may
+            // have written it, so the victim's swap-out must not be cancelled: `handover.rs`.)
+            for d in a.frames {
+                self.dev.give(d);
+            }
             self.spare_events.push(a.event);
             self.remap_host();
             return;

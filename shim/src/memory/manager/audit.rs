@@ -86,7 +86,7 @@ impl MemoryManager {
                 ResidencyState::Host(h) => host_own(h, "page")?,
                 ResidencyState::ToHost { dev, host, .. } => {
                     // A unit handed over: the pages read back into it own its frames.
-                    if !s.handed.contains_key(&dev.unit) {
+                    if !s.is_handed(p) {
                         own_dev(dev, "page")?;
                     }
                     host_own(host, "page")?;

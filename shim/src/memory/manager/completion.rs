@@ -273,7 +273,8 @@ impl Inner {
             }
             // A unit handed over keeps its frames: the pages read back into them hold them.
             let handed = match self.pages.get(u.first).and_then(|e| e.state.device_frame()) {
-                Some(d) if self.handed.remove(&d.unit).is_some() => {
+                Some(d) if self.is_handed(u.first) => {
+                    self.handed.remove(&d.unit);
                     self.dev.end_hand_over(d);
                     true
                 }
@@ -302,8 +303,17 @@ impl Inner {
                         continue;
                     }
                 }
+                // A host unit goes back to the pool whole: its dead pages are dropped only if
+                // every page of it can be (a page whose uses' fences were not polled yet keeps
+                // the whole unit on the host, mapped by `remap_host` below; dropping the others
+                // split the unit, one frame of it given back while its neighbour held the rest).
                 let dead = u.dead.binary_search(&q).is_ok();
-                let unbacked = dead
+                let droppable = dead
+                    && self.host_unit_span(q).is_none_or(|span| {
+                        self.span_all(span, |e| e.live == 0 && e.is_idle(&completed))
+                    });
+                fell_back |= dead && !droppable;
+                let unbacked = droppable
                     && match self.pages.unback(q, &completed) {
                         Ok(f) => {
                             self.give_frame(f);

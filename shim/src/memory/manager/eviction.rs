@@ -64,7 +64,9 @@ impl Inner {
     }
 
     /// The device units that only dead idle pages hold (all `Device`), as (first page,
-    /// pages), in page order.
+    /// pages), in page order. Not those handed over whose victims are still leaving: their
+    /// frames would only be parked until then (`handover.rs`), and the unit would not be free
+    /// for a failed allocation to give back to its pages.
     fn dead_idle_units(&self, completed: &[u64]) -> Vec<(usize, usize)> {
         let mut units = Vec::new();
         let mut seen_to = 0;
@@ -76,9 +78,18 @@ impl Inner {
                 continue;
             };
             seen_to = a + n;
-            if self.span_all((a, n), |e| {
-                e.live == 0 && e.is_idle(completed) && matches!(e.state, ResidencyState::Device(_))
-            }) {
+            let handed = self
+                .pages
+                .get(a)
+                .and_then(|e| e.state.device_frame())
+                .is_some_and(|d| self.handed.contains_key(&d.unit));
+            if !handed
+                && self.span_all((a, n), |e| {
+                    e.live == 0
+                        && e.is_idle(completed)
+                        && matches!(e.state, ResidencyState::Device(_))
+                })
+            {
                 units.push((a, n));
             }
         }
@@ -143,8 +154,11 @@ impl Inner {
             .into_iter()
             .flat_map(|(first, n)| DevicePool::frames(first, n));
         if r.is_err() {
-            // Whatever went wrong, the units taken so far go back.
-            self.give_back_frames(frames);
+            // Whatever went wrong, the units taken so far go back (a unit handed over is
+            // parked until its victim completes: `handover.rs`).
+            for d in frames {
+                self.dev.give(d);
+            }
             return r.map(|()| Vec::new());
         }
         Ok(frames.collect())

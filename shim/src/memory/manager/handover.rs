@@ -24,6 +24,11 @@
 //! - its frames are not on their way to the pool: eviction counts only the rest of `outgoing`
 //!   ([`Inner::leaving_frames`]), and a thread short of frames does not wait for its copy;
 //! - its completion may run with its pages pinned (an access waiting for it pins them);
+//! - a read-back that fails after taking it gives its frames back to the pool as usual, and
+//!   the pool *parks* them until the victim completes: the hand-over is not undone, since
+//!   the failed read-back's copies may have written the frames already (the victim's bytes
+//!   are safe in its host frames by then, but cancelling its swap-out would bring back the
+//!   device frames as they are now);
 //! - its pages and the reader's hold the same device frames (the audit allows it).
 //!
 //! What it costs a stray access (one the shim did not see) to the victim's address between
@@ -57,11 +62,20 @@ impl Inner {
         self.outgoing.len().saturating_sub(handed)
     }
 
-    /// Whether page `p` is `ToHost` in a unit whose frames were handed over.
+    /// Whether page `p` is `ToHost` in a unit whose frames were handed over: the victim's,
+    /// not the pages read back into it (which may leave too, before the victim completes).
     pub(super) fn is_handed(&self, p: usize) -> bool {
-        match self.pages.get(p).map(|e| e.state) {
-            Some(ResidencyState::ToHost { dev, .. }) => self.handed.contains_key(&dev.unit),
-            _ => false,
+        self.handed_unit_of(p).is_some()
+    }
+
+    /// The hand-over whose victim page `p` is, if it is one.
+    fn handed_unit_of(&self, p: usize) -> Option<&HandedUnit> {
+        match self.pages.get(p)?.state {
+            ResidencyState::ToHost { dev, .. } => self
+                .handed
+                .get(&dev.unit)
+                .filter(|u| p.checked_sub(dev.offset as usize) == Some(u.first)),
+            _ => None,
         }
     }
 
@@ -77,9 +91,15 @@ impl Inner {
     }
 
     /// Takes the frames of a unit of `pages` pages on its way out for a read-back, if one is:
-    /// every page `ToHost` behind one copy event, unpinned, not completing and not handed over
-    /// already. The one whose copy was queued first, which lands first. Its first frame and
-    /// size, as [`Inner::take_unit_cheap`] gives them.
+    /// every page `ToHost` behind one copy event, unpinned, not handed over already. The one
+    /// whose copy was queued first, which lands first. Its first frame and size, as
+    /// [`Inner::take_unit_cheap`] gives them.
+    ///
+    /// A unit another thread is completing without the lock may be taken too: its copy out
+    /// has landed, its completion touches only the victim's address, and its commit keeps
+    /// the frames for the reader. (Leaving those out had the application's thread wait for
+    /// such commits instead, most of the time under a plan: all the units of the size it
+    /// needed were being completed by the maintenance thread.)
     pub(super) fn take_leaving_unit(&mut self, pages: usize) -> Option<(DevFrame, usize)> {
         let mut best: Option<(u64, usize, DevFrame, Event)> = None;
         let mut seen_to = 0;
@@ -106,7 +126,7 @@ impl Inner {
                 e.pins == 0
                     && matches!(e.state, ResidencyState::ToHost { event: ev, .. } if ev == event)
             });
-            if !whole || (a..a + n).any(|q| self.completing.contains(&q)) {
+            if !whole {
                 continue;
             }
             let order = self.copy_event_order.get(&event).copied().unwrap_or(0);
@@ -149,27 +169,6 @@ impl Inner {
         waits
     }
 
-    /// Gives back device frames a read-back took and did not use: to the pool, or, for a unit
-    /// handed over whose victim is still on its way out, back to the victim (its completion
-    /// then frees them as usual).
-    pub(super) fn give_back_frames(&mut self, frames: impl IntoIterator<Item = DevFrame>) {
-        let frames: Vec<DevFrame> = frames.into_iter().collect();
-        let mut returned: Vec<u32> = Vec::new();
-        for d in frames {
-            if self.handed.contains_key(&d.unit) {
-                if !returned.contains(&d.unit) {
-                    returned.push(d.unit);
-                }
-                continue;
-            }
-            self.dev.give(d);
-        }
-        for unit in returned {
-            self.handed.remove(&unit);
-            self.dev.end_hand_over(DevFrame { unit, offset: 0 });
-        }
-    }
-
     /// The units handed over whose victims `pages` touch: their first pages and copy-out
     /// events.
     pub(super) fn handed_among(
@@ -181,10 +180,8 @@ impl Inner {
         }
         let mut found: HashMap<usize, Event> = HashMap::new();
         for p in pages {
-            if let Some(ResidencyState::ToHost { dev, .. }) = self.pages.get(p).map(|e| e.state) {
-                if let Some(u) = self.handed.get(&dev.unit) {
-                    found.insert(u.first, u.event);
-                }
+            if let Some(u) = self.handed_unit_of(p) {
+                found.insert(u.first, u.event);
             }
         }
         let mut out: Vec<(usize, Event)> = found.into_iter().collect();
