@@ -3096,3 +3096,73 @@ fn regression_a_failed_read_back_into_a_handed_unit_does_not_give_it_back_to_its
     ];
     run_model_fenced(ops, 11, Progress::Immediate, 1).unwrap();
 }
+
+/// Known, not fixed (docs/memory.md, "Frames handed over in stream order"; it fails the same
+/// without the hand-over): after a failed copy out during a new allocation's eviction, the
+/// device memory held exceeds the budget for a moment. A dead unit dropped for the allocation
+/// keeps its mapping until the allocation's own unmaps run while its frames are free in the
+/// pool, so a re-cut in the same operation can release it and create another.
+#[test]
+#[ignore = "known: the budget is exceeded for a moment (docs/memory.md)"]
+fn known_a_failed_eviction_for_a_new_allocation_can_release_a_dead_unit_still_mapped() {
+    let ops = vec![
+        Op::Alloc {
+            size: 131841,
+            stream: 0,
+        },
+        Op::Alloc { size: 1, stream: 0 },
+        Op::Alloc {
+            size: 65537,
+            stream: 0,
+        },
+        Op::Free {
+            which: 6404064252562021090,
+            stream: 0,
+            sync: true,
+        },
+        Op::Alloc { size: 1, stream: 1 },
+        Op::Free {
+            which: 8392059865161992454,
+            stream: 0,
+            sync: false,
+        },
+        Op::Step { stream: 0, n: 1 },
+        Op::Alloc {
+            size: 65537,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 131073,
+            stream: 0,
+        },
+        Op::Alloc {
+            size: 32769,
+            stream: 0,
+        },
+        Op::Fill {
+            which: 2970128645362709525,
+            byte: 0,
+            stream: 0,
+        },
+        Op::Copy {
+            from: 324514596608313446,
+            to: 10263998080495329073,
+            stream: 0,
+        },
+        Op::Free {
+            which: 3561380439927045962,
+            stream: 0,
+            sync: false,
+        },
+        Op::Alloc {
+            size: 65537,
+            stream: 1,
+        },
+        Op::Inject(5),
+        Op::Alloc {
+            size: 132097,
+            stream: 0,
+        },
+    ];
+    run_model_fenced(ops, 9, Progress::Manual, 1).unwrap();
+}
