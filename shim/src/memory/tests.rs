@@ -2775,6 +2775,53 @@ fn an_allocation_landing_on_a_freed_page_being_completed_waits_for_the_commit() 
     assert_consistent(fake, mm);
 }
 
+/// Three pages written through a budget of two, with work held until run (`Manual`): the
+/// manager, its fake driver, the stream, the pages, and the index of the one left on the host.
+fn three_pages_one_on_the_host(
+    hand_over: bool,
+) -> (
+    Arc<FakeDriver>,
+    MemoryManager,
+    Stream,
+    Vec<CUdeviceptr>,
+    usize,
+) {
+    let cfg = ManagerConfig {
+        free_reserve_pages: 0,
+        hand_over,
+        ..config(2, 64)
+    };
+    let (fake, mm) = setup_with(cfg, Progress::Manual);
+    mm.set_free_reserve_pages(0);
+    let s = fake.stream_create().unwrap();
+    let p: Vec<CUdeviceptr> = (0..3).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
+    for (i, &x) in p.iter().enumerate() {
+        write(&fake, &mm, s, x, pattern(i as u8, PAGE));
+        fake.run_all();
+        mm.poll().unwrap();
+    }
+    let on_host = |x: CUdeviceptr| matches!(mm.residency(x), Some(ResidencyState::Host(_)));
+    let reader = p.iter().position(|&x| on_host(x)).expect("one page left");
+    (fake, mm, s, p, reader)
+}
+
+/// Each of `pages`, read through the manager, holds what `three_pages_one_on_the_host` wrote;
+/// then the bookkeeping is consistent.
+fn assert_three_pages_read_right(
+    fake: &FakeDriver,
+    mm: &MemoryManager,
+    s: Stream,
+    pages: &[CUdeviceptr],
+) {
+    for (i, &x) in pages.iter().enumerate() {
+        let r = read(fake, mm, s, x, PAGE);
+        fake.run_all();
+        assert_eq!(r.get().unwrap(), pattern(i as u8, PAGE), "page {i}");
+    }
+    mm.poll().unwrap();
+    assert_consistent(fake, mm);
+}
+
 /// A page read back when no frame is free takes the frames of a unit still on its way out
 /// (`manager/handover.rs`): the access queues its copy in behind that unit's copy out, on the
 /// device, and returns without waiting for anything on the host. Nothing has run when it
@@ -2784,22 +2831,7 @@ fn an_allocation_landing_on_a_freed_page_being_completed_waits_for_the_commit() 
 #[test]
 fn a_read_back_takes_a_leaving_units_frames_in_stream_order_and_loses_no_byte() {
     for hand_over in [true, false] {
-        let cfg = ManagerConfig {
-            free_reserve_pages: 0,
-            hand_over,
-            ..config(2, 64)
-        };
-        let (fake, mm) = setup_with(cfg, Progress::Manual);
-        mm.set_free_reserve_pages(0);
-        let s = fake.stream_create().unwrap();
-        let p: Vec<CUdeviceptr> = (0..3).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
-        for (i, &x) in p.iter().enumerate() {
-            write(&fake, &mm, s, x, pattern(i as u8, PAGE));
-            fake.run_all();
-            mm.poll().unwrap();
-        }
-        let on_host = |x: CUdeviceptr| matches!(mm.residency(x), Some(ResidencyState::Host(_)));
-        let reader = p.iter().position(|&x| on_host(x)).expect("one page left");
+        let (fake, mm, s, p, reader) = three_pages_one_on_the_host(hand_over);
         let host_waits =
             || fake.calls(FakeCall::EventSynchronize) + fake.calls(FakeCall::StreamSynchronize);
         let waits_before = host_waits();
@@ -2835,13 +2867,7 @@ fn a_read_back_takes_a_leaving_units_frames_in_stream_order_and_loses_no_byte() 
         let rv = read(&fake, &mm, s, p[victim], PAGE);
         fake.run_all();
         assert_eq!(rv.get().unwrap(), pattern(victim as u8, PAGE), "the victim");
-        for (i, &x) in p.iter().enumerate() {
-            let r = read(&fake, &mm, s, x, PAGE);
-            fake.run_all();
-            assert_eq!(r.get().unwrap(), pattern(i as u8, PAGE), "page {i}");
-        }
-        mm.poll().unwrap();
-        assert_consistent(&fake, &mm);
+        assert_three_pages_read_right(&fake, &mm, s, &p);
     }
 }
 
@@ -2851,21 +2877,7 @@ fn a_read_back_takes_a_leaving_units_frames_in_stream_order_and_loses_no_byte() 
 /// (the victim keeps the frames, the pages read back give them back), and nothing is lost.
 #[test]
 fn pages_read_back_into_a_handed_unit_may_leave_before_its_victim_completes() {
-    let cfg = ManagerConfig {
-        free_reserve_pages: 0,
-        ..config(2, 64)
-    };
-    let (fake, mm) = setup_with(cfg, Progress::Manual);
-    mm.set_free_reserve_pages(0);
-    let s = fake.stream_create().unwrap();
-    let p: Vec<CUdeviceptr> = (0..3).map(|_| mm.alloc(PAGE, None).unwrap()).collect();
-    for (i, &x) in p.iter().enumerate() {
-        write(&fake, &mm, s, x, pattern(i as u8, PAGE));
-        fake.run_all();
-        mm.poll().unwrap();
-    }
-    let on_host = |x: CUdeviceptr| matches!(mm.residency(x), Some(ResidencyState::Host(_)));
-    let reader = p.iter().position(|&x| on_host(x)).expect("one page left");
+    let (fake, mm, s, p, reader) = three_pages_one_on_the_host(true);
     let handed_before = mm.stats().pages_handed_over;
     let t = mm.prepare_access(s, &[(p[reader], PAGE)]).unwrap();
     mm.note_access_done(t).unwrap();
@@ -2882,13 +2894,7 @@ fn pages_read_back_into_a_handed_unit_may_leave_before_its_victim_completes() {
     fake.run_all();
     mm.poll().unwrap();
     mm.audit().unwrap();
-    for (i, &x) in p.iter().enumerate() {
-        let r = read(&fake, &mm, s, x, PAGE);
-        fake.run_all();
-        assert_eq!(r.get().unwrap(), pattern(i as u8, PAGE), "page {i}");
-    }
-    mm.poll().unwrap();
-    assert_consistent(&fake, &mm);
+    assert_three_pages_read_right(&fake, &mm, s, &p);
 }
 
 /// Found by `no_byte_is_lost_with_work_in_flight` once frames were handed over

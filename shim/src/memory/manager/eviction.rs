@@ -228,17 +228,7 @@ impl Inner {
                     // and then waited for the copies out with the lock held, every other
                     // thread waiting with it: 70 times in an MLP rerun under its plan).
                     let events = self.uncompleted_outgoing_events();
-                    let driver = self.driver.clone();
-                    let landed = events
-                        .iter()
-                        .any(|&e| driver.event_query(e).unwrap_or(false));
-                    self.copy_waits = if landed {
-                        Vec::new()
-                    } else {
-                        self.first_copied(&events).into_iter().collect()
-                    };
-                    self.completion_wanted = true;
-                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                    return Err(self.complete_without_the_lock(&events));
                 }
                 // Copies out that have finished give their frames now.
                 self.poll()?;
@@ -259,17 +249,7 @@ impl Inner {
                 // state): complete them, then evict again.
                 let events: Vec<Event> = self.handed.values().map(|u| u.event).collect();
                 if self.unlocked_round() {
-                    let driver = self.driver.clone();
-                    let landed = events
-                        .iter()
-                        .any(|&e| driver.event_query(e).unwrap_or(false));
-                    self.copy_waits = if landed {
-                        Vec::new()
-                    } else {
-                        self.first_copied(&events).into_iter().collect()
-                    };
-                    self.completion_wanted = true;
-                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                    return Err(self.complete_without_the_lock(&events));
                 }
                 self.wait_outgoing()?;
                 rounds += 1;
@@ -290,6 +270,23 @@ impl Inner {
             self.wait_outgoing()?;
         }
         Ok(())
+    }
+
+    /// Has the caller complete the swap-outs of `events` without the lock, then start over:
+    /// at once if one of them has landed, else after waiting for the copy queued first.
+    /// Returns the out-of-memory the operation stops with.
+    fn complete_without_the_lock(&mut self, events: &[Event]) -> CUresult {
+        let driver = self.driver.clone();
+        let landed = events
+            .iter()
+            .any(|&e| driver.event_query(e).unwrap_or(false));
+        self.copy_waits = if landed {
+            Vec::new()
+        } else {
+            self.first_copied(events).into_iter().collect()
+        };
+        self.completion_wanted = true;
+        CUDA_ERROR_OUT_OF_MEMORY
     }
 
     /// Starts swap-outs of up to `want` least recently used unpinned pages (at least `need`,
