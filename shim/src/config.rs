@@ -248,6 +248,16 @@ pub const DEFAULT_DEVICE_MEMORY: &str =
 /// What an unset or refused `TENSILE_HOST_MEMORY` means.
 pub const DEFAULT_HOST_MEMORY: &str = "half the host's memory";
 
+/// A switch's value: `on`, `1`, `true` or `off`, `0`, `false`, in any case, spaces around
+/// ignored; `None` for anything else.
+fn on_off(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "1" | "true" => Some(true),
+        "off" | "0" | "false" => Some(false),
+        _ => None,
+    }
+}
+
 /// Parses a memory size setting, refusing a byte count below one page (a percentage is
 /// checked once it is resolved against the card or the host).
 pub fn parse_memory_setting(text: &str) -> Result<SizeSpec, String> {
@@ -412,10 +422,10 @@ impl Config {
         }
 
         if let Some(v) = get("TENSILE_HOST_UNITS").filter(|v| !v.trim().is_empty()) {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" => c.host_frames = HostFrames::Units,
-                "off" | "0" | "false" => c.host_frames = HostFrames::Singles,
-                _ => problems.push(Problem {
+            match on_off(&v) {
+                Some(true) => c.host_frames = HostFrames::Units,
+                Some(false) => c.host_frames = HostFrames::Singles,
+                None => problems.push(Problem {
                     variable: "TENSILE_HOST_UNITS",
                     value: v,
                     why: "expected on or off".into(),
@@ -425,10 +435,9 @@ impl Config {
         }
 
         if let Some(v) = get("TENSILE_HANDOVER").filter(|v| !v.trim().is_empty()) {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "on" | "1" | "true" => c.handover_off = false,
-                "off" | "0" | "false" => c.handover_off = true,
-                _ => problems.push(Problem {
+            match on_off(&v) {
+                Some(on) => c.handover_off = !on,
+                None => problems.push(Problem {
                     variable: "TENSILE_HANDOVER",
                     value: v,
                     why: "expected on or off".into(),

@@ -178,17 +178,9 @@ impl Inner {
         // A unit whose frames another read-back took cannot come back before its copy out
         // and its completion: left for its access to wait for (`handover.rs`), rather than
         // hold every later prefetch behind that wait. (Counted as leaving below.)
-        let handed: Vec<usize> = self
-            .handed_among(pages.iter().copied())
-            .into_iter()
-            .flat_map(|(first, _)| {
-                let n = self.unit_span(first).map_or(1, |(_, n)| n);
-                first..first + n
-            })
-            .collect();
-        let leaving_handed = pages.iter().filter(|p| handed.contains(p)).count() as u64;
-        pages.retain(|p| !handed.contains(p));
-        let (mut coming, mut leaving) = (0usize, leaving_handed);
+        let before = pages.len();
+        pages.retain(|&p| !self.is_handed(p));
+        let (mut coming, mut leaving) = (0usize, (before - pages.len()) as u64);
         for &p in &pages {
             match self.pages.get(p).map(|e| e.state) {
                 Some(ResidencyState::Host(_)) => coming += 1,
