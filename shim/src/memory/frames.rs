@@ -54,6 +54,12 @@ struct DevUnit {
     /// [`DevicePool::end_hand_over`], so that it is neither released nor its index reused
     /// while a page's state names it.
     handed_over: bool,
+    /// Still mapped at the pages of a dead unit dropped for its frames, whose unmap the
+    /// manager left to the operation that took them (`manager/first_backing.rs`). Free
+    /// meanwhile only if that operation failed and gave it back: it is then not released,
+    /// since a mapped allocation's memory stays held until its unmap, and the process would
+    /// hold more than the budget.
+    still_mapped: bool,
 }
 
 /// Device memory within the budget, in units of one or more pages, each its own physical
@@ -204,6 +210,7 @@ impl DevicePool {
                     pages: n,
                     owned: n,
                     handed_over: false,
+                    still_mapped: false,
                 };
                 let u = match self.vacant.pop() {
                     Some(u) => {
@@ -317,11 +324,31 @@ impl DevicePool {
         (unit.handle, unit.pages as usize)
     }
 
-    /// Releases one free unit, the largest; false if none is free.
+    /// Marks the unit of `f` still mapped at other pages than its owners' (or no longer).
+    pub fn set_still_mapped(&mut self, f: DevFrame, still_mapped: bool) {
+        if let Some(unit) = self.units.get_mut(f.unit as usize).and_then(Option::as_mut) {
+            unit.still_mapped = still_mapped;
+        }
+    }
+
+    /// Releases one free unit not still mapped ([`DevUnit::still_mapped`]), the largest;
+    /// false if there is none.
     fn release_one_free(&mut self, driver: &dyn Driver) -> bool {
-        let Some((pages, u)) = pop_largest(&mut self.free) else {
+        let units = &self.units;
+        let releasable = |u: &u32| units[*u as usize].is_some_and(|x| !x.still_mapped);
+        let Some((pages, i)) = self
+            .free
+            .iter()
+            .rev()
+            .find_map(|(&pages, list)| list.iter().rposition(releasable).map(|i| (pages, i)))
+        else {
             return false;
         };
+        let list = self.free.get_mut(&pages).expect("found above");
+        let u = list.swap_remove(i);
+        if list.is_empty() {
+            self.free.remove(&pages);
+        }
         let Some(unit) = self.units[u as usize] else {
             debug_assert!(false, "a released unit was free");
             return false;

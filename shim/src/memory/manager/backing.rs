@@ -276,6 +276,7 @@ impl Inner {
                 pages: n,
                 first,
             });
+            self.dev.set_still_mapped(first, true);
             self.mapping.extend(a..a + n);
         } else {
             self.driver.mem_unmap(self.va(a), n * self.page)?;

@@ -122,6 +122,11 @@ impl Inner {
             std::mem::take(&mut self.dead_unmaps)
                 .into_iter()
                 .partition(|u| plan.iter().any(|&(_, f)| f == Frame::Device(u.first)));
+        for u in &unmaps {
+            // Owned by this backing until its unmap is made (or, if that fails, by its pages
+            // again): never free and mapped.
+            self.dev.set_still_mapped(u.first, false);
+        }
         for u in given_back {
             self.unmap_dead_unit_now(u);
         }
@@ -199,6 +204,8 @@ impl Inner {
 
     fn unmap_dead_unit_now(&mut self, u: DeadUnmap) {
         let r = self.driver.mem_unmap(self.va(u.page), u.pages * self.page);
+        // Unmapped, or (if that failed) its pages' again.
+        self.dev.set_still_mapped(u.first, false);
         for q in u.span() {
             self.mapping.remove(&q);
         }
