@@ -190,6 +190,115 @@ fn a_broken_swap_is_caught_by_the_stamps_and_named() {
     assert!(doc["native_step_ns"].as_u64() > Some(0));
 }
 
+/// The MLP, then ResNet-50 in the same process, reduced as [`reduced`] does, under the plan.
+fn switching(extra: &[&str], env: &[(&str, &str)]) -> Output {
+    let (mlp, resnet) = (shared("mlp"), shared("resnet50"));
+    let mut args = vec![
+        mlp.to_str().expect("UTF-8 path"),
+        "--then",
+        resnet.to_str().expect("UTF-8 path"),
+        "--simulated",
+        "--json",
+        "--iterations",
+        "5",
+        "--scale",
+        "64",
+        "--time-scale",
+        "0.05",
+        "--budget",
+        "60%",
+        "--policy",
+        "plan",
+    ];
+    args.extend_from_slice(extra);
+    rerun(&args, env)
+}
+
+#[test]
+fn a_rerun_that_switches_traces_drops_the_first_plan_and_plans_the_second_trace() {
+    let out = switching(&[], &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    let doc = json(&out);
+    let ctx = text(&out);
+    assert_eq!(doc["phases"].as_array().map(Vec::len), Some(2), "{ctx}");
+    for phase in doc["phases"].as_array().unwrap() {
+        assert!(phase["native_step_ns"].as_u64() > Some(0), "{ctx}");
+    }
+    let run = &doc["runs"][0];
+    assert_eq!(run["policy"], "plan", "{ctx}");
+    assert_eq!(run["verified"], true, "{ctx}");
+    assert!(run["stamps_checked"].as_u64() > Some(1000), "{ctx}");
+    let phases = run["phases"].as_array().expect("phases");
+    assert_eq!(phases.len(), 2, "{ctx}");
+    // Each trace got a plan of its own, the second after the first's was dropped.
+    let first_plan = |p: &Value| -> (u64, u64) {
+        let f = &p["first_plan"];
+        (
+            f["version"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no plan: {ctx}")),
+            f["applies_from_launch"].as_u64().unwrap(),
+        )
+    };
+    let (v1, from1) = first_plan(&phases[0]);
+    let (v2, from2) = first_plan(&phases[1]);
+    assert!(v2 > v1 && from2 > from1, "{ctx}");
+    let plans = run["plans"].as_array().expect("plans");
+    let dropped_first = plans
+        .iter()
+        .find(|p| p["version"] == v1)
+        .and_then(|p| p["until_launch"].as_u64())
+        .unwrap_or_else(|| panic!("the first trace's plan was never dropped: {ctx}"));
+    assert!(dropped_first <= from2, "{ctx}");
+    // Iterations played under the second trace's plan (all of each) show as such, and none
+    // of the second trace's begins under a plan before its first one.
+    let planned: Vec<bool> = phases[1]["iteration_plan"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| !v.is_null())
+        .collect();
+    let before = phases[1]["first_plan"]["iterations_before"]
+        .as_u64()
+        .unwrap() as usize;
+    assert!(planned[..before].iter().all(|p| !p), "{ctx}");
+    assert!(planned[before..].iter().any(|p| *p), "{ctx}");
+    assert_eq!(
+        planned.len(),
+        phases[1]["iteration_ns"].as_array().unwrap().len(),
+        "{ctx}"
+    );
+}
+
+#[test]
+fn a_stale_stamp_after_the_switch_is_caught_and_named_with_its_trace() {
+    // The fault comes in the second trace's first measured iteration (the same settings
+    // without it pass, above).
+    let out = switching(&[], &[("TENSILE_RERUN_FAULT", "stale:1")]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let doc = json(&out);
+    let run = &doc["runs"][0];
+    assert_eq!(run["verified"], false, "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("tensile: plan run: trace 2: stamp mismatch: allocation ")
+            && last.contains("steady-state iteration 1"),
+        "{}",
+        text(&out)
+    );
+    // --then with --card is refused before anything runs.
+    let out = switching(&["--card", "x", "--card-memory", "1GiB"], &[]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--then does not take --card"),
+        "{}",
+        text(&out)
+    );
+    assert!(!stderr.contains("native run"), "{}", text(&out));
+}
+
 #[test]
 fn bad_traces_and_settings_are_refused_with_one_clear_line() {
     let dir = std::env::temp_dir().join(format!("tensile-rerun-bad-{}", std::process::id()));

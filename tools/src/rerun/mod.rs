@@ -18,6 +18,7 @@ mod card_log;
 mod driver;
 pub mod player;
 pub mod script;
+mod switch;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -95,6 +96,10 @@ pub struct RerunArgs {
     /// shows what the GPU waited on).
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
+    /// Then play TRACE2 in the same process (the first's memory freed): a program that changes
+    /// what it runs. Says per trace when a plan was in force, and each iteration's time.
+    #[arg(long, value_name = "TRACE2")]
+    pub then: Option<PathBuf>,
     /// Print each policy's prediction (as the runs would be compared with) and play
     /// nothing: seconds instead of minutes, to see what a budget or the environment's
     /// TENSILE_* settings change in the model.
@@ -118,6 +123,9 @@ struct SharedCard {
 pub struct PlayerArgs {
     /// The script `tensile rerun` wrote.
     pub script: PathBuf,
+    /// A second script, played after the first in the same process (`tensile rerun --then`).
+    #[arg(long)]
+    pub then: Option<PathBuf>,
     /// Play this many iterations instead of the script's.
     #[arg(long)]
     pub iterations: Option<u32>,
@@ -134,7 +142,7 @@ pub fn player_main(args: PlayerArgs) -> ExitCode {
             Err(_) => ExitCode::FAILURE,
         };
     }
-    match player::run(&args.script, args.iterations) {
+    match player::run(&args.script, args.then.as_deref(), args.iterations) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(code) => ExitCode::from(code as u8),
         Err(message) => {
@@ -329,83 +337,6 @@ fn executor_line(log: &[String]) -> Option<BTreeMap<String, u64>> {
             })
             .collect(),
     )
-}
-
-/// Starts the player; `label` prefixes its progress lines on stderr.
-fn run_player(
-    pieces: &Pieces,
-    script: &Path,
-    iterations: Option<u32>,
-    env: &[(String, String)],
-    trace_out: Option<&Path>,
-    label: &str,
-    log_to: Option<PathBuf>,
-) -> Result<PlayerOutput, String> {
-    let mut cmd = Command::new(&pieces.tensile);
-    cmd.arg("rerun-player").arg(script);
-    if let Some(n) = iterations {
-        cmd.arg("--iterations").arg(n.to_string());
-    }
-    cmd.env_remove("LD_PRELOAD");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    if let Some(t) = trace_out {
-        cmd.env("TENSILE_TRACE", t);
-    } else {
-        // The fault switch models a broken swap: it applies to managed runs only.
-        cmd.env_remove(player::FAULT_ENV);
-    }
-    let label = label.to_owned();
-    let (out, log) = run_echoing(cmd, "the player", move |line| {
-        if let Some(progress) = line.strip_prefix("rerun-player: ") {
-            eprintln!("  [{label}] {progress}");
-        }
-    })?;
-    if let Some(path) = log_to {
-        let mut text = log.join("\n");
-        text.push('\n');
-        std::fs::write(&path, text)
-            .map_err(|e| format!("cannot write the log {}: {e}", path.display()))?;
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: Option<Value> = stdout
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l.trim()).ok());
-    let stamp_failure = json
-        .as_ref()
-        .is_some_and(|j| j["verified"] == Value::Bool(false));
-    if !out.status.success() && !stamp_failure {
-        let tail: Vec<&str> = log
-            .iter()
-            .rev()
-            .take(15)
-            .rev()
-            .map(String::as_str)
-            .collect();
-        return Err(format!(
-            "the player failed ({}):\n{}",
-            out.status,
-            tail.join("\n")
-        ));
-    }
-    let json = json.ok_or("the player printed no result")?;
-    let (stats, host) = match trace_out {
-        Some(t) if !stamp_failure => {
-            let (stats, host) = read_trace_figures(t)?;
-            (Some(stats), host)
-        }
-        _ => (None, HostTime::default()),
-    };
-    let plans_learned = plan_lines(&log);
-    Ok(PlayerOutput {
-        json,
-        stats,
-        host,
-        executor: executor_line(&log),
-        plans_learned,
-    })
 }
 
 /// The library's host time by kind, in ns, summed over a run's `Record::Busy` spans (in
@@ -642,6 +573,8 @@ struct Session {
     scaled_budget: u64,
     base_env: Vec<(String, String)>,
     card: Option<SharedCard>,
+    /// The script played after the first in the same process (`--then`).
+    then: Option<PathBuf>,
     /// How the predictions price moves (the planner on the simulated card is told the same).
     cost: CostModel,
     /// `--logs`.
@@ -649,6 +582,86 @@ struct Session {
 }
 
 impl Session {
+    /// Starts the player on the session's script(s); `label` prefixes its progress lines on
+    /// stderr.
+    fn run_player(
+        &self,
+        iterations: Option<u32>,
+        env: &[(String, String)],
+        trace_out: Option<&Path>,
+        label: &str,
+        log_to: Option<PathBuf>,
+    ) -> Result<PlayerOutput, String> {
+        let mut cmd = Command::new(&self.pieces.tensile);
+        cmd.arg("rerun-player").arg(&self.script);
+        if let Some(then) = &self.then {
+            cmd.arg("--then").arg(then);
+        }
+        if let Some(n) = iterations {
+            cmd.arg("--iterations").arg(n.to_string());
+        }
+        cmd.env_remove("LD_PRELOAD");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        if let Some(t) = trace_out {
+            cmd.env("TENSILE_TRACE", t);
+        } else {
+            // The fault switch models a broken swap: it applies to managed runs only.
+            cmd.env_remove(player::FAULT_ENV);
+        }
+        let label = label.to_owned();
+        let (out, log) = run_echoing(cmd, "the player", move |line| {
+            if let Some(progress) = line.strip_prefix("rerun-player: ") {
+                eprintln!("  [{label}] {progress}");
+            }
+        })?;
+        if let Some(path) = log_to {
+            let mut text = log.join("\n");
+            text.push('\n');
+            std::fs::write(&path, text)
+                .map_err(|e| format!("cannot write the log {}: {e}", path.display()))?;
+        }
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json: Option<Value> = stdout
+            .lines()
+            .rev()
+            .find_map(|l| serde_json::from_str(l.trim()).ok());
+        let stamp_failure = json
+            .as_ref()
+            .is_some_and(|j| j["verified"] == Value::Bool(false));
+        if !out.status.success() && !stamp_failure {
+            let tail: Vec<&str> = log
+                .iter()
+                .rev()
+                .take(15)
+                .rev()
+                .map(String::as_str)
+                .collect();
+            return Err(format!(
+                "the player failed ({}):\n{}",
+                out.status,
+                tail.join("\n")
+            ));
+        }
+        let json = json.ok_or("the player printed no result")?;
+        let (stats, host) = match trace_out {
+            Some(t) if !stamp_failure => {
+                let (stats, host) = read_trace_figures(t)?;
+                (Some(stats), host)
+            }
+            _ => (None, HostTime::default()),
+        };
+        let plans_learned = plan_lines(&log);
+        Ok(PlayerOutput {
+            json,
+            stats,
+            host,
+            executor: executor_line(&log),
+            plans_learned,
+        })
+    }
+
     /// Where the log of run `name` is kept, if `--logs` asked.
     fn log_path(&self, name: &str) -> Option<PathBuf> {
         self.logs.as_ref().map(|d| d.join(format!("{name}.log")))
@@ -668,64 +681,45 @@ impl Session {
         (ns as f64 / self.time_scale).round() as u64
     }
 
-    /// The run without the library; its step in trace time.
-    fn native(&self, trace: &Trace) -> Result<(u64, Value), String> {
+    /// The run without the library, of the scripts made from `traces`; the player's result.
+    fn native(&self, traces: &[&Trace]) -> Result<Value, String> {
         eprintln!("tensile rerun: native run, without libtensile");
         let mut env = self.base_env.clone();
         if !self.gpu {
             // Not memory-bound: room for every allocation of the run at once (rounded to the
             // simulator's 2 MiB granule), because a stream-ordered free returns memory only
             // when the stream reaches it, and the player may run ahead of the stream. The
-            // capacity is only a limit; the simulator maps memory as it is allocated.
-            let capacity = trace
-                .allocations
+            // capacity is only a limit; the simulator maps memory as it is allocated. (A
+            // second trace is played after the first's memory is freed.)
+            let capacity = traces
                 .iter()
-                .map(|a| {
-                    a.bytes
-                        .div_ceil(self.scale)
-                        .next_multiple_of(script::PIECE_BYTES)
+                .map(|trace| {
+                    trace
+                        .allocations
+                        .iter()
+                        .map(|a| {
+                            a.bytes
+                                .div_ceil(self.scale)
+                                .next_multiple_of(script::PIECE_BYTES)
+                        })
+                        .sum::<u64>()
                 })
-                .sum::<u64>()
+                .max()
+                .unwrap_or(0)
                 + (256 << 20);
             env.extend(simulator_env(capacity, self.scale, self.time_scale));
         }
-        let native = run_player(
-            &self.pieces,
-            &self.script,
-            None,
-            &env,
-            None,
-            "native",
-            self.log_path("native"),
-        )?;
+        let native = self.run_player(None, &env, None, "native", self.log_path("native"))?;
         if native.json["verified"] != Value::Bool(true) {
             let message = native.json["message"].as_str().unwrap_or("stamp mismatch");
             return Err(format!("native run: {message}"));
         }
-        Ok((self.trace_time(median(&steps(&native.json))), native.json))
+        Ok(native.json)
     }
 
-    /// One run under the library, and the baseline run its statistics need.
-    fn managed(
-        &self,
-        policy: PolicyKind,
-        predicted: Option<Predicted>,
-    ) -> Result<ManagedRun, String> {
+    /// The environment of a run under the library with `policy`.
+    fn managed_env(&self, policy: PolicyKind) -> Vec<(String, String)> {
         let name = policy_name(policy);
-        eprintln!(
-            "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
-            format_bytes(self.scaled_budget),
-            match (&self.card, policy) {
-                (Some(card), _) => format!(
-                    " at most, on the shared card {:?} (the coordinator {:?} grants the rest)",
-                    card.name, card.name
-                ),
-                (None, PolicyKind::Plan) => {
-                    " (learning and planning in the process: TENSILE_COORDINATOR=off)".into()
-                }
-                (None, _) => String::new(),
-            }
-        );
         let mut env = self.base_env.clone();
         env.push((
             "LD_PRELOAD".into(),
@@ -779,6 +773,31 @@ impl Session {
             }
             None => {}
         }
+        env
+    }
+
+    /// One run under the library, and the baseline run its statistics need.
+    fn managed(
+        &self,
+        policy: PolicyKind,
+        predicted: Option<Predicted>,
+    ) -> Result<ManagedRun, String> {
+        let name = policy_name(policy);
+        eprintln!(
+            "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
+            format_bytes(self.scaled_budget),
+            match (&self.card, policy) {
+                (Some(card), _) => format!(
+                    " at most, on the shared card {:?} (the coordinator {:?} grants the rest)",
+                    card.name, card.name
+                ),
+                (None, PolicyKind::Plan) => {
+                    " (learning and planning in the process: TENSILE_COORDINATOR=off)".into()
+                }
+                (None, _) => String::new(),
+            }
+        );
+        let mut env = self.managed_env(policy);
         // On the simulated GPU, the card logs what it ran: where the step's time went.
         let card_log = (!self.gpu).then(|| {
             self.trace_path(&format!("{name}-card"))
@@ -790,15 +809,7 @@ impl Session {
             env.push(("TENSILE_SIM_ENGINE_LOG".into(), path.display().to_string()));
         }
         let full_trace = self.trace_path(name);
-        let full = run_player(
-            &self.pieces,
-            &self.script,
-            None,
-            &env,
-            Some(&full_trace),
-            name,
-            self.log_path(name),
-        )?;
+        let full = self.run_player(None, &env, Some(&full_trace), name, self.log_path(name))?;
         let stamps_checked = full.json["stamps_checked"].as_u64().unwrap_or(0);
         if full.json["verified"] != Value::Bool(true) {
             return Ok(ManagedRun {
@@ -836,9 +847,7 @@ impl Session {
         env.retain(|(k, _)| k != "TENSILE_SIM_ENGINE_LOG");
         let baseline_iterations = self.iterations.min(2) - 1;
         let baseline_trace = self.trace_path(&format!("{name}-baseline"));
-        let baseline = run_player(
-            &self.pieces,
-            &self.script,
+        let baseline = self.run_player(
             Some(baseline_iterations),
             &env,
             Some(&baseline_trace),
@@ -1033,6 +1042,69 @@ fn predict(
         .collect()
 }
 
+/// One trace as the rerun plays it: what the analyzer finds in it, as the library's learner
+/// would plan it.
+struct Phase {
+    path: PathBuf,
+    trace: Trace,
+    analysis: Analysis,
+}
+
+impl Phase {
+    fn load(path: &Path) -> Result<Phase, String> {
+        let trace = load(path, LoadOptions::default()).map_err(|e| e.to_string())?;
+        let mut analysis = analyze(&trace, &CostModel::default())
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        // The plan is predicted as the library's learner makes it: leaving what it cannot name.
+        let immovable = tensile_analyzer::exec_plan::unnameable(&trace, &analysis.cycle);
+        analysis.cycle = analysis.cycle.with_immovable(immovable);
+        Ok(Phase {
+            path: path.to_owned(),
+            trace,
+            analysis,
+        })
+    }
+
+    /// The steady-state iteration's peak allocated bytes (what a budget in percent is of).
+    fn peak(&self) -> u64 {
+        self.analysis.footprint.peak_allocated
+    }
+
+    /// The file's name, for tables.
+    fn name(&self) -> String {
+        let name = self.path.file_name().map_or_else(
+            || self.path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        name.trim_end_matches(".gz")
+            .trim_end_matches(".trace")
+            .to_owned()
+    }
+}
+
+/// The line that says what a script plays.
+fn describe_script(phase: &Phase, script: &script::Script, gpu: bool, iterations: u32) -> String {
+    format!(
+        "tensile rerun: {} on {}: prologue of {} steps, then {}{} iterations of {} ops ({} \
+         stand-in launches each) on {} stream(s) besides the legacy default stream",
+        phase.path.display(),
+        if gpu {
+            "this machine's GPU"
+        } else {
+            "the simulated GPU"
+        },
+        script.prologue.len(),
+        match script.warmup {
+            0 => String::new(),
+            w => format!("{w} to warm up (for the recorded steps after the first) and "),
+        },
+        iterations,
+        phase.analysis.cycle.len(),
+        script.kernels_per_iteration(),
+        script.streams
+    )
+}
+
 /// Runs `tensile rerun`.
 pub fn run(args: RerunArgs) -> Result<(), String> {
     if args.iterations == 0 {
@@ -1044,10 +1116,14 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     if args.scale == Some(0) {
         return Err("--scale must be at least 1".into());
     }
+    if args.then.is_some() && args.card.is_some() {
+        return Err("--then does not take --card: a rerun that switches traces plays alone".into());
+    }
     let scale = args.scale.unwrap_or(1);
     let policies = policies(&args.policy)?;
     let pieces = find_pieces()?;
-    let trace = load(&args.trace, LoadOptions::default()).map_err(|e| e.to_string())?;
+    let first = Phase::load(&args.trace)?;
+    let then = args.then.as_deref().map(Phase::load).transpose()?;
     // Pages move at the copy rates slowed by the driver's remap cost per page, on the card
     // (docs/gpu-results.md) and on the simulated GPU alike (it charges the same per call):
     // the library planner's own default, for the TENSILE_SWAPPED and TENSILE_HOST_UNITS the
@@ -1055,12 +1131,8 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let config = tensile_shim::config::Config::from_env().0;
     let remaps = tensile_shim::planning::page_remaps(config.swapped_unmapped, config.host_frames);
     let copies = CostModel::default();
-    let mut analysis =
-        analyze(&trace, &copies).map_err(|e| format!("{}: {e}", args.trace.display()))?;
-    // The plan is predicted as the library's learner makes it: leaving what it cannot name.
-    let immovable = tensile_analyzer::exec_plan::unnameable(&trace, &analysis.cycle);
-    analysis.cycle = analysis.cycle.with_immovable(immovable);
-    let peak = analysis.footprint.peak_allocated;
+    let (trace, analysis) = (&first.trace, &first.analysis);
+    let peak = first.peak();
     let card = shared_card(&args, &policies)?;
     let budget = match (&args.budget, &card) {
         (Some(b), _) => parse_size(b, Some(peak)).map_err(|e| format!("--budget {e}"))?,
@@ -1070,15 +1142,23 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     };
     // Per page, the calls' per-mapping terms are shared by the pages of a unit: units the size
     // of this trace's tensors, as each policy's run cuts them (`Cycle::pages_per_unit`).
-    let costs = PolicyCosts::new(
-        &analysis.cycle,
-        copies,
-        remaps,
-        budget,
-        policies.contains(&PolicyKind::Lru),
-    );
+    let costs_of = |phase: &Phase| {
+        PolicyCosts::new(
+            &phase.analysis.cycle,
+            copies,
+            remaps,
+            budget,
+            policies.contains(&PolicyKind::Lru),
+        )
+    };
+    let costs = costs_of(&first);
     if let Some(allowance) = host_memory_allowance()? {
-        let whole_peak = script::peak_live_bytes(&trace, 1, 1);
+        // A second trace plays after the first's memory is freed.
+        let whole_peak = std::iter::once(&first)
+            .chain(&then)
+            .map(|p| script::peak_live_bytes(&p.trace, 1, 1))
+            .max()
+            .unwrap_or(0);
         check_fits(whole_peak, scale, allowance, args.scale.is_some())?;
     }
     let gpu = !args.simulated && card.is_none() && real_gpu(&pieces);
@@ -1098,7 +1178,13 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         time_scale,
         max_slots: Scaling::slots_for_budget((!policies.is_empty()).then_some(scaled_budget)),
     };
-    let script = script::build(&trace, &analysis, &copies, scaling, args.iterations);
+    let script = script::build(trace, analysis, &copies, scaling, args.iterations);
+    // The second trace's kernels are other kernels than the first's (another program).
+    let then_script = then.as_ref().map(|p| {
+        let mut s = script::build(&p.trace, &p.analysis, &copies, scaling, args.iterations);
+        s.offset_kernels(script.kernel_bound());
+        s
+    });
     if let Some(dir) = &args.logs {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot make the log directory {}: {e}", dir.display()))?;
@@ -1108,25 +1194,21 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     let text = serde_json::to_string(&script).map_err(|e| e.to_string())?;
     std::fs::write(&script_path, text)
         .map_err(|e| format!("cannot write {}: {e}", script_path.display()))?;
-    eprintln!(
-        "tensile rerun: {} on {}: prologue of {} steps, then {}{} iterations of {} ops ({} \
-         stand-in launches each) on {} stream(s) besides the legacy default stream",
-        args.trace.display(),
-        if gpu {
-            "this machine's GPU"
-        } else {
-            "the simulated GPU"
-        },
-        script.prologue.len(),
-        match script.warmup {
-            0 => String::new(),
-            w => format!("{w} to warm up (for the recorded steps after the first) and "),
-        },
-        args.iterations,
-        analysis.cycle.len(),
-        script.kernels_per_iteration(),
-        script.streams
-    );
+    eprintln!("{}", describe_script(&first, &script, gpu, args.iterations));
+    let then_path = match (&then, &then_script) {
+        (Some(phase), Some(s)) => {
+            let path = work.path.join("then.json");
+            let text = serde_json::to_string(s).map_err(|e| e.to_string())?;
+            std::fs::write(&path, text)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            eprintln!(
+                "{}, after the first in the same process",
+                describe_script(phase, s, gpu, args.iterations)
+            );
+            Some(path)
+        }
+        _ => None,
+    };
     if scale > 1 {
         eprintln!(
             "tensile rerun: --scale {scale}: sizes, the budget ({} -> {}) and the modelled \
@@ -1154,6 +1236,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         scaled_budget,
         base_env,
         card,
+        then: then_path,
         cost: costs.plan,
         logs: args.logs.clone(),
     };
@@ -1190,8 +1273,21 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             remap.out_ns as f64 / 1e3
         );
     }
+    if let Some(then) = &then {
+        let phases = [
+            switch::Played {
+                phase: &first,
+                costs: &costs,
+            },
+            switch::Played {
+                phase: then,
+                costs: &costs_of(then),
+            },
+        ];
+        return switch::run(&args, &session, &phases, &policies, budget, room);
+    }
     if args.predict_only {
-        let predicted = predict(&analysis, &policies, budget, scale, &costs, room);
+        let predicted = predict(analysis, &policies, budget, scale, &costs, room);
         print_predictions(&args, budget, scale, &predicted)?;
         return Ok(());
     }
@@ -1199,9 +1295,10 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
         eprintln!("tensile rerun: --card: no native run");
         (0, Value::Null)
     } else {
-        session.native(&trace)?
+        let native = session.native(&[trace])?;
+        (session.trace_time(median(&steps(&native))), native)
     };
-    let mut runs = predict(&analysis, &policies, budget, scale, &costs, room)
+    let mut runs = predict(analysis, &policies, budget, scale, &costs, room)
         .into_iter()
         .map(|(policy, predicted)| session.managed(policy, predicted))
         .collect::<Result<Vec<_>, _>>()?;
@@ -1218,7 +1315,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             room * 100.0
         );
         if let Some((_, predicted)) =
-            predict(&analysis, &[PolicyKind::Plan], budget, scale, &costs, ended).pop()
+            predict(analysis, &[PolicyKind::Plan], budget, scale, &costs, ended).pop()
         {
             run.predicted = predicted;
         }
@@ -1259,7 +1356,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             human(
                 &args,
                 time_scale,
-                &analysis,
+                analysis,
                 budget,
                 native_step_ns,
                 &native,

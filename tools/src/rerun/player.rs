@@ -7,10 +7,15 @@
 //! allocation is ordered with an event, as the recorded program must have ordered it (the
 //! capture format does not record events). The result is one JSON line on stdout.
 //!
-//! The fault switch (`TENSILE_RERUN_FAULT=stale:<iteration>`, for tests): in that iteration,
-//! right after the largest allocation touched by a launch gets new stamps, a launch puts the
-//! previous stamps back, as a swap-in from a stale host copy would; the program's next use of
-//! the allocation must report it.
+//! A second script (`--then`) is played after the first in the same process, as a program
+//! that changes what it does (another model, another batch size): the first script's every
+//! stamp is checked, its allocations freed, then the second plays from its prologue on. The
+//! JSON then holds each script's result under `phases`.
+//!
+//! The fault switch (`TENSILE_RERUN_FAULT=stale:<iteration>`, for tests): in that iteration of
+//! the last script played, right after the largest allocation touched by a launch gets new
+//! stamps, a launch puts the previous stamps back, as a swap-in from a stale host copy would;
+//! the program's next use of the allocation must report it.
 
 use std::collections::HashMap;
 use std::ffi::{c_uint, c_void, CString};
@@ -63,6 +68,9 @@ struct SlotState {
 struct Player<'a> {
     d: Driver,
     script: &'a Script,
+    /// Kernel launches made so far by the process (the library numbers launches the same way:
+    /// a plan's `applies_from` is one of these numbers).
+    launches: u64,
     /// The stand-in entry of each recorded kernel.
     funcs: HashMap<u32, CUfunction>,
     streams: Vec<CUstream>,
@@ -86,9 +94,15 @@ enum Played {
     Measured(u32),
 }
 
-/// Runs the player on the script at `path`, printing its JSON result; the process's exit
-/// status says whether every stamp matched.
-pub fn run(path: &std::path::Path, iterations: Option<u32>) -> Result<i32, String> {
+/// How one script's play ended.
+enum Outcome {
+    /// Every stamp matched: the script's result.
+    Verified(serde_json::Value),
+    /// A stamp did not: the result that says where.
+    StampFailed(serde_json::Value),
+}
+
+fn read_script(path: &std::path::Path, iterations: Option<u32>) -> Result<Script, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the script {}: {e}", path.display()))?;
     let mut script: Script = serde_json::from_str(&text)
@@ -96,6 +110,18 @@ pub fn run(path: &std::path::Path, iterations: Option<u32>) -> Result<i32, Strin
     if let Some(n) = iterations {
         script.iterations = n;
     }
+    Ok(script)
+}
+
+/// Runs the player on the script at `path` (then on the one at `then`, if given), printing
+/// its JSON result; the process's exit status says whether every stamp matched.
+pub fn run(
+    path: &std::path::Path,
+    then: Option<&std::path::Path>,
+    iterations: Option<u32>,
+) -> Result<i32, String> {
+    let script = read_script(path, iterations)?;
+    let then = then.map(|p| read_script(p, iterations)).transpose()?;
     let fault_iteration = match std::env::var(FAULT_ENV) {
         Ok(v) => Some(
             v.strip_prefix("stale:")
@@ -104,12 +130,54 @@ pub fn run(path: &std::path::Path, iterations: Option<u32>) -> Result<i32, Strin
         ),
         Err(_) => None,
     };
-    let mut player = Player::new(&script, fault_iteration)?;
-    player.play()
+    // The fault switch applies to the last script played.
+    let mut player = Player::new(&script, fault_iteration.filter(|_| then.is_none()), 0)?;
+    let first = match player.play()? {
+        Outcome::Verified(json) => json,
+        Outcome::StampFailed(json) => {
+            println!("{json}");
+            return Ok(EXIT_STAMP_FAILED);
+        }
+    };
+    let Some(then) = &then else {
+        println!("{first}");
+        return Ok(0);
+    };
+    // The program moves on: what it held is freed (its stamps were all checked), and the
+    // next script starts from nothing, its launches numbered on from the first's.
+    player.free_everything()?;
+    let launches = player.launches;
+    drop(player);
+    eprintln!("rerun-player: the first script done; the second starts");
+    let mut player = Player::new(then, fault_iteration, launches)?;
+    let second = match player.play()? {
+        Outcome::Verified(json) => json,
+        Outcome::StampFailed(mut json) => {
+            json["phase"] = json!(2);
+            println!("{json}");
+            return Ok(EXIT_STAMP_FAILED);
+        }
+    };
+    let checked = first["stamps_checked"].as_u64().unwrap_or(0)
+        + second["stamps_checked"].as_u64().unwrap_or(0);
+    println!(
+        "{}",
+        json!({
+            "verified": true,
+            "stamps_checked": checked,
+            "phases": [first, second],
+        })
+    );
+    Ok(0)
 }
 
 impl<'a> Player<'a> {
-    fn new(script: &'a Script, fault_iteration: Option<u32>) -> Result<Player<'a>, String> {
+    /// A player for `script` in a process that has made `launches` kernel launches.
+    fn new(
+        script: &'a Script,
+        fault_iteration: Option<u32>,
+        launches: u64,
+    ) -> Result<Player<'a>, String> {
         let d = Driver::load()?;
         // SAFETY: (this covers every driver call in this file, which say "see `new`") the
         // arguments are live handles this player created, out-pointers to locals, and host
@@ -174,6 +242,7 @@ impl<'a> Player<'a> {
             Ok(Player {
                 d,
                 script,
+                launches,
                 funcs,
                 streams,
                 events,
@@ -188,7 +257,7 @@ impl<'a> Player<'a> {
         }
     }
 
-    fn play(&mut self) -> Result<i32, String> {
+    fn play(&mut self) -> Result<Outcome, String> {
         let script = self.script;
         let prologue_start = Instant::now();
         for step in &script.prologue {
@@ -197,20 +266,26 @@ impl<'a> Player<'a> {
         self.sync_device()?;
         let prologue_ns = prologue_start.elapsed().as_nanos() as u64;
         if let Some(failed) = self.check_result(Played::Prologue)? {
-            return Ok(failed);
+            return Ok(Outcome::StampFailed(failed));
         }
         // Warm-up iterations first (the script's stand-ins for recorded steps), unmeasured;
         // each reads the result back like a measured one, so that every played iteration is
         // the same program.
         let mut steps_ns = Vec::new();
+        // Every played iteration, warm-up included: its time and the launches made before it
+        // (and, last, after it).
+        let mut iteration_ns = Vec::new();
+        let mut iteration_launches = Vec::new();
         let mut last = Instant::now();
         for n in 0..script.warmup + script.iterations {
             let measured = n.checked_sub(script.warmup);
+            iteration_launches.push(self.launches);
             for (i, step) in script.iteration.iter().enumerate() {
                 self.step(step, Some(i), measured)?;
             }
             self.sync_device()?;
             let now = Instant::now();
+            iteration_ns.push((now - last).as_nanos() as u64);
             let played = match measured {
                 Some(it) => {
                     steps_ns.push((now - last).as_nanos() as u64);
@@ -220,7 +295,7 @@ impl<'a> Player<'a> {
             };
             last = now;
             if let Some(failed) = self.check_result(played)? {
-                return Ok(failed);
+                return Ok(Outcome::StampFailed(failed));
             }
             if let Some(it) = measured.filter(|_| script.iterations >= 4) {
                 eprintln!(
@@ -230,24 +305,35 @@ impl<'a> Player<'a> {
                 );
             }
         }
+        iteration_launches.push(self.launches);
         // Data that was lost after its last use would go unnoticed: check every live stamp.
         if script.iterations > 0 {
             self.check_everything_live()?;
             self.sync_device()?;
             if let Some(failed) = self.check_result(Played::Measured(script.iterations))? {
-                return Ok(failed);
+                return Ok(Outcome::StampFailed(failed));
             }
         }
         let r = self.read_result()?;
-        let out = json!({
+        Ok(Outcome::Verified(json!({
             "verified": true,
             "steps_ns": steps_ns,
+            "iteration_ns": iteration_ns,
+            "iteration_launches": iteration_launches,
+            "launches": self.launches,
             "prologue_ns": prologue_ns,
             "stamps_checked": r.checked,
             "allocated_on_demand": self.allocated_on_demand,
-        });
-        println!("{out}");
-        Ok(0)
+        })))
+    }
+
+    /// Frees every allocation the script still holds, and waits for the device.
+    fn free_everything(&mut self) -> Result<(), String> {
+        for slot in 0..self.slots.len() as SlotIdx {
+            let stream = self.slots[slot as usize].last_stream.unwrap_or(0);
+            self.free(slot, stream)?;
+        }
+        self.sync_device()
     }
 
     /// Launches a check-only stand-in for every live, stamped allocation (one each: together
@@ -293,9 +379,9 @@ impl<'a> Player<'a> {
         Ok(RerunResult::decode(&bytes))
     }
 
-    /// Reports a mismatch (JSON on stdout, one line on stderr); `Some(exit status)` if one
-    /// was found.
-    fn check_result(&self, played: Played) -> Result<Option<i32>, String> {
+    /// Reports a mismatch (one line on stderr); `Some(the result that says where)` if one was
+    /// found.
+    fn check_result(&self, played: Played) -> Result<Option<serde_json::Value>, String> {
         let r = self.read_result()?;
         let Some(m) = r.first else {
             return Ok(None);
@@ -325,8 +411,7 @@ impl<'a> Player<'a> {
             "piece": m.piece,
             "message": message,
         });
-        println!("{out}");
-        Ok(Some(EXIT_STAMP_FAILED))
+        Ok(Some(out))
     }
 
     fn sync_device(&mut self) -> Result<(), String> {
@@ -457,6 +542,7 @@ impl<'a> Player<'a> {
             .ok_or_else(|| format!("no stand-in entry for kernel {kernel}"))?;
         let mut params = args.encode();
         let mut kernel_params = [params.as_mut_ptr().cast::<c_void>()];
+        self.launches += 1;
         // SAFETY: see `new`; `params` outlives the call (the driver copies it at launch).
         unsafe {
             check(

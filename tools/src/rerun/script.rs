@@ -109,6 +109,29 @@ impl Script {
         k
     }
 
+    /// One more than the largest recorded kernel the script launches (0 if none): kernels
+    /// from there on are free for another script's ([`Script::offset_kernels`]).
+    pub fn kernel_bound(&self) -> u32 {
+        self.kernels()
+            .into_iter()
+            .filter(|&k| is_recorded_kernel(k))
+            .max()
+            .map_or(0, |k| k + 1)
+    }
+
+    /// Renames every recorded kernel `k` to `k + by`, so that a script played after another
+    /// launches other kernels than it (another program's); the stand-ins for memsets and
+    /// copies, and the final check, stay what they are.
+    pub fn offset_kernels(&mut self, by: u32) {
+        for step in self.prologue.iter_mut().chain(&mut self.iteration) {
+            if let Step::Kernel { kernel, .. } = step {
+                if is_recorded_kernel(*kernel) {
+                    *kernel += by;
+                }
+            }
+        }
+    }
+
     /// Launches of stand-in kernels in one iteration.
     pub fn kernels_per_iteration(&self) -> usize {
         self.iteration
@@ -202,6 +225,15 @@ pub const MEMSET_KERNEL: u32 = u32::MAX - 1;
 pub const DEVICE_COPY_KERNEL: u32 = u32::MAX - 2;
 /// The kernel of the player's final check of every stamp (no recorded op).
 pub const FINAL_CHECK_KERNEL: u32 = u32::MAX - 3;
+
+/// Whether `kernel` is a recorded kernel's (not a stand-in for a memset, a copy or the final
+/// check).
+fn is_recorded_kernel(kernel: u32) -> bool {
+    kernel
+        < FINAL_CHECK_KERNEL
+            .min(MEMSET_KERNEL)
+            .min(DEVICE_COPY_KERNEL)
+}
 
 /// Appends the steps of one op touching `slots` (already deduplicated).
 #[allow(clippy::too_many_arguments)]
