@@ -1,7 +1,9 @@
 //! What the library swapped between two launches of a trace it wrote, by direction and
 //! cause (a plan's step, an access that found pages on the host or lacked frames, a prefetch's
 //! or an allocation's frames, the free reserve), then the same by position in the range: where
-//! a planned run fell back on the on-demand path, and what for.
+//! a planned run fell back on the on-demand path, and what for. From trace format 3 (whose
+//! swaps name their pages), also by allocation: the pages each one sent out and got back over
+//! the range, where it was made and freed; those that left most and came back least first.
 //!
 //! ```text
 //! cargo run --release -p tensile-analyzer --example swaps_by_cause -- TRACE FROM TO [BUCKETS]
@@ -27,11 +29,53 @@ fn main() -> Result<(), String> {
     let mut total: BTreeMap<(String, String), (u64, u64, u64)> = BTreeMap::new();
     let mut by_bucket: BTreeMap<u64, BTreeMap<(String, String), u64>> = BTreeMap::new();
     let mut at: Option<u64> = None;
+    // Live allocations by address: (id, bytes, launch made at); and, per allocation the range
+    // swapped, its pages out and in, and where it was freed.
+    let mut live: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    let mut last_launch = 0u64;
+    let mut by_alloc: BTreeMap<u64, AllocSwaps> = BTreeMap::new();
     for record in Reader::open(path).map_err(|e| format!("{path}: {e}"))? {
         match record.map_err(|e| format!("{path}: {e}"))? {
-            Record::Launch(l) => at = (from..to).contains(&l.seq).then_some(l.seq),
+            Record::Launch(l) => {
+                last_launch = l.seq;
+                at = (from..to).contains(&l.seq).then_some(l.seq);
+            }
+            Record::Alloc(a) => {
+                live.insert(a.ptr, (a.id, a.bytes, last_launch));
+            }
+            Record::Free(f) => {
+                live.retain(|_, v| v.0 != f.id);
+                if let Some(a) = by_alloc.get_mut(&f.id) {
+                    a.freed_at.get_or_insert(last_launch);
+                }
+            }
             Record::Swap(s) => {
                 let Some(seq) = at else { continue };
+                let page = if s.pages > 0 && s.bytes > 0 {
+                    s.bytes / u64::from(s.pages)
+                } else {
+                    0
+                };
+                for &(addr, n) in &s.runs {
+                    for i in 0..u64::from(n) {
+                        let a = addr + i * page;
+                        let Some((&ptr, &(id, bytes, made))) = live.range(..=a).next_back() else {
+                            continue;
+                        };
+                        if a >= ptr + bytes.max(1) {
+                            continue;
+                        }
+                        let e = by_alloc.entry(id).or_insert(AllocSwaps {
+                            bytes,
+                            made_at: made,
+                            ..AllocSwaps::default()
+                        });
+                        match s.dir {
+                            tensile_trace::SwapDir::ToHost => e.out += 1,
+                            tensile_trace::SwapDir::ToDevice => e.back += 1,
+                        }
+                    }
+                }
                 let key = (format!("{:?}", s.dir), format!("{:?}", s.cause));
                 let e = total.entry(key.clone()).or_default();
                 e.0 += 1;
@@ -57,6 +101,33 @@ fn main() -> Result<(), String> {
             *bytes as f64 / (1u64 << 20) as f64
         );
     }
+    if !by_alloc.is_empty() {
+        let mut rows: Vec<(&u64, &AllocSwaps)> = by_alloc.iter().collect();
+        rows.sort_by_key(|(_, a)| std::cmp::Reverse(a.out as i64 - a.back as i64));
+        let (out, back): (u64, u64) = rows
+            .iter()
+            .fold((0, 0), |(o, b), (_, a)| (o + a.out, b + a.back));
+        println!(
+            "\nby allocation (the pages each run names, from format 3): {out} pages out, {back} \
+             back, in {} allocations; the 25 with most out and not back:",
+            rows.len()
+        );
+        println!(
+            "{:>8} {:>12} {:>8} {:>8} {:>9} {:>9}",
+            "alloc", "bytes", "out", "back", "made at", "freed at"
+        );
+        for (id, a) in rows.iter().take(25) {
+            println!(
+                "{id:>8} {:>12} {:>8} {:>8} {:>9} {:>9}",
+                a.bytes,
+                a.out,
+                a.back,
+                a.made_at as i64 - from as i64,
+                a.freed_at
+                    .map_or("live".to_string(), |f| (f as i64 - from as i64).to_string())
+            );
+        }
+    }
     println!("\npages by position (launches from {from}):");
     let keys: Vec<&(String, String)> = total.keys().collect();
     let header: Vec<String> = keys.iter().map(|(d, c)| format!("{d}/{c}")).collect();
@@ -79,4 +150,14 @@ fn main() -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// What one allocation's pages did over the range (launch numbers absolute).
+#[derive(Default)]
+struct AllocSwaps {
+    bytes: u64,
+    out: u64,
+    back: u64,
+    made_at: u64,
+    freed_at: Option<u64>,
 }

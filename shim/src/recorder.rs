@@ -483,14 +483,16 @@ impl TraceJournal {
 }
 
 impl Journal for TraceJournal {
-    fn swap(&self, at: Instant, dir: SwapDir, cause: SwapCause, pages: usize, bytes: u64) {
+    fn swap(&self, at: Instant, dir: SwapDir, cause: SwapCause, runs: &[(u64, u32)], bytes: u64) {
         if let Some(rec) = Self::recorder() {
+            let pages: u64 = runs.iter().map(|&(_, n)| u64::from(n)).sum();
             rec.record(Record::Swap(Swap {
                 t_ns: rec.ns_at(at),
                 dir,
                 cause,
                 pages: u32::try_from(pages).unwrap_or(u32::MAX),
                 bytes,
+                runs: runs.to_vec(),
             }));
         }
     }

@@ -296,14 +296,15 @@ impl Runtime {
             // handlers run.
             let mm = self.memory().map(|m| m.mm.stats()).unwrap_or_default();
             crate::log::emergency(&format!(
-                "swapped {} MiB to host and {} MiB to device ({} pages out, {} in); {} accesses \
-                 stalled for {:.3} ms in all; the memory manager's lock found held {} times by \
+                "swapped {} MiB to host and {} MiB to device ({} pages out, {} in, {} swap-outs \
+                 cancelled by an access); {} accesses stalled for {:.3} ms in all; the memory manager's lock found held {} times by \
                  the application's threads ({:.3} ms in all) and {} times by the library's \
                  ({:.3} ms), and {} waits were made holding it; peak resident {} MiB; host pool {} MiB",
                 stats.bytes_to_host >> 20,
                 stats.bytes_to_device >> 20,
                 mm.pages_evicted,
                 mm.pages_swapped_in,
+                mm.pages_out_cancelled,
                 stats.stalled_launches,
                 stats.stall_ns as f64 / 1e6,
                 mm.app_lock_waits,

@@ -22,7 +22,8 @@
 //! variant at the end of [`Record`] is a compatible change for old files, not for old readers:
 //! the version is bumped, and this crate reads every version from [`OLDEST_READ_VERSION`].
 //! Version 2 added the library's own work ([`Record::Swap`], [`Record::Busy`],
-//! [`Record::Plan`]).
+//! [`Record::Plan`]); version 3 the pages each swap moved ([`Swap::runs`]: a version 2
+//! `Swap` is read with none).
 
 mod crc32;
 mod reader;
@@ -37,7 +38,7 @@ pub use writer::Writer;
 pub const MAGIC: [u8; 8] = *b"TNSLTRC\0";
 
 /// The format version this crate writes (and the newest it reads).
-pub const FORMAT_VERSION: u16 = 2;
+pub const FORMAT_VERSION: u16 = 3;
 
 /// The oldest format version this crate reads: later versions only added records.
 pub const OLDEST_READ_VERSION: u16 = 1;

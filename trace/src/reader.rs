@@ -5,7 +5,7 @@ use std::io::{self, BufReader, Read};
 use std::path::Path;
 
 use crate::crc32::crc32;
-use crate::record::{Header, Record};
+use crate::record::{Header, Record, Swap, SwapCause, SwapDir};
 use crate::{FORMAT_VERSION, MAGIC, MAX_FRAME_BYTES, OLDEST_READ_VERSION};
 
 /// Why a trace could not be read (completely).
@@ -38,6 +38,8 @@ pub enum TraceError {
 /// `Err(TraceError::Truncated)`, then `None`. Any error ends the iteration.
 pub struct Reader<R: Read> {
     input: R,
+    /// The file's format version (records are read as it wrote them).
+    version: u16,
     header: Header,
     records: u64,
     saw_end: bool,
@@ -90,6 +92,7 @@ impl<R: Read> Reader<R> {
         };
         let mut reader = Reader {
             input,
+            version: found,
             header: placeholder,
             records: 0,
             saw_end: false,
@@ -165,7 +168,7 @@ impl<R: Read> Reader<R> {
                 reason: "checksum mismatch".into(),
             });
         }
-        let record: Record = postcard::from_bytes(payload).map_err(|e| TraceError::Corrupt {
+        let record = decode(payload, self.version).map_err(|e| TraceError::Corrupt {
             record: self.records,
             reason: format!("undecodable record: {e}"),
         })?;
@@ -193,6 +196,35 @@ impl<R: Read> Iterator for Reader<R> {
         }
         item
     }
+}
+
+/// The variant index of [`Record::Swap`] in postcard's encoding (its position in the enum).
+const SWAP_TAG: u8 = 11;
+
+/// A [`Swap`] as format 2 wrote it: without the pages' addresses.
+#[derive(serde::Deserialize)]
+struct SwapV2 {
+    t_ns: u64,
+    dir: SwapDir,
+    cause: SwapCause,
+    pages: u32,
+    bytes: u64,
+}
+
+/// One record's payload, in a file of format `version`.
+fn decode(payload: &[u8], version: u16) -> Result<Record, postcard::Error> {
+    if version < 3 && payload.first() == Some(&SWAP_TAG) {
+        let old: SwapV2 = postcard::from_bytes(&payload[1..])?;
+        return Ok(Record::Swap(Swap {
+            t_ns: old.t_ns,
+            dir: old.dir,
+            cause: old.cause,
+            pages: old.pages,
+            bytes: old.bytes,
+            runs: Vec::new(),
+        }));
+    }
+    postcard::from_bytes(payload)
 }
 
 /// Reads until `buf` is full or the input ends; returns the bytes read.
@@ -225,4 +257,54 @@ fn read_varint(input: &mut impl Read) -> io::Result<Option<Option<u32>>> {
     }
     // Five continuation bytes cannot be a u32 length: report as an oversized frame.
     Ok(Some(Some(u32::MAX)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A format 2 `Swap`'s fields, as it wrote them.
+    #[derive(serde::Serialize)]
+    struct WrittenV2 {
+        t_ns: u64,
+        dir: SwapDir,
+        cause: SwapCause,
+        pages: u32,
+        bytes: u64,
+    }
+
+    fn swap(runs: Vec<(u64, u32)>) -> Swap {
+        Swap {
+            t_ns: 7,
+            dir: SwapDir::ToDevice,
+            cause: SwapCause::Access,
+            pages: 3,
+            bytes: 3 << 21,
+            runs,
+        }
+    }
+
+    #[test]
+    fn a_format_2_swap_reads_without_its_pages_and_a_format_3_one_with_them() {
+        let now = postcard::to_allocvec(&Record::Swap(swap(vec![(0x1000_0000, 3)]))).unwrap();
+        assert_eq!(now[0], SWAP_TAG, "Swap's place in Record moved");
+        assert_eq!(
+            decode(&now, 3).unwrap(),
+            Record::Swap(swap(vec![(0x1000_0000, 3)]))
+        );
+        let mut old = vec![SWAP_TAG];
+        old.extend(
+            postcard::to_allocvec(&WrittenV2 {
+                t_ns: 7,
+                dir: SwapDir::ToDevice,
+                cause: SwapCause::Access,
+                pages: 3,
+                bytes: 3 << 21,
+            })
+            .unwrap(),
+        );
+        assert_eq!(decode(&old, 2).unwrap(), Record::Swap(swap(Vec::new())));
+        // Read as format 3, the same bytes lack the runs: refused, not misread.
+        assert!(decode(&old, 3).is_err());
+    }
 }

@@ -32,7 +32,8 @@ pub enum Record {
     Stats(Stats),
     /// Clean close. Absent when the process died.
     End(End),
-    /// The library queued a copy of pages between the device and its host pool (format 2).
+    /// The library queued a copy of pages between the device and its host pool (format 2;
+    /// where the pages are since format 3).
     Swap(Swap),
     /// Host time the library spent on a call of the application's or on its own threads
     /// (format 2).
@@ -222,6 +223,10 @@ pub struct Swap {
     pub pages: u32,
     /// Bytes copied: pages no allocation holds any more move without a copy.
     pub bytes: u64,
+    /// Where those pages are, as runs of consecutive pages: the address of each run's first
+    /// page (an address of the library's arena, as in [`Alloc::ptr`]) and its pages, in page
+    /// order. Empty in format 2, which did not record them.
+    pub runs: Vec<(u64, u32)>,
 }
 
 /// What the library spent host time on.

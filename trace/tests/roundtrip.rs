@@ -96,6 +96,7 @@ fn sample_records() -> Vec<Record> {
             cause: SwapCause::Reserve,
             pages: 8,
             bytes: 7 << 21,
+            runs: vec![(0x7f00_0000_0000, 5), (0x7f00_0140_0000, 3)],
         }),
         Record::Busy(Busy {
             t_ns: 19,

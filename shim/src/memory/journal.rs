@@ -17,8 +17,9 @@ use super::stats::Demand;
 /// Listens to the manager's journal. Called with the manager's lock held, on the thread that
 /// did the work: it must not block (a full queue drops).
 pub trait Journal: Send + Sync {
-    /// A copy of `pages` pages (`bytes` of them copied) was queued at `at`.
-    fn swap(&self, at: Instant, dir: SwapDir, cause: SwapCause, pages: usize, bytes: u64);
+    /// A copy of the pages in `runs` (runs of consecutive pages: the address of the first, and
+    /// how many), `bytes` of them copied, was queued at `at`.
+    fn swap(&self, at: Instant, dir: SwapDir, cause: SwapCause, runs: &[(u64, u32)], bytes: u64);
     /// The calling thread spent `start..end` on `kind`, concerning `pages` pages.
     fn busy(&self, start: Instant, end: Instant, kind: BusyKind, pages: usize);
 }
@@ -38,14 +39,20 @@ pub fn eviction_cause(demand: Demand) -> SwapCause {
 #[cfg(test)]
 #[derive(Default)]
 pub struct Kept {
-    pub swaps: std::sync::Mutex<Vec<(SwapDir, SwapCause, usize, u64)>>,
+    /// Direction, cause, pages, bytes, and the pages as runs.
+    #[allow(clippy::type_complexity)]
+    pub swaps: std::sync::Mutex<Vec<(SwapDir, SwapCause, usize, u64, Vec<(u64, u32)>)>>,
     pub busy: std::sync::Mutex<Vec<(BusyKind, usize, std::time::Duration)>>,
 }
 
 #[cfg(test)]
 impl Journal for Kept {
-    fn swap(&self, _at: Instant, dir: SwapDir, cause: SwapCause, pages: usize, bytes: u64) {
-        self.swaps.lock().unwrap().push((dir, cause, pages, bytes));
+    fn swap(&self, _at: Instant, dir: SwapDir, cause: SwapCause, runs: &[(u64, u32)], bytes: u64) {
+        let pages = runs.iter().map(|&(_, n)| n as usize).sum();
+        self.swaps
+            .lock()
+            .unwrap()
+            .push((dir, cause, pages, bytes, runs.to_vec()));
     }
 
     fn busy(&self, start: Instant, end: Instant, kind: BusyKind, pages: usize) {

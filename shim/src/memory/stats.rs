@@ -42,6 +42,9 @@ pub struct MemoryStats {
     /// Pages read back into the frames of a unit still on its way out, the copy in ordered
     /// after its copy out on the device (`manager/handover.rs`).
     pub pages_handed_over: u64,
+    /// Pages whose swap-out an access cancelled (it needed them before the swap-out was
+    /// completed): the host pays nothing, but the copy out, queued or done, was for nothing.
+    pub pages_out_cancelled: u64,
     /// Times one of the application's threads found the manager's lock held, and how long
     /// such waits took in all (`MemoryManager::lock`); the same for the library's own threads
     /// (maintenance, plan executor: named `tensile-…`).

@@ -218,6 +218,30 @@ fn the_journal_hears_of_every_swap_and_stall_the_counters_count() {
         .iter()
         .any(|w| w.0 == SwapDir::ToDevice && w.1 == SwapCause::Access));
     assert!(swaps.iter().all(|w| w.1 != SwapCause::Plan), "{swaps:?}");
+    // Each swap names its pages (the journal counts them from its runs: as many as the
+    // counters, above): whole pages, in runs in address order that do not touch; and a page
+    // comes back only after it left.
+    let mut left: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    for (dir, _, _, _, runs) in &swaps {
+        for w in runs.windows(2) {
+            assert!(
+                w[0].0 + u64::from(w[0].1) * (PAGE as u64) < w[1].0,
+                "{runs:?}"
+            );
+        }
+        for &(addr, n) in runs {
+            assert_eq!(addr % PAGE as u64, 0, "{runs:?}");
+            for i in 0..u64::from(n) {
+                let page = addr + i * PAGE as u64;
+                match dir {
+                    SwapDir::ToHost => {
+                        left.insert(page);
+                    }
+                    SwapDir::ToDevice => assert!(left.contains(&page), "{page:#x} never left"),
+                }
+            }
+        }
+    }
     let busy = journal.busy.lock().unwrap().clone();
     let stalls: Vec<_> = busy.iter().filter(|b| b.0 == BusyKind::Stall).collect();
     assert_eq!(stalls.len() as u64, st.stalled_launches, "{busy:?}");

@@ -751,7 +751,14 @@ impl Session {
                 env.extend(planner_env(&self.cost, self.scale, self.time_scale));
             }
         } else {
-            env.push(("TENSILE_LOG".into(), "warn".into()));
+            // The manager's info level brings its counters at exit (swaps cancelled, lock
+            // waits) into the run's log.
+            let mut filter = String::from("warn,tensile_shim::managed=info");
+            if let Ok(more) = std::env::var("TENSILE_RERUN_LOG") {
+                filter.push(',');
+                filter.push_str(&more);
+            }
+            env.push(("TENSILE_LOG".into(), filter));
         }
         match &self.card {
             Some(card) => {

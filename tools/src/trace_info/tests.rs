@@ -92,6 +92,7 @@ fn native_trace(syncs: u64) -> Vec<u8> {
             cause: SwapCause::Reserve,
             pages: 3,
             bytes: 6 << 20,
+            runs: Vec::new(),
         }),
         Record::Busy(Busy {
             t_ns: 60_000,
@@ -106,6 +107,7 @@ fn native_trace(syncs: u64) -> Vec<u8> {
             cause: SwapCause::Access,
             pages: 4,
             bytes: 8 << 20,
+            runs: Vec::new(),
         }),
         Record::Busy(Busy {
             t_ns: 90_000,

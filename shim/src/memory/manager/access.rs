@@ -235,6 +235,7 @@ impl Inner {
             }
         }
         if !cancelled.is_empty() {
+            self.stats.pages_out_cancelled += cancelled.len() as u64;
             self.guard_cancelled(&cancelled);
         }
         if !bring_in.is_empty() {

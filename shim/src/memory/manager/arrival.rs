@@ -290,7 +290,13 @@ impl Inner {
             SwapCause::Plan
         };
         let n = a.pages.len();
-        self.journal_swap(outcome.ran.1, SwapDir::ToDevice, cause, n, n);
+        self.journal_swap(
+            outcome.ran.1,
+            SwapDir::ToDevice,
+            cause,
+            a.pages.iter().copied(),
+            n,
+        );
         self.stats.pages_swapped_in += a.pages.len() as u64;
         self.stats.pages_handed_over += a.handed_pages as u64;
         // The access that wanted the pages stalled (counted when it returns), even if they

@@ -287,23 +287,34 @@ impl Inner {
         self.ref_event(ev, copy.len() as u32);
         self.stats.bytes_to_host += (copied * self.page) as u64;
         self.stats.pages_evicted += copy.len() as u64;
-        self.journal_swap(Instant::now(), SwapDir::ToHost, cause, copy.len(), copied);
+        let moved = copy.iter().map(|&(p, _)| p);
+        self.journal_swap(Instant::now(), SwapDir::ToHost, cause, moved, copied);
         Ok(())
     }
 
-    /// Tells the journal, if there is one, of a copy queued at `at` that moves `pages` pages,
-    /// `copied` of them with their bytes (dead pages move without a copy).
+    /// Tells the journal, if there is one, of a copy queued at `at` that moves `pages` (in
+    /// any order), `copied` of them with their bytes (dead pages move without a copy).
     pub(super) fn journal_swap(
         &self,
         at: Instant,
         dir: SwapDir,
         cause: SwapCause,
-        pages: usize,
+        pages: impl IntoIterator<Item = usize>,
         copied: usize,
     ) {
-        if let Some(j) = &self.journal {
-            j.swap(at, dir, cause, pages, (copied * self.page) as u64);
+        let Some(j) = &self.journal else { return };
+        let mut pages: Vec<usize> = pages.into_iter().collect();
+        pages.sort_unstable();
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        let mut last = None;
+        for p in pages {
+            match runs.last_mut() {
+                Some(run) if last == Some(p.wrapping_sub(1)) => run.1 += 1,
+                _ => runs.push((self.va(p), 1)),
+            }
+            last = Some(p);
         }
+        j.swap(at, dir, cause, &runs, (copied * self.page) as u64);
     }
 
     /// Waits for the swap-ins in flight and completes them.

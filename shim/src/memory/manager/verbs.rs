@@ -140,6 +140,7 @@ impl Inner {
             return Err(e);
         }
         let mut started = 0u32;
+        let mut moved: Vec<usize> = Vec::with_capacity(pages.len());
         let mut stayed = false;
         for &p in &pages {
             match self.pages.start_swap_out_while_arriving(p, ev) {
@@ -148,6 +149,7 @@ impl Inner {
                     self.outgoing.insert(p);
                     self.unref_event(arriving);
                     started += 1;
+                    moved.push(p);
                 }
                 Err(_) => stayed = true,
             }
@@ -169,7 +171,7 @@ impl Inner {
         self.stats.bytes_to_host += u64::from(started) * self.page as u64;
         self.stats.pages_evicted += u64::from(started);
         let (at, n) = (std::time::Instant::now(), started as usize);
-        self.journal_swap(at, SwapDir::ToHost, SwapCause::Plan, n, n);
+        self.journal_swap(at, SwapDir::ToHost, SwapCause::Plan, moved, n);
         Ok(())
     }
 

@@ -1,0 +1,66 @@
+//! Where the LRU model moves bytes over its steady-state iteration, op range by op range, as
+//! the library's manager runs LRU (whole 2 MiB pages, its free reserve, the host running
+//! ahead) with the H100's remap costs: to set beside what a rerun under `--policy lru`
+//! measured (`swaps_by_cause` on its trace, whose launches follow the ops closely).
+//!
+//! `cargo run --release -p tensile-analyzer --example lru_by_op -- TRACE PERCENT [BUCKETS]`
+//!
+//! Pages are 2 MiB ones at the trace's sizes (a rerun at `--scale F` plays pages F times
+//! smaller: the same counts).
+
+mod common;
+
+use tensile_analyzer::cost::{RemapModel, SwappedMapping};
+use tensile_analyzer::cycle::MoveUnits;
+use tensile_analyzer::sim::{simulate, Policy, SimOptions};
+use tensile_analyzer::SHIM_MAX_UNIT_PAGES;
+
+const PAGE: u64 = 2 << 20;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (a, budget, cost) = common::trace_at_percent(&args, 2, "lru_by_op TRACE PERCENT [BUCKETS]");
+    let buckets: usize = args.get(2).map_or(12, |b| b.parse().expect("BUCKETS"));
+    let cycle = a
+        .cycle
+        .clone()
+        .with_units(MoveUnits::ShimPages)
+        .with_page_bytes(PAGE);
+    let per_unit = cycle.pages_per_unit(PAGE, SHIM_MAX_UNIT_PAGES);
+    let cost =
+        cost.with_page_remaps(RemapModel::h100(SwappedMapping::HostUnits).per_page(per_unit, PAGE));
+    let options = SimOptions {
+        record_curve: true,
+        ..SimOptions::default()
+    };
+    let r = simulate(&cycle, Policy::Lru, budget, &cost, options).expect("simulation");
+    println!(
+        "step {:.2} ms, H2D {:.2} GiB, D2H {:.2} GiB per iteration ({} ops)",
+        r.step_ns as f64 / 1e6,
+        r.bytes_h2d as f64 / (1u64 << 30) as f64,
+        r.bytes_d2h as f64 / (1u64 << 30) as f64,
+        cycle.len()
+    );
+    // The op running when each copy started (by the op start times of the last iteration).
+    let starts: Vec<f64> = r.resident_curve.iter().map(|&(t, _)| t as f64).collect();
+    let op_at = |t: f64| starts.iter().rposition(|&s| s <= t).unwrap_or(0);
+    let width = cycle.len().div_ceil(buckets).max(1);
+    let mut pages = vec![(0u64, 0u64); buckets];
+    for c in &r.copies {
+        let b = (op_at(c.start_ns) / width).min(buckets - 1);
+        let n = c.bytes.div_ceil(PAGE);
+        if c.to_device {
+            pages[b].0 += n;
+        } else {
+            pages[b].1 += n;
+        }
+    }
+    println!("pages (2 MiB) by the op their copy started at:");
+    println!("{:>10} {:>9} {:>9}", "ops", "to device", "to host");
+    for (i, (d, h)) in pages.iter().enumerate() {
+        println!(
+            "{:>10} {d:>9} {h:>9}",
+            format!("{}-{}", i * width, (i + 1) * width)
+        );
+    }
+}
