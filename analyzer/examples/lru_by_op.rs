@@ -34,12 +34,16 @@ fn main() {
         ..SimOptions::default()
     };
     let r = simulate(&cycle, Policy::Lru, budget, &cost, options).expect("simulation");
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     println!(
-        "step {:.2} ms, H2D {:.2} GiB, D2H {:.2} GiB per iteration ({} ops)",
+        "step {:.2} ms, H2D {:.2} GiB, D2H {:.2} GiB per iteration ({} ops), {:.2} GiB of it \
+         swap-outs an op cancelled ({} pages)",
         r.step_ns as f64 / 1e6,
-        r.bytes_h2d as f64 / (1u64 << 30) as f64,
-        r.bytes_d2h as f64 / (1u64 << 30) as f64,
-        cycle.len()
+        gib(r.bytes_h2d),
+        gib(r.bytes_d2h),
+        cycle.len(),
+        gib(r.bytes_cancelled),
+        r.bytes_cancelled.div_ceil(PAGE)
     );
     // The op running when each copy started (by the op start times of the last iteration).
     let starts: Vec<f64> = r.resident_curve.iter().map(|&(t, _)| t as f64).collect();

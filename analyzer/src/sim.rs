@@ -128,6 +128,9 @@ pub struct SimReport {
     pub bytes_h2d: u64,
     /// Device-to-host bytes per steady-state iteration.
     pub bytes_d2h: u64,
+    /// Of those, the bytes of swap-outs an op cancelled (LRU in shim pages: the op needed the
+    /// page before it left, so it stayed; its copy ran all the same).
+    pub bytes_cancelled: u64,
     /// Whether the state at an iteration boundary repeated within the cap. When false, the
     /// figures are the average over the last half of the simulated iterations.
     pub settled: bool,
@@ -422,6 +425,7 @@ struct Sim<'a> {
     stats_cycle: usize,
     bytes_h2d: Vec<u64>,
     bytes_d2h: Vec<u64>,
+    bytes_cancelled: Vec<u64>,
     demand_fetches: u64,
     /// Record completed copies (for timelines), relative to `iteration_start`.
     record_copies: bool,
@@ -684,6 +688,7 @@ pub fn simulate_with(
         stats_cycle: 0,
         bytes_h2d: vec![0; cycles],
         bytes_d2h: vec![0; cycles],
+        bytes_cancelled: vec![0; cycles],
         demand_fetches: 0,
         record_copies: options.record_curve,
         iteration_start: 0.0,
@@ -755,6 +760,7 @@ pub fn simulate_with(
         stall_ns: average(&stall),
         bytes_h2d: average(&as_f64(&sim.bytes_h2d)),
         bytes_d2h: average(&as_f64(&sim.bytes_d2h)),
+        bytes_cancelled: average(&as_f64(&sim.bytes_cancelled)),
         settled,
         settled_after: from as u32,
         steady_iterations: (to - from) as u32,
@@ -878,6 +884,13 @@ impl Sim<'_> {
 
     fn bytes(&self, t: TensorId) -> u64 {
         self.cycle.tensors[t as usize].bytes
+    }
+
+    /// An op needs `t`, on its way out: the shim cancels its swap-out (`t` stays; its copy,
+    /// queued on the card, runs anyway).
+    fn cancel_swap_out(&mut self, t: TensorId) {
+        self.place[t as usize] = Place::Device;
+        self.bytes_cancelled[self.stats_cycle] += self.bytes(t);
     }
 
     fn grow(&mut self, bytes: u64, op: usize) -> Result<(), SimError> {
@@ -1214,7 +1227,7 @@ impl Sim<'_> {
                         // The shim cancels the swap-out of a page an access needs, before it
                         // makes room for the rest.
                         if self.place[u] == Place::ToHost {
-                            self.place[u] = Place::Device;
+                            self.cancel_swap_out(t);
                         }
                     }
                 }
@@ -1265,7 +1278,7 @@ impl Sim<'_> {
                 }
                 match self.place[u] {
                     // The shim cancels the swap-out of a page an access needs.
-                    Place::ToHost => self.place[u] = Place::Device,
+                    Place::ToHost => self.cancel_swap_out(t),
                     Place::Host
                         if !self.h2d.contains(t)
                             && self.h2d.active.is_none_or(|a| a.tensor != t) =>
@@ -1347,7 +1360,7 @@ impl Sim<'_> {
                     // The shim cancels a swap-out of a page an access needs: the page stays,
                     // its copy still runs (it was queued on the card), and its completion
                     // leaves the page where it is (`progress`).
-                    self.place[t as usize] = Place::Device;
+                    self.cancel_swap_out(t);
                 }
                 Place::Host | Place::ToHost => {
                     ready = false;
