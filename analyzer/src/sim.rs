@@ -2014,6 +2014,9 @@ mod tests {
         // Tensor 1 comes in every iteration (it is allocated on the host), and tensor 0 and a
         // page of tensor 1 make room for each other.
         assert_eq!((r.bytes_h2d, r.bytes_d2h), (12 * MIB, 14 * MIB), "{r:?}");
+        // Of the 14 MiB written out, two pages' swap-outs were cancelled by the ops that needed
+        // them (op 44's page of tensor 1 among them): copied, and for nothing.
+        assert_eq!(r.bytes_cancelled, 4 * MIB, "{r:?}");
     }
 
     #[test]
