@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tensile_trace::*;
 
 use super::{render, TraceInfoArgs};
@@ -107,7 +107,7 @@ fn native_trace(syncs: u64) -> Vec<u8> {
             cause: SwapCause::Access,
             pages: 4,
             bytes: 8 << 20,
-            runs: Vec::new(),
+            runs: vec![(0x7f00_0000_0000, 1), (0x7f00_0060_0000, 3)],
         }),
         Record::Busy(Busy {
             t_ns: 90_000,
@@ -406,6 +406,15 @@ fn native_timeline_places_ops_in_stream_order_and_carries_the_swap_totals() {
     );
     assert_ne!(out["tid"], inn["tid"]);
     assert_eq!(inn["args"]["bytes"], 8 << 20);
+    assert_eq!(
+        inn["args"]["at"],
+        json!([["0x7f0000000000", 1], ["0x7f0000600000", 3]])
+    );
+    assert_eq!(
+        out["args"]["at"],
+        json!([]),
+        "a format 2 swap names no pages"
+    );
     let stall = x
         .iter()
         .find(|e| e["name"] == "stalled accesses")

@@ -238,6 +238,15 @@ fn library_tracks(out: &mut ChromeTrace, library: &LibraryWork) -> u64 {
                 ("pages", json!(s.pages)),
                 ("bytes", json!(s.bytes)),
                 ("cause", json!(cause)),
+                // Where the pages are (format 3): the first address and the pages of each run.
+                (
+                    "at",
+                    json!(s
+                        .runs
+                        .iter()
+                        .map(|&(addr, n)| json!([format!("{addr:#x}"), n]))
+                        .collect::<Vec<_>>()),
+                ),
             ]),
         );
         out.counter(
