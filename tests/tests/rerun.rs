@@ -29,24 +29,25 @@ fn json(out: &Output) -> Value {
         .unwrap_or_else(|e| panic!("stdout is not one JSON object ({e}):\n{}", text(out)))
 }
 
-/// A reduced rerun: sizes / 64, recorded times x 0.05, two iterations, lru at 60% of the peak.
+/// What every reduced rerun here plays: on the simulated GPU, sizes / 64, recorded times x
+/// 0.05, a budget of 60% of the peak; one JSON object out.
+const REDUCED: [&str; 8] = [
+    "--simulated",
+    "--json",
+    "--scale",
+    "64",
+    "--time-scale",
+    "0.05",
+    "--budget",
+    "60%",
+];
+
+/// A reduced rerun: two iterations, lru.
 fn reduced(name: &str, extra: &[&str], env: &[(&str, &str)]) -> Output {
     let trace = shared(name);
-    let mut args = vec![
-        trace.to_str().expect("UTF-8 path"),
-        "--simulated",
-        "--json",
-        "--iterations",
-        "2",
-        "--scale",
-        "64",
-        "--time-scale",
-        "0.05",
-        "--budget",
-        "60%",
-        "--policy",
-        "lru",
-    ];
+    let mut args = vec![trace.to_str().expect("UTF-8 path")];
+    args.extend_from_slice(&REDUCED);
+    args.extend_from_slice(&["--iterations", "2", "--policy", "lru"]);
     args.extend_from_slice(extra);
     rerun(&args, env)
 }
@@ -190,26 +191,16 @@ fn a_broken_swap_is_caught_by_the_stamps_and_named() {
     assert!(doc["native_step_ns"].as_u64() > Some(0));
 }
 
-/// The MLP, then ResNet-50 in the same process, reduced as [`reduced`] does, under the plan.
+/// The MLP, then ResNet-50 in the same process, reduced, five iterations each, under the plan.
 fn switching(extra: &[&str], env: &[(&str, &str)]) -> Output {
     let (mlp, resnet) = (shared("mlp"), shared("resnet50"));
     let mut args = vec![
         mlp.to_str().expect("UTF-8 path"),
         "--then",
         resnet.to_str().expect("UTF-8 path"),
-        "--simulated",
-        "--json",
-        "--iterations",
-        "5",
-        "--scale",
-        "64",
-        "--time-scale",
-        "0.05",
-        "--budget",
-        "60%",
-        "--policy",
-        "plan",
     ];
+    args.extend_from_slice(&REDUCED);
+    args.extend_from_slice(&["--iterations", "5", "--policy", "plan"]);
     args.extend_from_slice(extra);
     rerun(&args, env)
 }

@@ -1353,10 +1353,7 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             "device": if gpu { "gpu" } else { "simulated" },
             "runs": runs.iter().map(run_json).collect::<Vec<_>>(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        print_json(&doc)?;
     } else {
         print!(
             "{}",
@@ -1371,12 +1368,16 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
             )
         );
     }
+    failed_runs(runs.iter().map(|r| (r.policy, r.failure.as_deref())))
+}
+
+/// The command's result: an error naming each run that failed (`(policy, failure)`).
+fn failed_runs<'a>(
+    runs: impl Iterator<Item = (PolicyKind, Option<&'a str>)>,
+) -> Result<(), String> {
     let failures: Vec<String> = runs
-        .iter()
-        .filter_map(|r| {
-            r.failure
-                .as_ref()
-                .map(|m| format!("{} run: {m}", policy_name(r.policy)))
+        .filter_map(|(policy, failure)| {
+            failure.map(|m| format!("{} run: {m}", policy_name(policy)))
         })
         .collect();
     if failures.is_empty() {
@@ -1384,6 +1385,31 @@ pub fn run(args: RerunArgs) -> Result<(), String> {
     } else {
         Err(failures.join("; "))
     }
+}
+
+/// Prints `doc` as the one JSON object of `--json`.
+fn print_json(doc: &Value) -> Result<(), String> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(doc).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
+/// Each policy's prediction, as `--predict-only --json` prints it.
+fn predictions_json(predicted: &[(PolicyKind, Option<Predicted>)]) -> Value {
+    predicted
+        .iter()
+        .map(|(policy, p)| {
+            json!({
+                "policy": policy_name(*policy),
+                "step_ns": p.map(|p| p.step_ns),
+                "bytes_h2d": p.map(|p| p.bytes_h2d),
+                "bytes_d2h": p.map(|p| p.bytes_d2h),
+                "stall_ns": p.map(|p| p.stall_ns),
+            })
+        })
+        .collect()
 }
 
 /// `--predict-only`: each policy's prediction, as a table or (`--json`) one object.
@@ -1398,18 +1424,9 @@ fn print_predictions(
             "trace": args.trace.display().to_string(),
             "scale": scale,
             "budget_bytes": budget,
-            "predictions": predicted.iter().map(|(policy, p)| json!({
-                "policy": policy_name(*policy),
-                "step_ns": p.map(|p| p.step_ns),
-                "bytes_h2d": p.map(|p| p.bytes_h2d),
-                "bytes_d2h": p.map(|p| p.bytes_d2h),
-                "stall_ns": p.map(|p| p.stall_ns),
-            })).collect::<Vec<_>>(),
+            "predictions": predictions_json(predicted),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        print_json(&doc)?;
         return Ok(());
     }
     println!(

@@ -19,7 +19,8 @@ use tensile_analyzer::PolicyKind;
 use tensile_trace::{PlanChangeKind, Reader, Record};
 
 use super::{
-    median, ms, policy_name, predict, steps, Phase, PolicyCosts, Predicted, RerunArgs, Session,
+    failed_runs, median, ms, policy_name, predict, predictions_json, print_json, steps, Phase,
+    PolicyCosts, Predicted, RerunArgs, Session,
 };
 
 /// One trace of a switching rerun, with how its moves are priced.
@@ -284,10 +285,7 @@ pub(super) fn run(
             })).collect::<Vec<_>>(),
             "runs": runs.iter().map(|r| run_json(r, |i| prediction(i, r.policy))).collect::<Vec<_>>(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        print_json(&doc)?;
     } else {
         print!(
             "{}",
@@ -303,19 +301,7 @@ pub(super) fn run(
             )
         );
     }
-    let failures: Vec<String> = runs
-        .iter()
-        .filter_map(|r| {
-            r.failure
-                .as_ref()
-                .map(|m| format!("{} run: {m}", policy_name(r.policy)))
-        })
-        .collect();
-    if failures.is_empty() {
-        Ok(())
-    } else {
-        Err(failures.join("; "))
-    }
+    failed_runs(runs.iter().map(|r| (r.policy, r.failure.as_deref())))
 }
 
 fn run_json(r: &SwitchRun, prediction: impl Fn(usize) -> Option<Predicted>) -> Value {
@@ -360,19 +346,10 @@ fn print_predictions(
             "budget_bytes": budget,
             "phases": played.iter().zip(predicted).map(|(p, pred)| json!({
                 "trace": p.phase.path.display().to_string(),
-                "predictions": pred.iter().map(|(policy, p)| json!({
-                    "policy": policy_name(*policy),
-                    "step_ns": p.map(|p| p.step_ns),
-                    "bytes_h2d": p.map(|p| p.bytes_h2d),
-                    "bytes_d2h": p.map(|p| p.bytes_d2h),
-                    "stall_ns": p.map(|p| p.stall_ns),
-                })).collect::<Vec<_>>(),
+                "predictions": predictions_json(pred),
             })).collect::<Vec<_>>(),
         });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?
-        );
+        print_json(&doc)?;
         return Ok(());
     }
     println!(
