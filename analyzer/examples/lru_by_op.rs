@@ -10,8 +10,11 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+
 use tensile_analyzer::cost::{RemapModel, SwappedMapping};
 use tensile_analyzer::cycle::MoveUnits;
+use tensile_analyzer::pieces;
 use tensile_analyzer::sim::{simulate, Policy, SimOptions};
 use tensile_analyzer::SHIM_MAX_UNIT_PAGES;
 
@@ -58,6 +61,43 @@ fn main() {
         } else {
             pages[b].1 += n;
         }
+    }
+    // By tensor: the copies name the pages the simulator cut the tensors into, as `cut` does.
+    let pages_of = pieces::cut(&cycle, cycle.page_bytes);
+    let mut by_tensor: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for c in &r.copies {
+        let t = pages_of[c.tensor as usize].tensor;
+        let e = by_tensor.entry(t).or_default();
+        let n = c.bytes.div_ceil(PAGE);
+        if c.to_device {
+            e.0 += n;
+        } else {
+            e.1 += n;
+        }
+    }
+    let mut rows: Vec<(u32, (u64, u64))> = by_tensor.into_iter().collect();
+    rows.sort_by_key(|&(_, (back, out))| std::cmp::Reverse(out as i64 - back as i64));
+    println!("by tensor (pages of 2 MiB; ops where it is made, freed, used), most out and not back first:");
+    println!(
+        "{:>6} {:>12} {:>6} {:>6} {:>6} {:>6}  uses",
+        "tensor", "bytes", "out", "back", "made", "freed"
+    );
+    // TENSILE_ALL_TENSORS=1: every one.
+    let shown = if std::env::var_os("TENSILE_ALL_TENSORS").is_some() {
+        rows.len()
+    } else {
+        40
+    };
+    for (t, (back, out)) in rows.iter().take(shown) {
+        let tensor = &cycle.tensors[*t as usize];
+        let at = |o: Option<u32>| o.map_or("-".to_string(), |o| o.to_string());
+        println!(
+            "{t:>6} {:>12} {out:>6} {back:>6} {:>6} {:>6}  {:?}",
+            tensor.bytes,
+            at(tensor.alloc_at),
+            at(tensor.free_at),
+            tensor.accesses
+        );
     }
     println!("pages (2 MiB) by the op their copy started at:");
     println!("{:>10} {:>9} {:>9}", "ops", "to device", "to host");

@@ -116,7 +116,13 @@ fn main() -> Result<(), String> {
             "{:>8} {:>12} {:>8} {:>8} {:>9} {:>9}",
             "alloc", "bytes", "out", "back", "made at", "freed at"
         );
-        for (id, a) in rows.iter().take(25) {
+        // TENSILE_ALL_ALLOCATIONS=1: every one.
+        let shown = if std::env::var_os("TENSILE_ALL_ALLOCATIONS").is_some() {
+            rows.len()
+        } else {
+            25
+        };
+        for (id, a) in rows.iter().take(shown) {
             println!(
                 "{id:>8} {:>12} {:>8} {:>8} {:>9} {:>9}",
                 a.bytes,
