@@ -3,7 +3,8 @@
 //! or an allocation's frames, the free reserve), then the same by position in the range: where
 //! a planned run fell back on the on-demand path, and what for. From trace format 3 (whose
 //! swaps name their pages), also by allocation: the pages each one sent out and got back over
-//! the range, where it was made and freed; those that left most and came back least first.
+//! the range, where it was made and freed; those that left most and came back least first
+//! (`TENSILE_ALL_ALLOCATIONS=1`: every one; `TENSILE_FOLLOW=ID`: each swap of allocation ID).
 //!
 //! ```text
 //! cargo run --release -p tensile-analyzer --example swaps_by_cause -- TRACE FROM TO [BUCKETS]
@@ -34,6 +35,10 @@ fn main() -> Result<(), String> {
     let mut live: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
     let mut last_launch = 0u64;
     let mut by_alloc: BTreeMap<u64, AllocSwaps> = BTreeMap::new();
+    // TENSILE_FOLLOW=ID: each swap of allocation ID, as it comes.
+    let follow: Option<u64> = std::env::var("TENSILE_FOLLOW")
+        .ok()
+        .and_then(|v| v.parse().ok());
     for record in Reader::open(path).map_err(|e| format!("{path}: {e}"))? {
         match record.map_err(|e| format!("{path}: {e}"))? {
             Record::Launch(l) => {
@@ -73,6 +78,16 @@ fn main() -> Result<(), String> {
                         match s.dir {
                             tensile_trace::SwapDir::ToHost => e.out += 1,
                             tensile_trace::SwapDir::ToDevice => e.back += 1,
+                        }
+                        if follow == Some(id) && i == 0 {
+                            println!(
+                                "allocation {id}: after launch {} ({:+}), {:?} {:?}, a run of {n} pages at page {}",
+                                seq,
+                                seq as i64 - from as i64,
+                                s.dir,
+                                s.cause,
+                                (a - ptr) / page.max(1)
+                            );
                         }
                     }
                 }
