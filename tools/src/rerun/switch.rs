@@ -87,9 +87,18 @@ struct PhaseTimeline {
     iteration_ns: Vec<u64>,
     /// The plan in force over all of each iteration, if one was.
     iteration_plan: Vec<Option<u64>>,
-    /// The first plan that applied from a launch of this trace's: its version, the launch,
-    /// and how many of the trace's iterations began before it.
-    first_plan: Option<(u64, u64, u32)>,
+    /// The first plan that governed launches of this trace's.
+    first_plan: Option<FirstPlan>,
+}
+
+/// The first plan in force during a trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FirstPlan {
+    version: u64,
+    /// The launch it applied from.
+    applies_from: u64,
+    /// How many of the trace's iterations (warm-up included) began before it.
+    iterations_before: u32,
 }
 
 /// What the player's result for one phase (`phase`) and the library's plans say about it.
@@ -130,9 +139,10 @@ fn timeline(
         .iter()
         .filter(|s| s.until.is_none_or(|u| u > s.applies_from))
         .find(|s| s.applies_from >= started_at && s.applies_from < ended)
-        .map(|s| {
-            let before = starts.iter().filter(|&&st| st < s.applies_from).count();
-            (s.version, s.applies_from, before as u32)
+        .map(|s| FirstPlan {
+            version: s.version,
+            applies_from: s.applies_from,
+            iterations_before: starts.iter().filter(|&&st| st < s.applies_from).count() as u32,
         });
     PhaseTimeline {
         step_ns: trace_time(median(&steps(phase))),
@@ -317,10 +327,10 @@ fn run_json(r: &SwitchRun, prediction: impl Fn(usize) -> Option<Predicted>) -> V
             "predicted_ns": prediction(i).map(|p| p.step_ns),
             "iteration_ns": p.iteration_ns,
             "iteration_plan": p.iteration_plan,
-            "first_plan": p.first_plan.map(|(version, launch, before)| json!({
-                "version": version,
-                "applies_from_launch": launch,
-                "iterations_before": before,
+            "first_plan": p.first_plan.map(|f| json!({
+                "version": f.version,
+                "applies_from_launch": f.applies_from,
+                "iterations_before": f.iterations_before,
             })),
         })).collect::<Vec<_>>(),
         "plans": r.plans.iter().map(|s| json!({
@@ -449,8 +459,9 @@ fn human(
         }
         for (i, p) in r.phases.iter().enumerate() {
             let first = match (r.policy, p.first_plan) {
-                (PolicyKind::Plan, Some((version, launch, before))) => format!(
-                    "plan {version} from launch {launch}: {before} iteration(s) began without it"
+                (PolicyKind::Plan, Some(f)) => format!(
+                    "plan {} from launch {}: {} iteration(s) began without it",
+                    f.version, f.applies_from, f.iterations_before
                 ),
                 (PolicyKind::Plan, None) => "none".into(),
                 _ => "-".into(),
@@ -514,6 +525,14 @@ fn human(
 mod tests {
     use super::*;
 
+    fn first_plan(version: u64, applies_from: u64, iterations_before: u32) -> FirstPlan {
+        FirstPlan {
+            version,
+            applies_from,
+            iterations_before,
+        }
+    }
+
     fn span(version: u64, applies_from: u64, until: Option<u64>) -> PlanSpan {
         PlanSpan {
             version,
@@ -544,7 +563,7 @@ mod tests {
         });
         let t = timeline(&first, 0, &spans, |ns| ns / 16);
         assert_eq!(t.iteration_plan, [None, None, Some(1), Some(1)]);
-        assert_eq!(t.first_plan, Some((1, 30, 2)));
+        assert_eq!(t.first_plan, Some(first_plan(1, 30, 2)));
         assert_eq!(t.iteration_ns, [10, 10, 1, 2]);
         assert_eq!(t.step_ns, 1);
         let second = json!({
@@ -557,7 +576,7 @@ mod tests {
         assert_eq!(t.iteration_plan, [None, None, None, Some(3)]);
         // Plan 1 applied before the trace began and plan 2 governed no launch: plan 3 is the
         // trace's first, which came during its third iteration: three began without it.
-        assert_eq!(t.first_plan, Some((3, 85, 3)));
+        assert_eq!(t.first_plan, Some(first_plan(3, 85, 3)));
     }
 
     #[test]
