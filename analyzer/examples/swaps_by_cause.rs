@@ -39,11 +39,19 @@ fn main() -> Result<(), String> {
     let follow: Option<u64> = std::env::var("TENSILE_FOLLOW")
         .ok()
         .and_then(|v| v.parse().ok());
+    // The launch that last touched each allocation; and, per cause of a swap-out, its pages
+    // by how many launches before it their allocation was last touched (0: by the launch
+    // just made).
+    let mut last_touched: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut out_age: BTreeMap<String, [u64; AGE_BUCKETS.len() + 1]> = BTreeMap::new();
     for record in Reader::open(path).map_err(|e| format!("{path}: {e}"))? {
         match record.map_err(|e| format!("{path}: {e}"))? {
             Record::Launch(l) => {
                 last_launch = l.seq;
                 at = (from..to).contains(&l.seq).then_some(l.seq);
+                for a in &l.accesses {
+                    last_touched.insert(a.alloc, l.seq);
+                }
             }
             Record::Alloc(a) => {
                 live.insert(a.ptr, (a.id, a.bytes, last_launch));
@@ -76,7 +84,13 @@ fn main() -> Result<(), String> {
                             ..AllocSwaps::default()
                         });
                         match s.dir {
-                            tensile_trace::SwapDir::ToHost => e.out += 1,
+                            tensile_trace::SwapDir::ToHost => {
+                                e.out += 1;
+                                let age = last_touched.get(&id).map_or(u64::MAX, |&l| seq - l);
+                                let b = AGE_BUCKETS.iter().position(|&top| age <= top);
+                                out_age.entry(format!("{:?}", s.cause)).or_default()
+                                    [b.unwrap_or(AGE_BUCKETS.len())] += 1;
+                            }
                             tensile_trace::SwapDir::ToDevice => e.back += 1,
                         }
                         if follow == Some(id) && i == 0 {
@@ -149,6 +163,31 @@ fn main() -> Result<(), String> {
             );
         }
     }
+    if !out_age.is_empty() {
+        println!(
+            "\npages sent out, by how many launches before the swap their allocation was last \
+             touched (0: by the launch just made):"
+        );
+        let mut lo = 0;
+        let mut heads: Vec<String> = Vec::new();
+        for &top in &AGE_BUCKETS {
+            heads.push(if lo == top {
+                format!("{top}")
+            } else {
+                format!("{lo}-{top}")
+            });
+            lo = top + 1;
+        }
+        heads.push("more".into());
+        let row = |cells: Vec<String>| cells.iter().map(|c| format!("{c:>7}")).collect::<String>();
+        println!("{:<11} {}", "cause", row(heads));
+        for (cause, counts) in &out_age {
+            println!(
+                "{cause:<11} {}",
+                row(counts.iter().map(u64::to_string).collect())
+            );
+        }
+    }
     println!("\npages by position (launches from {from}):");
     let keys: Vec<&(String, String)> = total.keys().collect();
     let header: Vec<String> = keys.iter().map(|(d, c)| format!("{d}/{c}")).collect();
@@ -172,6 +211,9 @@ fn main() -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The age buckets (launches since the last touch, inclusive tops) of the swap-out table.
+const AGE_BUCKETS: [u64; 5] = [0, 1, 3, 15, 63];
 
 /// What one allocation's pages did over the range (launch numbers absolute).
 #[derive(Default)]
