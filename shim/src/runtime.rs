@@ -297,9 +297,10 @@ impl Runtime {
             let mm = self.memory().map(|m| m.mm.stats()).unwrap_or_default();
             crate::log::emergency(&format!(
                 "swapped {} MiB to host and {} MiB to device ({} pages out, {} in, {} swap-outs \
-                 cancelled by an access); {} accesses stalled for {:.3} ms in all; the memory manager's lock found held {} times by \
-                 the application's threads ({:.3} ms in all) and {} times by the library's \
-                 ({:.3} ms), and {} waits were made holding it; peak resident {} MiB; host pool {} MiB",
+                 cancelled by an access); {} accesses stalled for {:.3} ms in all; the memory \
+                 manager's lock found held {} times by the application's threads ({:.3} ms in \
+                 all) and {} times by the library's ({:.3} ms), and {} waits were made holding \
+                 it; peak resident {} MiB; host pool {} MiB",
                 stats.bytes_to_host >> 20,
                 stats.bytes_to_device >> 20,
                 mm.pages_evicted,

@@ -717,6 +717,26 @@ impl Session {
         Ok(native.json)
     }
 
+    /// Says on stderr that a run under the library with `policy` starts (`what`: what it
+    /// plays, if more than the trace).
+    fn announce_managed(&self, policy: PolicyKind, what: &str) {
+        eprintln!(
+            "tensile rerun: under libtensile, TENSILE_POLICY={}, budget {}{what}{}",
+            policy_name(policy),
+            format_bytes(self.scaled_budget),
+            match (&self.card, policy) {
+                (Some(card), _) => format!(
+                    " at most, on the shared card {:?} (the coordinator {:?} grants the rest)",
+                    card.name, card.name
+                ),
+                (None, PolicyKind::Plan) => {
+                    " (learning and planning in the process: TENSILE_COORDINATOR=off)".into()
+                }
+                (None, _) => String::new(),
+            }
+        );
+    }
+
     /// The environment of a run under the library with `policy`.
     fn managed_env(&self, policy: PolicyKind) -> Vec<(String, String)> {
         let name = policy_name(policy);
@@ -730,35 +750,29 @@ impl Session {
             "TENSILE_DEVICE_MEMORY".into(),
             self.scaled_budget.to_string(),
         ));
+        // The manager's info level brings its counters at exit (swaps cancelled, lock waits;
+        // the plan executor's). Under the plan, the planner's announcements are the run's
+        // record of when plans came, and with --logs each iteration's account too (what it
+        // moved, planned and not). TENSILE_RERUN_LOG adds directives of its own
+        // (`tensile_shim::memory=trace`).
+        let mut filter = String::from("warn,tensile_shim::managed=info");
         if policy == PolicyKind::Plan {
-            // The planner's announcements are the run's record of when plans came; the
-            // manager's info level brings the executor's counters at exit.
-            // With --logs, each iteration's account too (what it moved, planned and not).
-            // TENSILE_RERUN_LOG adds directives of its own (`tensile_shim::memory=trace`).
-            let mut filter =
-                String::from("warn,tensile_shim::planning=info,tensile_shim::managed=info");
+            filter.push_str(",tensile_shim::planning=info");
             if self.logs.is_some() {
                 filter.push_str(",tensile_shim::executor=debug");
             }
-            if let Ok(more) = std::env::var("TENSILE_RERUN_LOG") {
-                filter.push(',');
-                filter.push_str(&more);
-            }
-            env.push(("TENSILE_LOG".into(), filter));
+        }
+        if let Ok(more) = std::env::var("TENSILE_RERUN_LOG") {
+            filter.push(',');
+            filter.push_str(&more);
+        }
+        env.push(("TENSILE_LOG".into(), filter));
+        if policy == PolicyKind::Plan {
             let coordinator = self.card.as_ref().map_or("off", |c| &c.name);
             env.push(("TENSILE_COORDINATOR".into(), coordinator.into()));
             if !self.gpu {
                 env.extend(planner_env(&self.cost, self.scale, self.time_scale));
             }
-        } else {
-            // The manager's info level brings its counters at exit (swaps cancelled, lock
-            // waits) into the run's log.
-            let mut filter = String::from("warn,tensile_shim::managed=info");
-            if let Ok(more) = std::env::var("TENSILE_RERUN_LOG") {
-                filter.push(',');
-                filter.push_str(&more);
-            }
-            env.push(("TENSILE_LOG".into(), filter));
         }
         match &self.card {
             Some(card) => {
@@ -790,20 +804,7 @@ impl Session {
         predicted: Option<Predicted>,
     ) -> Result<ManagedRun, String> {
         let name = policy_name(policy);
-        eprintln!(
-            "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}{}",
-            format_bytes(self.scaled_budget),
-            match (&self.card, policy) {
-                (Some(card), _) => format!(
-                    " at most, on the shared card {:?} (the coordinator {:?} grants the rest)",
-                    card.name, card.name
-                ),
-                (None, PolicyKind::Plan) => {
-                    " (learning and planning in the process: TENSILE_COORDINATOR=off)".into()
-                }
-                (None, _) => String::new(),
-            }
-        );
+        self.announce_managed(policy, "");
         let mut env = self.managed_env(policy);
         // On the simulated GPU, the card logs what it ran: where the step's time went.
         let card_log = (!self.gpu).then(|| {

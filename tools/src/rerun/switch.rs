@@ -174,15 +174,7 @@ impl Session {
     /// One run of both scripts under the library with `policy`.
     fn managed_switch(&self, policy: PolicyKind) -> Result<SwitchRun, String> {
         let name = policy_name(policy);
-        eprintln!(
-            "tensile rerun: under libtensile, TENSILE_POLICY={name}, budget {}, both traces{}",
-            format_bytes(self.scaled_budget),
-            if policy == PolicyKind::Plan {
-                " (learning and planning in the process: TENSILE_COORDINATOR=off)"
-            } else {
-                ""
-            }
-        );
+        self.announce_managed(policy, ", both traces");
         let env = self.managed_env(policy);
         let trace = self.trace_path(name);
         let out = self.run_player(None, &env, Some(&trace), name, self.log_path(name))?;

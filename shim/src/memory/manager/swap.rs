@@ -306,13 +306,12 @@ impl Inner {
         let mut pages: Vec<usize> = pages.into_iter().collect();
         pages.sort_unstable();
         let mut runs: Vec<(u64, u32)> = Vec::new();
-        let mut last = None;
         for p in pages {
+            let va = self.va(p);
             match runs.last_mut() {
-                Some(run) if last == Some(p.wrapping_sub(1)) => run.1 += 1,
-                _ => runs.push((self.va(p), 1)),
+                Some((first, n)) if *first + u64::from(*n) * self.page as u64 == va => *n += 1,
+                _ => runs.push((va, 1)),
             }
-            last = Some(p);
         }
         j.swap(at, dir, cause, &runs, (copied * self.page) as u64);
     }
