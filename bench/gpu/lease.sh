@@ -9,7 +9,8 @@
 # 6 GiB under lru and under plan, traced with the library's records), nopressure, overhead
 # (the shim's cost without pressure, part by part), steady (the same over 40 steps, with CPU
 # seconds per thread), pressure, unmapped (the pressure runs with
-# TENSILE_SWAPPED=unmapped), alloc, rerun, peers, traced.
+# TENSILE_SWAPPED=unmapped), alloc, rerun, peers, ipc (a CUDA tensor shared with a child
+# process through torch.multiprocessing under a budget: ipc_check.py), traced.
 #
 # Binaries come from $TENSILE_BIN (default target/release): libtensile.so, tensile, libcuda.so
 # (the simulator, which `tensile rerun` wants beside it even on a GPU), wl_allocbench, gpu_check.
@@ -100,7 +101,7 @@ PY
 }
 
 groups=("$@")
-((${#groups[@]})) || groups=(probe vmmsync gate gpt2trace nopressure overhead steady pressure unmapped alloc rerun peers traced)
+((${#groups[@]})) || groups=(probe vmmsync gate gpt2trace nopressure overhead steady pressure unmapped alloc rerun peers ipc traced)
 wants() { [[ " ${groups[*]} " == *" $1 "* ]]; }
 
 say "lease started $(date -u +%FT%TZ), deadline in $(left)s, groups: ${groups[*]}"
@@ -222,6 +223,14 @@ if wants peers; then
     train gpt2-save_on_cpu gpt2 -- --peer save_on_cpu
     train resnet50-save_on_cpu resnet50 -- --peer save_on_cpu
     train resnet50-checkpoint resnet50 -- --peer checkpoint
+fi
+
+if wants ipc; then
+    # PyTorch's cudaMallocAsync backend refuses CUDA IPC itself; a program that shares CUDA
+    # tensors names the native one, which the shim keeps.
+    step ipc-native 180 env LD_PRELOAD="$BIN/libtensile.so" TENSILE_DEVICE_MEMORY=2GiB \
+        PYTORCH_CUDA_ALLOC_CONF=backend:native python3 bench/gpu/ipc_check.py
+    say "ipc-native: $(tail -n 1 "$WORK/ipc-native.out" 2>/dev/null)"
 fi
 
 if wants traced; then
