@@ -35,6 +35,7 @@ pub const CUDA_ERROR_NOT_MAPPED: CUresult = 211;
 pub const CUDA_ERROR_INVALID_PTX: CUresult = 218;
 pub const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: CUresult = 222;
 pub const CUDA_ERROR_INVALID_SOURCE: CUresult = 300;
+pub const CUDA_ERROR_OPERATING_SYSTEM: CUresult = 304;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
@@ -120,6 +121,13 @@ pub const CU_MEM_ACCESS_FLAGS_PROT_READ: u32 = 1;
 pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: u32 = 3;
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: u32 = 0;
 pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: u32 = 1;
+/// `CUmemAllocationHandleType`: which shareable handles a physical allocation may be
+/// exported as (`CUmemAllocationProp::requested_handle_types`, a bit set).
+pub type CUmemAllocationHandleType = u32;
+pub const CU_MEM_HANDLE_TYPE_NONE: u32 = 0;
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`: the one flag of `cuIpcOpenMemHandle`.
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 
 pub const CU_EVENT_DEFAULT: u32 = 0;
 pub const CU_EVENT_BLOCKING_SYNC: u32 = 1;

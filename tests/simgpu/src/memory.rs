@@ -117,6 +117,10 @@ struct Physical {
     /// `cuMemRetainAllocationHandle`; the memory is freed when these and `maps` reach 0.
     refs: u32,
     maps: u32,
+    /// The shareable handle types asked for at `cuMemCreate`
+    /// (`CUmemAllocationProp::requestedHandleTypes`): what `cuMemExportToShareableHandle`
+    /// may export it as. An imported allocation keeps the type it came as.
+    handle_types: u32,
 }
 
 #[derive(Debug, Default)]

@@ -195,6 +195,33 @@ impl MemFd {
         Ok(())
     }
 
+    /// A new descriptor of this file (close-on-exec), for `cuMemExportToShareableHandle`.
+    pub fn duplicate(&self) -> Result<OwnedFd, i32> {
+        self.0
+            .try_clone()
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EBADF))
+    }
+
+    /// The file behind `fd` (a descriptor another process's [`Self::duplicate`] sent), on a
+    /// descriptor of its own: the caller keeps `fd`.
+    pub fn duplicate_of(fd: std::os::fd::BorrowedFd<'_>) -> Result<Self, i32> {
+        let own = fd
+            .try_clone_to_owned()
+            .map_err(|e| e.raw_os_error().unwrap_or(libc::EBADF))?;
+        Ok(Self(own))
+    }
+
+    /// The file's size in bytes.
+    pub fn size(&self) -> Result<u64, i32> {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid open descriptor and a valid out-pointer.
+        if unsafe { libc::fstat(self.0.as_raw_fd(), &mut st) } != 0 {
+            return Err(errno());
+        }
+        u64::try_from(st.st_size).map_err(|_| libc::EINVAL)
+    }
+
     pub fn create(len: u64) -> Result<Self, i32> {
         // SAFETY: the name is a valid NUL-terminated string; the flags are plain bits.
         let fd = unsafe { libc::memfd_create(c"tensile-simgpu".as_ptr(), libc::MFD_CLOEXEC) };

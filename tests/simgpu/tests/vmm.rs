@@ -394,3 +394,104 @@ fn copies_between_mappings_keep_every_byte_at_any_offset() {
         .collect();
     same(&through_kernel, &want32, "host mapping read by a kernel");
 }
+
+/// `cuMemCreate` of device memory exportable as a POSIX file descriptor.
+fn create_shareable(size: usize) -> CUmemGenericAllocationHandle {
+    let mut h = 0;
+    let mut prop = CUmemAllocationProp::pinned(device_loc());
+    prop.requested_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    // SAFETY: valid out-pointer and properties.
+    ck(unsafe { cuMemCreate(&mut h, size, &prop, 0) });
+    h
+}
+
+#[test]
+fn an_allocation_exported_as_a_file_descriptor_and_imported_is_the_same_memory() {
+    fresh_context();
+    let h = create_shareable(GRAN);
+    let mut props = CUmemAllocationProp::pinned(host_loc());
+    // SAFETY: valid out-pointer.
+    ck(unsafe { cuMemGetAllocationPropertiesFromHandle(&mut props, h) });
+    assert_eq!(
+        props.requested_handle_types,
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    );
+    let mut fd: i32 = -1;
+    // SAFETY: for a POSIX descriptor the driver writes an int through the pointer.
+    ck(unsafe {
+        cuMemExportToShareableHandle(
+            (&mut fd as *mut i32).cast(),
+            h,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    });
+    assert!(fd >= 0);
+    let mut imported = 0;
+    // SAFETY: valid out-pointer; the descriptor's value is the handle.
+    ck(unsafe {
+        cuMemImportFromShareableHandle(
+            &mut imported,
+            fd as usize as *mut c_void,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    });
+    // The import holds the memory on a descriptor of its own: the exported one may go.
+    // SAFETY: the descriptor the export returned, closed once.
+    assert_eq!(unsafe { libc::close(fd) }, 0);
+    let (a, b) = (reserve(GRAN), reserve(GRAN));
+    ck(map(a, GRAN, h));
+    ck(map(b, GRAN, imported));
+    ck(set_access(a, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ck(set_access(b, GRAN, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    ck(fill(a, WORDS, 31));
+    ck(ctx_sync());
+    same(
+        &download_u32(b, WORDS),
+        &pattern(31, WORDS),
+        "read through the import",
+    );
+    // Released and unmapped on the exporting side, the memory lives on in the import.
+    ck(unmap(a, GRAN));
+    // SAFETY: plain driver call.
+    ck(unsafe { cuMemRelease(h) });
+    ck(fill(b, 16, 32));
+    ck(ctx_sync());
+    same(
+        &download_u32(b, 16),
+        &pattern(32, 16),
+        "after the export went",
+    );
+    ck(unmap(b, GRAN));
+    // SAFETY: plain driver call.
+    ck(unsafe { cuMemRelease(imported) });
+}
+
+#[test]
+fn only_allocations_created_shareable_are_exported() {
+    fresh_context();
+    let h = create(GRAN, device_loc());
+    let mut fd: i32 = -1;
+    // SAFETY: as above.
+    let r = unsafe {
+        cuMemExportToShareableHandle(
+            (&mut fd as *mut i32).cast(),
+            h,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            0,
+        )
+    };
+    assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+    let mut imported = 0;
+    // SAFETY: a value that is no descriptor; the driver checks it.
+    let r = unsafe {
+        cuMemImportFromShareableHandle(
+            &mut imported,
+            usize::MAX as *mut c_void,
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        )
+    };
+    assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+    // SAFETY: plain driver call.
+    ck(unsafe { cuMemRelease(h) });
+}

@@ -276,8 +276,7 @@ unsafe fn mem_get_address_range(
 export!(cuMemGetAddressRange_v2, mem_get_address_range, (base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr));
 
 /// Exports only what the driver's legacy IPC exports (`Space::ipc_exportable`); the handle
-/// names the address (no other process can open it here: `cuIpcOpenMemHandle` is not
-/// simulated).
+/// names the address (no other process can open it here: see [`ipc_open_mem_handle`]).
 unsafe fn ipc_get_mem_handle(
     handle: *mut CUipcMemHandle,
     dptr: CUdeviceptr,
@@ -294,6 +293,41 @@ unsafe fn ipc_get_mem_handle(
     Ok(())
 }
 export!(cuIpcGetMemHandle, ipc_get_mem_handle, (handle: *mut CUipcMemHandle, dptr: CUdeviceptr));
+
+/// `cuIpcOpenMemHandle[_v2]`: legacy IPC between processes is not simulated, so no handle
+/// opens: a handle of this process's own (the driver refuses those too, with
+/// `CUDA_ERROR_INVALID_CONTEXT`) and any other one (`CUDA_ERROR_INVALID_HANDLE`, what the
+/// driver answers for a handle it does not know).
+unsafe fn ipc_open_mem_handle(
+    dptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+    flags: c_uint,
+) -> Result<(), CUresult> {
+    // SAFETY: API contract.
+    unsafe { Out::new(dptr) }?;
+    current_ctx()?;
+    if flags & !CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut named = [0u8; 8];
+    named.copy_from_slice(&handle.reserved[..8]);
+    let named = u64::from_le_bytes(named);
+    if handle.reserved[8..].iter().all(|&b| b == 0) && st()?.space.ipc_exportable(named) {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    Err(CUDA_ERROR_INVALID_HANDLE)
+}
+export!(cuIpcOpenMemHandle, ipc_open_mem_handle, (dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint));
+export!(cuIpcOpenMemHandle_v2, ipc_open_mem_handle, (dptr: *mut CUdeviceptr, handle: CUipcMemHandle, flags: c_uint));
+
+/// `cuIpcCloseMemHandle`: nothing is ever opened ([`ipc_open_mem_handle`]), so every
+/// pointer is one the driver does not know.
+unsafe fn ipc_close_mem_handle(dptr: CUdeviceptr) -> Result<(), CUresult> {
+    current_ctx()?;
+    let _ = dptr;
+    Err(CUDA_ERROR_INVALID_VALUE)
+}
+export!(cuIpcCloseMemHandle, ipc_close_mem_handle, (dptr: CUdeviceptr));
 
 const ATTR_HOST_POINTER: i32 = 4;
 const ATTR_BUFFER_ID: i32 = 7;

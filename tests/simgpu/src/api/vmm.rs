@@ -58,7 +58,15 @@ unsafe fn mem_create(
     if flags != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    out.set(st()?.space.create(size as u64, p.location)?);
+    if p.requested_handle_types & !CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR != 0 {
+        // Windows handles and fabric handles are not simulated.
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    out.set(
+        st()?
+            .space
+            .create(size as u64, p.location, p.requested_handle_types)?,
+    );
     Ok(())
 }
 export!(cuMemCreate, mem_create, (handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64));
@@ -171,8 +179,10 @@ unsafe fn mem_get_allocation_properties(
 ) -> Result<(), CUresult> {
     // SAFETY: API contract.
     let out = unsafe { Out::new(prop) }?;
-    let (location, _) = st()?.space.properties(handle)?;
-    out.set(CUmemAllocationProp::pinned(location));
+    let (location, _, handle_types) = st()?.space.properties(handle)?;
+    let mut prop = CUmemAllocationProp::pinned(location);
+    prop.requested_handle_types = handle_types;
+    out.set(prop);
     Ok(())
 }
 export!(cuMemGetAllocationPropertiesFromHandle, mem_get_allocation_properties, (prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle));
@@ -187,3 +197,47 @@ unsafe fn mem_retain_allocation_handle(
     Ok(())
 }
 export!(cuMemRetainAllocationHandle, mem_retain_allocation_handle, (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void));
+
+/// `cuMemExportToShareableHandle`: only POSIX file descriptors (written to the `int` that
+/// `shareable` points to), only of allocations created with that type requested.
+unsafe fn mem_export_to_shareable_handle(
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: u32,
+    flags: u64,
+) -> Result<(), CUresult> {
+    // SAFETY: API contract: for a POSIX file descriptor, `shareable` points to an `int`.
+    let out = unsafe { Out::new(shareable.cast::<i32>()) }?;
+    if flags != 0 || handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let fd = st()?.space.export_fd(handle)?;
+    out.set(std::os::fd::IntoRawFd::into_raw_fd(fd));
+    Ok(())
+}
+export!(cuMemExportToShareableHandle, mem_export_to_shareable_handle, (shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: u32, flags: u64));
+
+/// `cuMemImportFromShareableHandle`: for a POSIX file descriptor, `os_handle` is the
+/// descriptor's value (cast to a pointer), which stays the caller's. The allocation is on
+/// the current context's device.
+unsafe fn mem_import_from_shareable_handle(
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    handle_type: u32,
+) -> Result<(), CUresult> {
+    // SAFETY: API contract.
+    let out = unsafe { Out::new(handle) }?;
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let raw = i32::try_from(os_handle as usize).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    if raw < 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let device = super::current_ctx().map_or(0, |c| c.device as i32);
+    // SAFETY: the caller passes an open descriptor, which stays open for this call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(raw) };
+    out.set(st()?.space.import_fd(fd, device)?);
+    Ok(())
+}
+export!(cuMemImportFromShareableHandle, mem_import_from_shareable_handle, (handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: u32));

@@ -223,9 +223,14 @@ impl AddressSpace {
         Ok(())
     }
 
-    /// `cuMemCreate`: a physical allocation at `location`; device memory counts against
-    /// capacity.
-    pub fn create(&self, size: u64, location: CUmemLocation) -> Result<u64, CUresult> {
+    /// `cuMemCreate`: a physical allocation at `location`, exportable as `handle_types`;
+    /// device memory counts against capacity.
+    pub fn create(
+        &self,
+        size: u64,
+        location: CUmemLocation,
+        handle_types: u32,
+    ) -> Result<u64, CUresult> {
         let start = std::time::Instant::now();
         let on_device = check_location(&location)?;
         if size == 0 || !aligned(size) {
@@ -259,6 +264,7 @@ impl AddressSpace {
                 charged,
                 refs: 1,
                 maps: 0,
+                handle_types,
             },
         );
         drop(inner);
@@ -266,6 +272,54 @@ impl AddressSpace {
             Held::one(cost, usize::from(!on_device), size),
             "cuMemCreate",
             start,
+        );
+        Ok(handle)
+    }
+
+    /// `cuMemExportToShareableHandle` as a POSIX file descriptor: a new descriptor of the
+    /// allocation's memfd, owned by the caller. Refused (`CUDA_ERROR_INVALID_VALUE`, as the
+    /// driver does) unless the allocation was created with that handle type requested.
+    pub fn export_fd(&self, handle: u64) -> Result<std::os::fd::OwnedFd, CUresult> {
+        let inner = self.read_lock();
+        match inner.physical.get(&handle) {
+            Some(p)
+                if p.refs > 0 && p.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR != 0 =>
+            {
+                p.fd.duplicate().map_err(os_err)
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemImportFromShareableHandle` of a POSIX file descriptor exported by
+    /// [`Self::export_fd`] (in this process or another): a new physical allocation of the
+    /// same memory, on device `device`. The caller keeps its descriptor (the driver does
+    /// not take it over). Charged nothing: the exporter's allocation already holds the
+    /// memory, on a shared card as on one of the process's own (an allocation the exporter
+    /// released while it is still imported is then held uncharged).
+    pub fn import_fd(&self, fd: std::os::fd::BorrowedFd<'_>, device: i32) -> Result<u64, CUresult> {
+        let fd = MemFd::duplicate_of(fd).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let size = fd.size().map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        if size == 0 || !aligned(size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut inner = self.write_lock();
+        let handle = inner.next_handle;
+        inner.next_handle += 1;
+        inner.physical.insert(
+            handle,
+            Physical {
+                fd,
+                size,
+                location: CUmemLocation {
+                    type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                    id: device,
+                },
+                charged: 0,
+                refs: 1,
+                maps: 0,
+                handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            },
         );
         Ok(handle)
     }
@@ -421,11 +475,11 @@ impl AddressSpace {
         }
     }
 
-    /// (location, size) of a live physical allocation.
-    pub fn properties(&self, handle: u64) -> Result<(CUmemLocation, u64), CUresult> {
+    /// (location, size, requested handle types) of a live physical allocation.
+    pub fn properties(&self, handle: u64) -> Result<(CUmemLocation, u64, u32), CUresult> {
         let inner = self.read_lock();
         match inner.physical.get(&handle) {
-            Some(p) if p.refs > 0 => Ok((p.location, p.size)),
+            Some(p) if p.refs > 0 => Ok((p.location, p.size, p.handle_types)),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }
