@@ -22,6 +22,7 @@ pub mod coordination;
 pub mod executor;
 pub mod hooks;
 pub mod interpose;
+pub mod ipc;
 pub mod kernels;
 pub mod log;
 pub mod managed;

@@ -45,9 +45,18 @@ macro_rules! with_managed_entry_points {
             MemGetInfo => alloc::mem_get_info
                 : (free: *mut usize, total: *mut usize)
                 = [cuMemGetInfo_v2];
-            IpcGetMemHandle => alloc::ipc_get_mem_handle
+
+            // Memory shared with other processes.
+            IpcGetMemHandle => ipc::ipc_get_mem_handle
                 : (handle: *mut $crate::abi::CUipcMemHandle, dptr: $crate::abi::CUdeviceptr)
                 = [cuIpcGetMemHandle];
+            IpcOpenMemHandle => ipc::ipc_open_mem_handle
+                : (dptr: *mut $crate::abi::CUdeviceptr, handle: $crate::abi::CUipcMemHandle,
+                   flags: u32)
+                = [cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2];
+            IpcCloseMemHandle => ipc::ipc_close_mem_handle
+                : (dptr: $crate::abi::CUdeviceptr)
+                = [cuIpcCloseMemHandle];
 
             // Kernel launches.
             LaunchKernel => launch::launch_kernel

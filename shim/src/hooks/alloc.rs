@@ -1,12 +1,12 @@
-//! Allocation and free hooks, `cuMemGetInfo`, and `cuIpcGetMemHandle` (memory shared with
-//! other processes).
+//! Allocation and free hooks, and `cuMemGetInfo`.
 //!
 //! With a memory manager running (policy `lru`/`plan`), allocations in its context are
 //! served from its arena instead of the driver; otherwise they are forwarded. Either way
 //! every allocation enters the index (and the trace) once made, and every free leaves the
 //! index before it is carried out. Frees of pointers outside the arena go to the driver
 //! untouched, so their errors (unknown pointer, double free) are the driver's; the manager
-//! answers those of arena pointers with the same codes.
+//! answers those of arena pointers with the same codes. The free of an arena allocation
+//! another process has open through CUDA IPC waits for it (`crate::ipc::exporter`).
 //!
 //! Stream-ordered allocations on a capturing stream go to the driver untouched: there they
 //! become graph memory nodes, allocated and freed as the graph runs, which the arena cannot
@@ -16,10 +16,8 @@
 //! stream is refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: the free would happen at
 //! every launch of the graph, which the arena cannot express.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use tensile_driver_abi::{
-    CUdeviceptr, CUipcMemHandle, CUmemoryPool, CUresult, CUstream, CUDA_ERROR_INVALID_VALUE,
+    CUdeviceptr, CUmemoryPool, CUresult, CUstream, CUDA_ERROR_INVALID_VALUE,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, CUDA_SUCCESS,
 };
 use tensile_trace::AllocKind;
@@ -253,6 +251,9 @@ pub unsafe fn mem_free(call: Call<pfn::MemFree>, dptr: CUdeviceptr) -> CUresult 
             if let Err(code) = m.driver.synchronize() {
                 tracing::debug!("synchronizing before a free failed with error {code}");
             }
+            if crate::ipc::exporter::free_is_deferred(dptr) {
+                return CUDA_SUCCESS;
+            }
             m.mm.free(dptr, None).err().unwrap_or(CUDA_SUCCESS)
         }
         // SAFETY: forwarded unchanged.
@@ -278,6 +279,7 @@ pub unsafe fn mem_free_async(
             );
             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         }
+        Some(_) if crate::ipc::exporter::free_is_deferred(dptr) => CUDA_SUCCESS,
         Some(m) if m.mm.owns(dptr) => {
             m.mm.free(dptr, Some(Stream(on as usize)))
                 .err()
@@ -312,49 +314,5 @@ pub unsafe fn mem_get_info(
         }
         // SAFETY: forwarded unchanged.
         None => unsafe { (call.real)(free, total) },
-    }
-}
-
-/// `cuIpcGetMemHandle`: another process that opens the handle uses the memory behind this
-/// one's back, so an arena allocation the driver exports is pinned on the device until it is
-/// freed (never swapped). The driver exports only `cuMemAlloc` memory through CUDA IPC, not
-/// the VMM mappings the arena serves (so the simulated GPU, and, by the driver's
-/// documentation, the card: not checked on one); then its error goes back, with one line
-/// saying why and what to do.
-///
-/// # Safety
-/// The driver's contract for `cuIpcGetMemHandle`.
-pub unsafe fn ipc_get_mem_handle(
-    call: Call<pfn::IpcGetMemHandle>,
-    handle: *mut CUipcMemHandle,
-    dptr: CUdeviceptr,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { (call.real)(handle, dptr) };
-    let Some(m) = call.rt.memory().filter(|m| m.mm.owns(dptr)) else {
-        return r;
-    };
-    if r != CUDA_SUCCESS {
-        static SAID: AtomicBool = AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            tracing::error!(
-                "tensile: cuIpcGetMemHandle failed (error {r}) for {dptr:#x}, memory \
-                 libtensile serves from its arena: the driver shares only cuMemAlloc memory \
-                 through CUDA IPC, so a process that shares GPU memory with other processes \
-                 (torch.multiprocessing with CUDA tensors) must run without libtensile's \
-                 memory manager (TENSILE_POLICY=off)"
-            );
-        }
-        return r;
-    }
-    match m.mm.pin_for_capture(&[(dptr, 1)]) {
-        Ok(()) => r,
-        Err(code) => {
-            tracing::error!(
-                "tensile: memory at {dptr:#x} shared through CUDA IPC could not be pinned on \
-                 the device (error {code}): refusing to share it"
-            );
-            code
-        }
     }
 }

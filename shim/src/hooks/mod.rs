@@ -22,6 +22,7 @@ use crate::syms::Sym;
 pub mod alloc;
 pub mod capture;
 pub mod copy;
+pub mod ipc;
 pub mod launch;
 pub mod memset;
 pub mod module;

@@ -9,7 +9,9 @@
 //! driver binding. Every method returns the driver's own result code on failure, so the
 //! manager can hand it back to the application unchanged.
 
-use tensile_driver_abi::{CUdeviceptr, CUresult};
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use tensile_driver_abi::{CUdeviceptr, CUresult, CUDA_ERROR_NOT_SUPPORTED};
 
 /// A stream handle (`CUstream` as an integer, so it is `Send`). `Stream(0)` is the legacy
 /// default stream.
@@ -43,7 +45,9 @@ pub trait Driver: Send + Sync {
     fn mem_address_reserve(&self, size: usize, alignment: usize) -> Result<CUdeviceptr, CUresult>;
     /// `cuMemAddressFree`.
     fn mem_address_free(&self, ptr: CUdeviceptr, size: usize) -> Result<(), CUresult>;
-    /// `cuMemCreate` of pinned memory at `location`.
+    /// `cuMemCreate` of pinned memory at `location`. Device memory is created exportable as a
+    /// POSIX file descriptor ([`Self::mem_export_fd`]), for memory shared with other
+    /// processes (`crate::ipc`).
     fn mem_create(&self, size: usize, location: PhysLocation) -> Result<PhysHandle, CUresult>;
     /// `cuMemRelease`.
     fn mem_release(&self, handle: PhysHandle) -> Result<(), CUresult>;
@@ -115,4 +119,16 @@ pub trait Driver: Send + Sync {
     /// `cuMemGetAllocationGranularity` (the minimum) for pinned memory at `loc`: the page
     /// of physical allocations and mappings there.
     fn mem_granularity(&self, loc: PhysLocation) -> Result<usize, CUresult>;
+    /// `cuMemExportToShareableHandle` of a physical allocation as a POSIX file descriptor,
+    /// which the caller then owns. Drivers without it refuse (`CUDA_ERROR_NOT_SUPPORTED`).
+    fn mem_export_fd(&self, handle: PhysHandle) -> Result<OwnedFd, CUresult> {
+        let _ = handle;
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemImportFromShareableHandle` of a POSIX file descriptor another process exported
+    /// (the caller keeps `fd`): a physical allocation of the same memory.
+    fn mem_import_fd(&self, fd: BorrowedFd<'_>) -> Result<PhysHandle, CUresult> {
+        let _ = fd;
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
 }

@@ -15,12 +15,14 @@
 //!   is never unloaded, so the pointers stay valid for the process's life.
 
 use std::ffi::{c_void, CStr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
 
 use tensile_driver_abi::{
     CUdeviceptr, CUevent, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle,
-    CUmemLocation, CUresult, CUstream, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING,
-    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_LOCATION_TYPE_DEVICE,
+    CUmemLocation, CUresult, CUstream, CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_SUPPORTED,
+    CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE,
     CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_STREAM_NON_BLOCKING,
 };
 
@@ -53,6 +55,10 @@ type PfnEvent = unsafe extern "C" fn(CUevent) -> R;
 type PfnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> R;
 type PfnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> R;
 type PfnGetGranularity = unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, u32) -> R;
+type PfnExportToShareable =
+    unsafe extern "C" fn(*mut c_void, CUmemGenericAllocationHandle, u32, u64) -> R;
+type PfnImportFromShareable =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void, u32) -> R;
 
 /// The function named `$name` (a string literal) found by `$lookup` (a
 /// `FnMut(&CStr) -> *mut c_void`), as the function pointer type the context expects, or
@@ -96,6 +102,10 @@ pub struct MemFns {
     event_synchronize: PfnEvent,
     mem_get_info: PfnMemGetInfo,
     granularity: PfnGetGranularity,
+    /// `cuMemExportToShareableHandle` and `cuMemImportFromShareableHandle` (CUDA 10.2; only
+    /// memory shared with other processes needs them).
+    export_shareable: Option<PfnExportToShareable>,
+    import_shareable: Option<PfnImportFromShareable>,
 }
 
 impl MemFns {
@@ -129,6 +139,8 @@ impl MemFns {
             event_synchronize: resolve!(lookup, "cuEventSynchronize")?,
             mem_get_info: resolve!(lookup, "cuMemGetInfo_v2")?,
             granularity: resolve!(lookup, "cuMemGetAllocationGranularity")?,
+            export_shareable: resolve!(lookup, "cuMemExportToShareableHandle").ok(),
+            import_shareable: resolve!(lookup, "cuMemImportFromShareableHandle").ok(),
         })
     }
 }
@@ -191,7 +203,12 @@ impl<C: InContext> Driver for TableDriver<C> {
     }
 
     fn mem_create(&self, size: usize, loc: PhysLocation) -> Result<PhysHandle, R> {
-        let prop = CUmemAllocationProp::pinned(location(loc));
+        let mut prop = CUmemAllocationProp::pinned(location(loc));
+        if matches!(loc, PhysLocation::Device(_)) {
+            // Any device unit may come to back memory shared with another process
+            // (`crate::ipc`); PyTorch's expandable segments ask the same of every segment.
+            prop.requested_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        }
         let mut h: CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and a fully initialized property struct on the stack.
         self.run(|| check(unsafe { (self.f.create)(&mut h, size, &prop, 0) }))?;
@@ -332,6 +349,40 @@ impl<C: InContext> Driver for TableDriver<C> {
         // SAFETY: valid out-pointers to locals.
         self.run(|| check(unsafe { (self.f.mem_get_info)(&mut free, &mut total) }))?;
         Ok((free, total))
+    }
+
+    fn mem_export_fd(&self, handle: PhysHandle) -> Result<OwnedFd, R> {
+        let export = self.f.export_shareable.ok_or(CUDA_ERROR_NOT_SUPPORTED)?;
+        let mut fd: i32 = -1;
+        self.run(|| {
+            // SAFETY: for a POSIX file descriptor the driver writes an `int` through the
+            // pointer, which points to a local one.
+            check(unsafe {
+                export(
+                    (&mut fd as *mut i32).cast(),
+                    handle.0,
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0,
+                )
+            })
+        })?;
+        if fd < 0 {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        // SAFETY: the driver returned a new descriptor, which the caller owns from now on.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn mem_import_fd(&self, fd: BorrowedFd<'_>) -> Result<PhysHandle, R> {
+        let import = self.f.import_shareable.ok_or(CUDA_ERROR_NOT_SUPPORTED)?;
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // For a POSIX file descriptor the driver takes the descriptor's value as the pointer.
+        let os_handle = fd.as_raw_fd() as usize as *mut c_void;
+        self.run(|| {
+            // SAFETY: a valid out-pointer; the descriptor stays open for the call.
+            check(unsafe { import(&mut h, os_handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) })
+        })?;
+        Ok(PhysHandle(h))
     }
 
     fn mem_granularity(&self, loc: PhysLocation) -> Result<usize, R> {

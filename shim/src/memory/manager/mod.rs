@@ -53,6 +53,7 @@
 //! | `backing.rs` | frames mapped at pages, dropped without a copy, released at shutdown |
 //! | `units.rs` | which unit a page is in; cutting and re-cutting units |
 //! | `access.rs` | `prepare_access` / `note_access_done`, pins, capture pins |
+//! | `export.rs` | allocations pinned for other processes, and the units behind them |
 //! | `eviction.rs` | finding device frames: cheap ones, LRU or advised victims, the reserve |
 //! | `swap.rs` | the copies to and from the host, their events, `poll` and waits |
 //! | `completion.rs` | completing landed swap-outs (their VMM calls) without the lock |
@@ -88,11 +89,14 @@ mod audit;
 mod backing;
 mod completion;
 mod eviction;
+mod export;
 mod first_backing;
 mod handover;
 mod swap;
 mod units;
 mod verbs;
+
+pub use export::{ExportedAllocation, ExportedUnit};
 
 #[cfg(test)]
 mod capture_pin_tests;
