@@ -130,6 +130,8 @@ driver_table! {
     cuMemFreeAsync = "cuMemFreeAsync" @ 0 : (CUdeviceptr, CUstream);
     cuMemGetInfo = "cuMemGetInfo" @ 0 : (*mut usize, *mut usize);
     cuIpcGetMemHandle = "cuIpcGetMemHandle" @ 0 : (*mut CUipcMemHandle, CUdeviceptr);
+    cuIpcOpenMemHandle = "cuIpcOpenMemHandle" @ 0 : (*mut CUdeviceptr, CUipcMemHandle, c_uint);
+    cuIpcCloseMemHandle = "cuIpcCloseMemHandle" @ 0 : (CUdeviceptr);
     cuLaunchKernel = "cuLaunchKernel" @ 0 : (CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void);
     cuLaunchKernelEx = "cuLaunchKernelEx" @ 0 : (*const CUlaunchConfig, CUfunction, *mut *mut c_void, *mut *mut c_void);
     cuMemcpy = "cuMemcpy" @ 0 : (CUdeviceptr, CUdeviceptr, usize);

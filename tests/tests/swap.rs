@@ -10,7 +10,7 @@
 use tensile_tests::check::{read_trace, trace_stats};
 use tensile_tests::expect::{fnv1a, named_digests};
 use tensile_tests::harness::{temp_trace, Output, Run};
-use tensile_trace::{Record, Stats};
+use tensile_trace::{Record, Stats, SwapDir};
 
 const MIB: usize = 1 << 20;
 
@@ -225,43 +225,178 @@ fn line<'a>(out: &'a Output, prefix: &str, name: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no `{start}` line in\n{}", out.stdout))
 }
 
+fn ipc(mode: &str) -> Run {
+    Run::new(env!("CARGO_BIN_EXE_wl_ipc")).arg(mode)
+}
+
+/// Every line of `out`'s stdout that is exactly `want`, counted.
+fn count_lines(out: &Output, want: &str) -> usize {
+    out.stdout.lines().filter(|l| *l == want).count()
+}
+
 #[test]
-fn sharing_arena_memory_through_cuda_ipc_fails_with_one_line_saying_why_and_loses_nothing() {
-    // The driver exports only cuMemAlloc memory through legacy IPC; the arena's is VMM
-    // mappings. The application gets the driver's own error (not a crash, not a handle to
-    // memory that may be swapped), one line says why and what to do, and the data is intact.
-    let native = mem("ipc").output();
-    native.assert_ok("native");
+fn arena_memory_shared_through_cuda_ipc_stays_on_the_device_while_its_exporter_swaps() {
+    // A 4 MiB tensor shared with a child process under the shim, then 8 tensors of 4 MiB
+    // swapped through a 12 MiB budget, twice.
+    let trace = temp_trace("ipc-share");
+    let out = ipc("share")
+        .arg("8")
+        .arg("4")
+        .trace(&trace)
+        .env("TENSILE_POLICY", "lru")
+        .env("TENSILE_DEVICE_MEMORY", "12MiB")
+        .env("TENSILE_LOG", "warn,tensile_shim::ipc=debug")
+        .output();
+    out.assert_ok("under the shim");
+    for want in [
+        "R export 0",
+        "R same_handle 1",
+        "R open 0",
+        "C seen ok",
+        "R close 0",
+        "R child 1",
+        "C others ok",
+        "C shared ok",
+        "ready",
+        "C held ok",
+        "R holder 1",
+        "R reopen_refused 1",
+    ] {
+        assert!(
+            count_lines(&out, want) >= 1,
+            "no `{want}` in\n{}",
+            out.stdout
+        );
+    }
+    // The tensors allocated while the freed one was open elsewhere did not get its memory.
+    assert_eq!(count_lines(&out, "C fresh ok"), 2, "{}", out.stdout);
+    // The free waited for the holder, and was carried out once it closed.
+    let deferred = |what: &str| out.stderr.lines().filter(|l| l.contains(what)).count();
     assert_eq!(
-        line(&native, "R", "ipc"),
-        "0",
-        "the simulator refused cuMemAlloc memory"
+        deferred("waits for 1 process(es) that have it open"),
+        1,
+        "{}",
+        out.stderr
     );
-    let out = mem("ipc")
+    assert_eq!(
+        deferred("deferred while other processes had it open, is done"),
+        1,
+        "{}",
+        out.stderr
+    );
+    out.assert_quiet("sharing");
+    // It swapped, and never the shared tensor's pages.
+    let shared = u64::from_str_radix(line(&out, "P", "shared"), 16).expect("a hex pointer");
+    let t = read_trace(&trace);
+    let _ = std::fs::remove_file(&trace);
+    let page = 2 * MIB as u64;
+    let mut out_pages = 0u64;
+    for r in &t.records {
+        if let Record::Swap(sw) = r {
+            if sw.dir != SwapDir::ToHost {
+                continue;
+            }
+            for &(start, pages) in &sw.runs {
+                out_pages += u64::from(pages);
+                let end = start + u64::from(pages) * page;
+                assert!(
+                    end <= shared || start >= shared + 4 * MIB as u64,
+                    "pages {start:#x}..{end:#x} of the shared tensor at {shared:#x} left the device"
+                );
+            }
+        }
+    }
+    assert!(out_pages >= 16, "it hardly swapped: {out_pages} pages out");
+}
+
+#[test]
+fn a_handle_of_an_exporter_that_has_exited_is_refused_with_invalid_handle() {
+    let exporter = ipc("handle")
         .preload(true)
         .env("TENSILE_POLICY", "lru")
         .output();
-    out.assert_ok("under the shim");
-    assert_eq!(
-        line(&out, "R", "ipc"),
-        "1",
-        "CUDA_ERROR_INVALID_VALUE, the driver's"
-    );
+    exporter.assert_ok("the exporter");
+    assert_eq!(line(&exporter, "R", "export"), "0");
+    let handle = exporter
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("H "))
+        .expect("an `H` line");
+    let out = ipc("open")
+        .arg(handle)
+        .arg((4 * MIB).to_string())
+        .arg("1")
+        .arg("2")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .output();
+    out.assert_ok("the importer");
+    // CUDA_ERROR_INVALID_HANDLE
+    assert_eq!(line(&out, "R", "open"), "400", "{}", out.stdout);
     let said: Vec<&str> = out
         .stderr
         .lines()
-        .filter(|l| l.contains("cuIpcGetMemHandle failed"))
+        .filter(|l| l.contains("cuIpcOpenMemHandle"))
         .collect();
     assert_eq!(said.len(), 1, "{}", out.stderr);
-    assert!(said[0].contains("TENSILE_POLICY=off"), "{}", said[0]);
-    assert_eq!(line(&out, "D", "after"), line(&native, "D", "after"));
-    // Without the manager, allocations are the driver's and share as they would.
-    let off = mem("ipc")
+    assert!(said[0].contains("cannot be reached"), "{}", said[0]);
+}
+
+#[test]
+fn handles_and_pointers_that_are_not_libtensiles_go_to_the_driver() {
+    let native = ipc("foreign").output();
+    native.assert_ok("native");
+    let answers = ["get", "open_own", "open_garbage", "close_unknown"];
+    // The simulated driver's answers: its own handle opened in its process is
+    // CUDA_ERROR_INVALID_CONTEXT, bytes it never wrote CUDA_ERROR_INVALID_HANDLE, a pointer
+    // never opened CUDA_ERROR_INVALID_VALUE.
+    let want = ["0", "201", "400", "1"];
+    for (name, code) in answers.iter().zip(want) {
+        assert_eq!(line(&native, "R", name), code, "{name}");
+    }
+    // Without a manager the allocation is the driver's: everything is forwarded.
+    let off = ipc("foreign")
         .preload(true)
         .env("TENSILE_POLICY", "off")
         .output();
-    off.assert_ok("under the shim, policy off");
-    assert_eq!(line(&off, "R", "ipc"), "0");
+    off.assert_ok("policy off").assert_quiet("policy off");
+    for (name, code) in answers.iter().zip(want) {
+        assert_eq!(line(&off, "R", name), code, "policy off: {name}");
+    }
+    // With one, the allocation is the arena's, but other handles and pointers still are the
+    // driver's.
+    let lru = ipc("foreign")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .output();
+    lru.assert_ok("policy lru").assert_quiet("policy lru");
+    assert_eq!(line(&lru, "R", "open_garbage"), "400");
+    assert_eq!(line(&lru, "R", "close_unknown"), "1");
+}
+
+#[test]
+fn sharing_arena_memory_larger_than_the_budget_is_refused_with_one_line_and_loses_nothing() {
+    // 16 MiB cannot be pinned on the device under an 8 MiB budget.
+    let native = ipc("too_large").arg("16").output();
+    native.assert_ok("native");
+    let out = ipc("too_large")
+        .arg("16")
+        .preload(true)
+        .env("TENSILE_POLICY", "lru")
+        .env("TENSILE_DEVICE_MEMORY", "8MiB")
+        .output();
+    out.assert_ok("under the shim");
+    // CUDA_ERROR_OUT_OF_MEMORY
+    assert_eq!(line(&out, "R", "export"), "2");
+    let said: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("cuIpcGetMemHandle"))
+        .collect();
+    assert_eq!(said.len(), 1, "{}", out.stderr);
+    assert!(said[0].contains("refused"), "{}", said[0]);
+    assert_eq!(line(&out, "C", "after"), "ok");
+    assert_eq!(line(&out, "D", "after"), line(&native, "D", "after"));
 }
 
 #[test]

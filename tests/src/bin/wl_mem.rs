@@ -7,8 +7,6 @@
 //! - `frees`: the result codes of a double free (sync and stream-ordered) and of freeing a
 //!   pointer never allocated (`R` lines, compared with the driver's own).
 //! - `info`: what `cuMemGetInfo` reports before and after allocating 6 MiB (`M` lines).
-//! - `ipc`: the result code of `cuIpcGetMemHandle` on a 4 MiB `cuMemAlloc` allocation
-//!   (`R ipc`), then that its data is intact (`D after`).
 //! - `env`: prints `PYTORCH_CUDA_ALLOC_CONF` as the process sees it (`V` line) and touches
 //!   the driver once.
 //! - `library <path>`: allocates 4 MiB itself and 4 MiB twice through the library at `<path>`
@@ -37,13 +35,12 @@ fn main() {
         "oom" => oom(&s, args.get(2).and_then(|a| a.parse().ok()).unwrap_or(6)),
         "frees" => frees(&s),
         "info" => info(&s),
-        "ipc" => ipc(&s),
         "env" => {
             let p = s.alloc(4096);
             s.free(p);
         }
         "library" => library(&s, args.get(2).expect("wl_mem library <path>")),
-        _ => panic!("usage: wl_mem oom <mib> | frees | info | ipc | env | library <path>"),
+        _ => panic!("usage: wl_mem oom <mib> | frees | info | env | library <path>"),
     }
     s.sync_ctx();
     s.say("done");
@@ -109,18 +106,6 @@ fn frees(s: &Session) {
     // The process is still fine.
     let p = s.alloc(MIB);
     s.upload(p, &[7u8; 4096], None);
-    let back = s.download(p, 4096, None);
-    s.say(format!("D after {:016x}", fnv1a(&back)));
-    s.free(p);
-}
-
-fn ipc(s: &Session) {
-    let p = s.alloc(4 * MIB);
-    s.upload(p, &[9u8; 4096], None);
-    let mut handle = tensile_driver_abi::CUipcMemHandle { reserved: [0; 64] };
-    // SAFETY: a valid out-pointer and a live allocation's base.
-    let r = unsafe { (s.d.cuIpcGetMemHandle)(&mut handle, p) };
-    s.say(format!("R ipc {r}"));
     let back = s.download(p, 4096, None);
     s.say(format!("D after {:016x}", fnv1a(&back)));
     s.free(p);
