@@ -139,6 +139,8 @@ struct State {
     device_used: usize,
     device_peak: usize,
     host_used: usize,
+    /// Physical allocations exported as file descriptors (`mem_export_fd`), in order.
+    exported: Vec<u64>,
 }
 
 /// The fake driver. Cheap to share: wrap it in an `Arc` and hand clones to the manager.
@@ -171,6 +173,7 @@ impl FakeDriver {
                 device_used: 0,
                 device_peak: 0,
                 host_used: 0,
+                exported: Vec::new(),
             }),
             gates: Mutex::new(HashMap::new()),
             gates_changed: std::sync::Condvar::new(),
@@ -252,6 +255,15 @@ impl FakeDriver {
     /// Accesses to unmapped or inaccessible memory, in order.
     pub fn faults(&self) -> Vec<String> {
         self.lock().faults.clone()
+    }
+
+    /// The physical allocations exported so far (`mem_export_fd`), in order.
+    pub fn exported(&self) -> Vec<PhysHandle> {
+        self.lock()
+            .exported
+            .iter()
+            .map(|&h| PhysHandle(h))
+            .collect()
     }
 
     /// Remaps of ranges that queued work still touched, and synchronizes that could never end.
@@ -607,6 +619,18 @@ impl Driver for FakeDriver {
             },
         );
         Ok(PhysHandle(h))
+    }
+
+    /// A descriptor of `/dev/null` stands for the memory: nothing reads it in the tests.
+    fn mem_export_fd(&self, handle: PhysHandle) -> Result<std::os::fd::OwnedFd, CUresult> {
+        let mut s = self.lock();
+        match s.phys.get(&handle.0) {
+            Some(p) if p.device && !p.released => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        s.exported.push(handle.0);
+        let null = std::fs::File::open("/dev/null").map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        Ok(null.into())
     }
 
     fn mem_release(&self, handle: PhysHandle) -> Result<(), CUresult> {
