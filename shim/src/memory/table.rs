@@ -17,13 +17,14 @@
 use std::ffi::{c_void, CStr};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tensile_driver_abi::{
     CUdeviceptr, CUevent, CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle,
     CUmemLocation, CUresult, CUstream, CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_SUPPORTED,
-    CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE,
-    CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_STREAM_NON_BLOCKING,
+    CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS, CU_EVENT_DISABLE_TIMING,
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_STREAM_NON_BLOCKING,
 };
 
 use super::driver::{Driver, Event, PhysHandle, PhysLocation, Stream};
@@ -106,6 +107,8 @@ pub struct MemFns {
     /// memory shared with other processes needs them).
     export_shareable: Option<PfnExportToShareable>,
     import_shareable: Option<PfnImportFromShareable>,
+    /// Set once the driver refused a shareable device unit: units are made plain after.
+    unshareable: AtomicBool,
 }
 
 impl MemFns {
@@ -141,6 +144,7 @@ impl MemFns {
             granularity: resolve!(lookup, "cuMemGetAllocationGranularity")?,
             export_shareable: resolve!(lookup, "cuMemExportToShareableHandle").ok(),
             import_shareable: resolve!(lookup, "cuMemImportFromShareableHandle").ok(),
+            unshareable: AtomicBool::new(false),
         })
     }
 }
@@ -204,12 +208,30 @@ impl<C: InContext> Driver for TableDriver<C> {
 
     fn mem_create(&self, size: usize, loc: PhysLocation) -> Result<PhysHandle, R> {
         let mut prop = CUmemAllocationProp::pinned(location(loc));
-        if matches!(loc, PhysLocation::Device(_)) {
+        let mut h: CUmemGenericAllocationHandle = 0;
+        if matches!(loc, PhysLocation::Device(_)) && !self.f.unshareable.load(Ordering::Relaxed) {
             // Any device unit may come to back memory shared with another process
             // (`crate::ipc`); PyTorch's expandable segments ask the same of every segment.
             prop.requested_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            // SAFETY: valid out-pointer and a fully initialized property struct on the stack.
+            match self.run(|| check(unsafe { (self.f.create)(&mut h, size, &prop, 0) })) {
+                Ok(()) => return Ok(PhysHandle(h)),
+                Err(code) if code == CUDA_ERROR_OUT_OF_MEMORY => return Err(code),
+                Err(code) => {
+                    // A driver that cannot make shareable memory (not known on Linux, but
+                    // refusing every unit would stop the manager): plain units from now on,
+                    // whose export is then refused.
+                    if !self.f.unshareable.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "tensile: the driver refused device memory exportable as a file \
+                             descriptor (error {code}); sharing arena memory with other \
+                             processes through CUDA IPC will be refused"
+                        );
+                    }
+                    prop.requested_handle_types = 0;
+                }
+            }
         }
-        let mut h: CUmemGenericAllocationHandle = 0;
         // SAFETY: valid out-pointer and a fully initialized property struct on the stack.
         self.run(|| check(unsafe { (self.f.create)(&mut h, size, &prop, 0) }))?;
         Ok(PhysHandle(h))
