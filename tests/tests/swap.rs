@@ -253,6 +253,7 @@ fn arena_memory_shared_through_cuda_ipc_stays_on_the_device_while_its_exporter_s
         "R same_handle 1",
         "R open 0",
         "C seen ok",
+        "R open_again 0 1",
         "R close 0",
         "R child 1",
         "C others ok",

@@ -82,6 +82,10 @@ fn driver(real: &RealDriver) -> Result<&'static ImportDriver, CUresult> {
 
 /// One open import.
 struct Import {
+    handle: ExportHandle,
+    /// Opens not yet closed: the driver's rule for a handle opened again in the same
+    /// context (the same pointer, counted).
+    opens: u32,
     base: CUdeviceptr,
     span_bytes: u64,
     /// Held open for the import's life: its end is the close the exporter counts.
@@ -101,12 +105,15 @@ struct Refusal(CUresult, String);
 /// the allocation's address. A refusal is logged in one line.
 pub fn open(real: &RealDriver, h: &ExportHandle) -> Result<CUdeviceptr, CUresult> {
     let d = driver(real)?;
+    // Held while a new import is made, so that two threads opening one handle map it once.
+    let mut open = imports().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((&ptr, import)) = open.iter_mut().find(|(_, i)| i.handle == *h) {
+        import.opens += 1;
+        return Ok(ptr);
+    }
     match open_with(d, h) {
         Ok((ptr, import)) => {
-            imports()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(ptr, import);
+            open.insert(ptr, import);
             Ok(ptr)
         }
         Err(Refusal(code, why)) => {
@@ -168,6 +175,8 @@ fn open_with(d: &ImportDriver, h: &ExportHandle) -> Result<(CUdeviceptr, Import)
     Ok((
         base + reply.offset,
         Import {
+            handle: *h,
+            opens: 1,
             base,
             span_bytes: reply.span_bytes,
             _connection: sock,
@@ -208,12 +217,18 @@ fn map_units(
 }
 
 /// `cuIpcCloseMemHandle`: `None` unless `ptr` is an open import of a libtensile handle
-/// (then the call is the driver's); else unmaps it and tells the exporter.
+/// (then the call is the driver's); else one open fewer, and at the last one the memory is
+/// unmapped and the exporter told.
 pub fn close(real: &RealDriver, ptr: CUdeviceptr) -> Option<CUresult> {
-    let import = imports()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .remove(&ptr)?;
+    let import = {
+        let mut open = imports().lock().unwrap_or_else(|e| e.into_inner());
+        let import = open.get_mut(&ptr)?;
+        import.opens -= 1;
+        if import.opens > 0 {
+            return Some(CUDA_SUCCESS);
+        }
+        open.remove(&ptr)?
+    };
     let d = match driver(real) {
         Ok(d) => d,
         Err(code) => return Some(code),

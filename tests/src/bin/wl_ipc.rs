@@ -11,7 +11,9 @@
 //!   while this process frees it and fills new tensors, then checks it still holds pattern
 //!   2 (`C held ok`) and closes; an `open` child after that is refused (`R reopen_refused`).
 //! - `open <hex> <bytes> <expect> <write>`: opens the handle (`R open`), checks every byte is
-//!   pattern `<expect>` (`C seen ok|bad`), writes pattern `<write>`, closes (`R close`).
+//!   pattern `<expect>` (`C seen ok|bad`), opens it again (`R open_again <code> <same
+//!   pointer>`) and closes once (`R close`), writes pattern `<write>` (still mapped: one open
+//!   is left), closes again (`R close`).
 //!   With `<expect>` `-`, only prints what the open returned.
 //! - `hold <hex> <bytes>`: opens the handle, prints `ready`, waits for a line on stdin, checks
 //!   pattern 2 (`C held ok|bad`), closes.
@@ -212,6 +214,12 @@ fn open(s: &Session, h: &str, bytes: usize, expect: &str, write: &str) {
         let ok = s.download(p, bytes, None) == pattern(seed, bytes);
         s.say(format!("C seen {}", if ok { "ok" } else { "bad" }));
     }
+    // Opened again: the same pointer, which stays mapped until its last close.
+    let mut again: CUdeviceptr = 0;
+    // SAFETY: a valid out-pointer; the handle opened above.
+    let r = unsafe { (s.d.cuIpcOpenMemHandle)(&mut again, unhex(h), 1) };
+    s.say(format!("R open_again {r} {}", u8::from(again == p)));
+    close_handle(s, p);
     if let Ok(seed) = write.parse::<u8>() {
         s.upload(p, &pattern(seed, bytes), None);
         s.sync_ctx();
