@@ -4,10 +4,11 @@
 //! `wl_ipc <mode>`:
 //! - `share <others> <mib>`: allocates a 4 MiB tensor (`P shared <hex>`), writes pattern 1,
 //!   exports it (`R export`; exporting again gives the same bytes: `R same_handle`) and runs
-//!   itself as `open` on the handle (with the same environment: under the shim if this is),
-//!   which checks pattern 1 and writes pattern 2. Then it swaps: `<others>` tensors of `<mib>`
+//!   itself as `open` on the handle (with the same environment, under the shim if this is,
+//!   but `TENSILE_POLICY=off`), which checks pattern 1 and writes pattern 2. Then it swaps: `<others>` tensors of `<mib>`
 //!   MiB written and read back twice (`C others ok`), and checks the shared tensor holds
-//!   pattern 2 (`C shared ok`). Then the lifetime: a `hold` child opens the tensor and waits
+//!   pattern 2 (`C shared ok`). Then the lifetime: a `hold` child (with this process's
+//!   policy) opens the tensor and waits
 //!   while this process frees it and fills new tensors, then checks it still holds pattern
 //!   2 (`C held ok`) and closes; an `open` child after that is refused (`R reopen_refused`).
 //! - `open <hex> <bytes> <expect> <write>`: opens the handle (`R open`), checks every byte is
@@ -97,9 +98,13 @@ fn child(args: &[&str]) -> Command {
     c
 }
 
-/// Runs a child to its end, its output passed through; whether it succeeded.
+/// Runs a child to its end, its output passed through; whether it succeeded. The importer
+/// needs libtensile, not its memory manager: this child runs without one.
 fn run_child(s: &Session, args: &[&str]) -> bool {
-    let out = child(args).output().expect("running the child");
+    let out = child(args)
+        .env("TENSILE_POLICY", "off")
+        .output()
+        .expect("running the child");
     s.say(String::from_utf8_lossy(&out.stdout).trim_end());
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
     out.status.success()
