@@ -16,9 +16,11 @@
 //! (see [`crate::real_memory`]), and the maintenance thread is relaxed for good, so that
 //! none of them can invalidate an application's graph capture.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use tensile_driver_abi::CUdevice;
 
 use crate::config::{Config, Policy};
 use crate::memory::budget::{self, format_size};
@@ -50,22 +52,48 @@ impl Managed {
     }
 }
 
-/// Holds the manager once created; `None` inside means "never": creation failed for good
-/// or the policy is `off`.
-#[derive(Default)]
-pub struct MemorySlot {
-    cell: OnceLock<Option<Managed>>,
+/// The most devices whose memory one process manages; a device of a higher ordinal is left
+/// to the driver (said once).
+pub const MAX_MANAGED_DEVICES: usize = 16;
+
+/// The process's memory managers: one per device it allocates on, each created on the first
+/// allocation (or `cuMemGetInfo`) in a context of that device, with its own arena, budget,
+/// host pool and maintenance thread. Per device, `None` inside means "never": creation failed
+/// for good (or the policy is `off`).
+///
+/// Lookups on the hooks' paths are lock-free: the managers running are kept in the order they
+/// started in a fixed array, and a process with one manager (every process using one device)
+/// finds it with the same loads as when there could be only one.
+pub struct Managers {
+    /// By device ordinal: the device's manager, once its creation was decided.
+    by_device: [OnceLock<Option<Managed>>; MAX_MANAGED_DEVICES],
+    /// The managers running, in the order they started: the first `count` are set.
+    started: [OnceLock<&'static Managed>; MAX_MANAGED_DEVICES],
+    count: AtomicUsize,
+    /// Whether creating a manager failed for good on some device (or the policy is `off`).
+    refused: AtomicBool,
     init: Mutex<()>,
 }
 
-impl std::fmt::Debug for MemorySlot {
+impl Default for Managers {
+    fn default() -> Self {
+        Managers {
+            by_device: std::array::from_fn(|_| OnceLock::new()),
+            started: std::array::from_fn(|_| OnceLock::new()),
+            count: AtomicUsize::new(0),
+            refused: AtomicBool::new(false),
+            init: Mutex::new(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Managers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = match self.cell.get() {
-            None => "not created",
-            Some(None) => "off",
-            Some(Some(_)) => "running",
-        };
-        f.debug_struct("MemorySlot").field("state", &state).finish()
+        let devices: Vec<_> = self.running().map(|m| m.driver.device()).collect();
+        f.debug_struct("Managers")
+            .field("devices", &devices)
+            .field("refused", &self.refused.load(Ordering::Relaxed))
+            .finish()
     }
 }
 
@@ -246,57 +274,178 @@ fn host_physical_bytes() -> u64 {
     (pages as u64).saturating_mul(page as u64)
 }
 
-impl MemorySlot {
-    /// The manager, if it has been created.
+impl Managers {
+    /// The first manager started: the one plans serve (`TENSILE_POLICY=plan`), and the one a
+    /// process using one device has.
     #[inline]
-    pub fn get(&self) -> Option<&Managed> {
-        self.cell.get().and_then(Option::as_ref)
+    pub fn first(&self) -> Option<&'static Managed> {
+        self.started[0].get().copied()
     }
 
-    /// Whether creation was tried and failed for good (or the policy wants none): no manager
-    /// will ever run.
+    /// The managers running, in the order they started.
+    #[inline]
+    pub fn running(&self) -> impl Iterator<Item = &'static Managed> + '_ {
+        let count = self.count.load(Ordering::Acquire);
+        self.started[..count].iter().filter_map(|m| m.get().copied())
+    }
+
+    /// How many managers run.
+    #[inline]
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// The manager whose arena holds `ptr`, if any (the arenas are disjoint address ranges).
+    #[inline]
+    pub fn owning(&self, ptr: u64) -> Option<&'static Managed> {
+        self.running().find(|m| m.mm.owns(ptr))
+    }
+
+    /// The manager of device `device`, if it runs.
+    pub fn on_device(&self, device: CUdevice) -> Option<&'static Managed> {
+        self.running().find(|m| m.driver.device() == device)
+    }
+
+    /// The manager whose context is current on this thread, if any (one driver call).
+    pub fn of_current_context(&self) -> Option<&'static Managed> {
+        let first = self.first()?;
+        let current = first.driver.current_context();
+        self.running().find(|m| m.driver.context() == current)
+    }
+
+    /// Whether no manager runs and none will: the policy is `off`, or creation failed for
+    /// good.
     pub fn never(&self) -> bool {
-        matches!(self.cell.get(), Some(None))
+        self.count() == 0 && self.refused.load(Ordering::Acquire)
     }
 
-    /// The manager, created now if it was not yet and the policy asks for one. `None`: no
-    /// manager (policy `off`, creation failed, or no context is current yet: then the next
-    /// call tries again).
-    pub fn get_or_create(
+    /// The manager serving allocations made now on this thread: the one of the current
+    /// context's device, created now if the policy asks for one and none was tried on that
+    /// device yet. `None`: the driver serves them (policy `off`, creation failed, no context
+    /// current yet, or the current context is not the one the device's manager serves).
+    #[inline]
+    pub fn for_current_context(
         &'static self,
         config: &Config,
         real: &RealDriver,
     ) -> Option<&'static Managed> {
-        if let Some(m) = self.cell.get() {
-            return m.as_ref();
+        if let Some(first) = self.first() {
+            // One driver call, as when the process could have one manager only.
+            let current = first.driver.current_context();
+            if current == first.driver.context() {
+                return Some(first);
+            }
+            if self.count() > 1 {
+                if let Some(m) = self.running().find(|m| m.driver.context() == current) {
+                    return Some(m);
+                }
+            }
+            // Another context: a device not tried yet gets a manager, a device tried (its
+            // manager serves another of its contexts, or failed) is the driver's.
+            let device = first.driver.current_device()?;
+            let slot = self.slot(device)?;
+            if slot.get().is_some() {
+                return None;
+            }
+        } else if self.never() {
+            return None;
         }
+        self.create_for_current_context(config, real)
+    }
+
+    /// The cell of `device`'s manager; `None` (said once) for an ordinal beyond
+    /// [`MAX_MANAGED_DEVICES`].
+    fn slot(&self, device: CUdevice) -> Option<&OnceLock<Option<Managed>>> {
+        let slot = usize::try_from(device)
+            .ok()
+            .and_then(|d| self.by_device.get(d));
+        if slot.is_none() {
+            static SAID: AtomicBool = AtomicBool::new(false);
+            if !SAID.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "tensile: device {device} is beyond the {MAX_MANAGED_DEVICES} devices whose \
+                     memory libtensile manages; its memory is not managed"
+                );
+            }
+        }
+        slot
+    }
+
+    #[cold]
+    fn create_for_current_context(
+        &'static self,
+        config: &Config,
+        real: &RealDriver,
+    ) -> Option<&'static Managed> {
         if config.policy == Policy::Off {
-            return self.cell.get_or_init(|| None).as_ref();
+            self.refused.store(true, Ordering::Release);
+            return None;
         }
         // The driver's functions are looked up (the dynamic loader's lock) before `init` is
         // taken: a thread inside `dlopen` (a library constructor allocating) may be waiting
         // for `init`, and must never wait for a thread that waits for the loader.
         let driver = RealMemoryDriver::for_current_context(real);
         let _guard = self.init.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = self.cell.get() {
-            return m.as_ref();
-        }
-        match driver.and_then(|d| create(config, d)) {
-            Ok(m) => {
-                let m = self.cell.get_or_init(|| Some(m)).as_ref();
-                if let Some(m) = m {
-                    start_maintenance(m);
-                }
-                m
-            }
+        let driver = match driver {
+            Ok(d) => d,
             // Not an error yet: the application calls before making a context current.
-            Err(SetupError::NoContext) => None,
+            Err(SetupError::NoContext) => return None,
             Err(why) => {
                 tracing::warn!("tensile: {}", cannot_start(&why));
-                self.cell.get_or_init(|| None).as_ref()
+                self.refused.store(true, Ordering::Release);
+                return None;
             }
+        };
+        let slot = self.slot(driver.device())?;
+        if let Some(m) = slot.get() {
+            // Another thread created it meanwhile: served if it is this context's.
+            return m.as_ref().filter(|m| m.driver.context() == driver.context());
         }
+        let index = self.count();
+        let others: Vec<CUdevice> = self.running().map(|m| m.driver.device()).collect();
+        let created = create(config, driver, index == 0);
+        let m = match created {
+            Ok(m) => slot.get_or_init(|| Some(m)).as_ref(),
+            Err(why) => {
+                tracing::warn!("tensile: {}", cannot_start(&why));
+                self.refused.store(true, Ordering::Release);
+                slot.get_or_init(|| None).as_ref()
+            }
+        }?;
+        if index > 0 {
+            say_another_device(config, m, &others);
+        }
+        let _ = self.started[index].set(m);
+        self.count.store(index + 1, Ordering::Release);
+        start_maintenance(m);
+        Some(m)
     }
+}
+
+/// The line a second (third, ...) device's manager starts with: what it shares with the
+/// first and what it does not.
+fn say_another_device(config: &Config, m: &Managed, others: &[CUdevice]) {
+    let first = others.first().copied().unwrap_or_default();
+    let planning = if config.policy == Policy::Plan {
+        format!(
+            "; plans are learned and run for device {first} only: device {} swaps on demand \
+             (lru)",
+            m.driver.device()
+        )
+    } else {
+        String::new()
+    };
+    tracing::info!(
+        "tensile: this process uses several devices ({} and {}): each has its own memory \
+         manager, budget and pinned host pool (TENSILE_DEVICE_MEMORY and TENSILE_HOST_MEMORY \
+         apply to each){planning}",
+        others
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        m.driver.device()
+    );
 }
 
 /// The manager's page: the driver's VMM granularity for device memory (2 MiB on the H100;
@@ -328,7 +477,13 @@ fn cannot_start(why: &dyn std::fmt::Display) -> String {
     )
 }
 
-fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupError> {
+/// Starts the manager of `driver`'s context; `serves_plans`: it is the process's first, the
+/// one plans serve.
+fn create(
+    config: &Config,
+    driver: RealMemoryDriver,
+    serves_plans: bool,
+) -> Result<Managed, SetupError> {
     let driver = Arc::new(driver);
     let (free, total) = driver
         .mem_get_info()
@@ -377,12 +532,13 @@ fn create(config: &Config, driver: RealMemoryDriver) -> Result<Managed, SetupErr
         // than failing the application's call.
         mm.set_budget_wait(config.grant_wait.bound());
     }
-    if config.policy == Policy::Plan {
+    if config.policy == Policy::Plan && serves_plans {
         // While a plan is in effect, what the manager evicts on its own is the page the plan
         // needs last, not the least recently used.
         mm.set_eviction_advice(Some(Arc::new(crate::executor::PlanAdvice)));
     }
     let policy = match (config.policy, &config.plan_file) {
+        (Policy::Plan, _) if !serves_plans => "lru on demand (plans serve the first device)",
         (Policy::Plan, Some(_)) => "the plan file's plan, on demand beside it",
         (Policy::Plan, None) => "learned plans, on demand until the first and beside them",
         _ => "lru on demand",
@@ -416,23 +572,22 @@ fn shares_the_card(config: &Config) -> bool {
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
-static RUNNING: AtomicBool = AtomicBool::new(false);
+/// Maintenance threads running (one per manager).
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
 
-/// Starts the maintenance thread of `m` (once per process).
+/// Starts the maintenance thread of `m` (one per manager).
 fn start_maintenance(m: &'static Managed) {
-    if RUNNING.swap(true, Ordering::AcqRel) {
-        return;
-    }
+    RUNNING.fetch_add(1, Ordering::AcqRel);
     let spawned = std::thread::Builder::new()
         .name("tensile-maintain".into())
         .spawn(move || {
             // A panic here must not take the application down; the thread just ends. (The
             // manager's state stays usable after one: its lock recovers from poisoning.)
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| maintain_loop(m)));
-            RUNNING.store(false, Ordering::Release);
+            RUNNING.fetch_sub(1, Ordering::AcqRel);
         });
     if let Err(e) = spawned {
-        RUNNING.store(false, Ordering::Release);
+        RUNNING.fetch_sub(1, Ordering::AcqRel);
         tracing::warn!("tensile: no maintenance thread ({e}); evictions happen on demand only");
     }
 }
@@ -463,11 +618,11 @@ fn maintain_loop(m: &'static Managed) {
     }
 }
 
-/// Stops the maintenance thread (at exit), waiting for it at most 100 ms.
+/// Stops the maintenance threads (at exit), waiting for them at most 100 ms.
 pub fn stop_maintenance() {
     STOP.store(true, Ordering::Release);
     let deadline = Instant::now() + Duration::from_millis(100);
-    while RUNNING.load(Ordering::Acquire) && Instant::now() < deadline {
+    while RUNNING.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(200));
     }
 }

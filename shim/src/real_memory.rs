@@ -43,6 +43,7 @@ pub(crate) type PfnExchangeCaptureMode = unsafe extern "C" fn(*mut CUstreamCaptu
 pub struct ManagerContext {
     ctx_get_current: PfnCtxGetCurrent,
     ctx_set_current: PfnCtxSetCurrent,
+    ctx_get_device: PfnCtxGetDevice,
     ctx_synchronize: PfnCtxSynchronize,
     /// `cuThreadExchangeStreamCaptureMode` (absent before CUDA 10.1: no modes to switch).
     exchange_capture_mode: Option<PfnExchangeCaptureMode>,
@@ -184,6 +185,7 @@ impl RealMemoryDriver {
             context: ManagerContext {
                 ctx_get_current,
                 ctx_set_current,
+                ctx_get_device,
                 ctx_synchronize,
                 exchange_capture_mode,
                 ctx: ctx as usize,
@@ -212,6 +214,16 @@ impl RealMemoryDriver {
     #[inline]
     pub fn current_context(&self) -> usize {
         self.context.current()
+    }
+
+    /// The device of the context current on this thread (`None`: no context is current, or
+    /// the query failed).
+    pub fn current_device(&self) -> Option<CUdevice> {
+        let mut device: CUdevice = 0;
+        // SAFETY: a valid out-pointer to a local; with no context current the driver fails
+        // the call, writing nothing.
+        let r = unsafe { (self.context.ctx_get_device)(&mut device) };
+        (r == CUDA_SUCCESS).then_some(device)
     }
 
     /// `cuCtxSynchronize` of the manager's context (what a synchronous free implies).

@@ -22,7 +22,7 @@ use tensile_trace::Record;
 
 use crate::config::{Config, Policy};
 use crate::executor::{self, Executor, ManagerMover};
-use crate::managed::{Managed, MemorySlot};
+use crate::managed::{Managed, Managers};
 use crate::real::RealDriver;
 use crate::recorder::{self, RecordSink, Recorder};
 use crate::timing::Timing;
@@ -44,8 +44,9 @@ pub struct Runtime {
     pub timing: Option<Timing>,
     /// Carries out the plan, when there is one.
     pub executor: Executor,
-    /// The memory manager (created on the first allocation in a context).
-    pub memory: MemorySlot,
+    /// The memory managers, one per device (each created on the first allocation in a
+    /// context of its device).
+    pub memory: Managers,
     pid: u32,
 }
 
@@ -192,7 +193,7 @@ impl Runtime {
             records,
             timing,
             executor,
-            memory: MemorySlot::default(),
+            memory: Managers::default(),
             pid: std::process::id(),
         }
     }
@@ -238,10 +239,17 @@ impl Runtime {
         self.records.as_ref().and_then(RecordSink::file)
     }
 
-    /// The memory manager, if one is running.
+    /// The first memory manager started, if one is running: the one plans serve, and the
+    /// only one of a process using one device.
     #[inline]
-    pub fn memory(&self) -> Option<&Managed> {
-        self.memory.get()
+    pub fn memory(&self) -> Option<&'static Managed> {
+        self.memory.first()
+    }
+
+    /// The memory manager whose arena holds `ptr`, if any.
+    #[inline]
+    pub fn memory_owning(&self, ptr: u64) -> Option<&'static Managed> {
+        self.memory.owning(ptr)
     }
 
     /// Whether no memory manager will ever run in this process.
@@ -249,9 +257,11 @@ impl Runtime {
         self.memory.never()
     }
 
-    /// The memory manager, started now if the policy asks for one and a context is current.
+    /// The memory manager of the current context, started now if the policy asks for one and
+    /// its device has none yet (see [`Managers::for_current_context`]).
+    #[inline]
     pub fn memory_or_start(&'static self) -> Option<&'static Managed> {
-        self.memory.get_or_create(&self.config, &self.driver)
+        self.memory.for_current_context(&self.config, &self.driver)
     }
 
     /// Trace time of a call made now (0 when no records are made: nothing reads it).
@@ -267,12 +277,25 @@ impl Runtime {
         }
     }
 
-    /// The process's statistics: the memory manager's swap counters when one runs (peak
-    /// resident bytes is then device memory mapped at arena pages), else the peak of live
-    /// tracked allocations and no swapping.
+    /// The process's statistics: the memory managers' swap counters when one runs (peak
+    /// resident bytes is then device memory mapped at arena pages; with several devices,
+    /// the counters and peaks of all added up), else the peak of live tracked allocations and
+    /// no swapping.
     pub fn stats(&self) -> Stats {
         match self.memory() {
-            Some(m) => m.mm.stats().into(),
+            Some(_) => self
+                .memory
+                .running()
+                .map(|m| Stats::from(m.mm.stats()))
+                .reduce(|a, b| Stats {
+                    bytes_to_host: a.bytes_to_host + b.bytes_to_host,
+                    bytes_to_device: a.bytes_to_device + b.bytes_to_device,
+                    stalled_launches: a.stalled_launches + b.stalled_launches,
+                    stall_ns: a.stall_ns + b.stall_ns,
+                    peak_resident_bytes: a.peak_resident_bytes + b.peak_resident_bytes,
+                    host_pool_bytes: a.host_pool_bytes + b.host_pool_bytes,
+                })
+                .unwrap_or_default(),
             None => Stats {
                 bytes_to_host: 0,
                 bytes_to_device: 0,
@@ -291,35 +314,23 @@ impl Runtime {
         // exit): launch times were collected at the program's syncs, and the manager's
         // statistics are plain counters.
         let stats = self.stats();
-        if self.memory().is_some_and(|m| m.log_stats_at_exit) {
-            // Written directly: `tracing`'s thread-locals are gone by the time atexit
-            // handlers run.
-            let mm = self.memory().map(|m| m.mm.stats()).unwrap_or_default();
-            crate::log::emergency(&format!(
-                "swapped {} MiB to host and {} MiB to device ({} pages out, {} in, {} swap-outs \
-                 cancelled by an access); {} accesses stalled for {:.3} ms in all; the memory \
-                 manager's lock found held {} times by the application's threads ({:.3} ms in \
-                 all) and {} times by the library's ({:.3} ms), and {} waits were made holding \
-                 it; peak resident {} MiB; host pool {} MiB",
-                stats.bytes_to_host >> 20,
-                stats.bytes_to_device >> 20,
-                mm.pages_evicted,
-                mm.pages_swapped_in,
-                mm.pages_out_cancelled,
-                stats.stalled_launches,
-                stats.stall_ns as f64 / 1e6,
-                mm.app_lock_waits,
-                mm.app_lock_wait_ns as f64 / 1e6,
-                mm.library_lock_waits,
-                mm.library_lock_wait_ns as f64 / 1e6,
-                mm.locked_waits,
-                stats.peak_resident_bytes >> 20,
-                stats.host_pool_bytes >> 20,
-            ));
+        // With several devices each line names its device; one device's line is as it was.
+        let several = self.memory.count() > 1;
+        for (i, m) in self.memory.running().enumerate() {
+            if !m.log_stats_at_exit {
+                continue;
+            }
+            let device = if several {
+                format!("device {}: ", m.driver.device())
+            } else {
+                String::new()
+            };
+            log_stats_at_exit(&device, &m.mm.stats());
             let exec = self.executor.stats();
-            if exec.plans_loaded > 0 {
+            if i == 0 && exec.plans_loaded > 0 {
                 // The manager's share of the plan's swap-outs, as more `name value` pairs on
                 // the same line (`tensile rerun` reads them).
+                let mm = m.mm.stats();
                 let f = mm.evicted_for;
                 crate::log::emergency(&format!(
                     "{exec} out_named {} out_unit_live {} out_unit_dead {} unplanned_out_access {} \
@@ -341,6 +352,33 @@ impl Runtime {
             rec.finish(Some(stats));
         }
     }
+}
+
+/// One manager's statistics line at exit, after `device` (empty, or which device).
+fn log_stats_at_exit(device: &str, mm: &crate::memory::MemoryStats) {
+    // Written directly: `tracing`'s thread-locals are gone by the time atexit handlers run.
+    let stats = Stats::from(*mm);
+    crate::log::emergency(&format!(
+        "{device}swapped {} MiB to host and {} MiB to device ({} pages out, {} in, {} swap-outs \
+         cancelled by an access); {} accesses stalled for {:.3} ms in all; the memory \
+         manager's lock found held {} times by the application's threads ({:.3} ms in \
+         all) and {} times by the library's ({:.3} ms), and {} waits were made holding \
+         it; peak resident {} MiB; host pool {} MiB",
+        stats.bytes_to_host >> 20,
+        stats.bytes_to_device >> 20,
+        mm.pages_evicted,
+        mm.pages_swapped_in,
+        mm.pages_out_cancelled,
+        stats.stalled_launches,
+        stats.stall_ns as f64 / 1e6,
+        mm.app_lock_waits,
+        mm.app_lock_wait_ns as f64 / 1e6,
+        mm.library_lock_waits,
+        mm.library_lock_wait_ns as f64 / 1e6,
+        mm.locked_waits,
+        stats.peak_resident_bytes >> 20,
+        stats.host_pool_bytes >> 20,
+    ));
 }
 
 extern "C" fn at_exit() {

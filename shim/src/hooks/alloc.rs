@@ -27,9 +27,10 @@ use crate::managed::Managed;
 use crate::memory::Stream;
 use crate::syms::pfn;
 
-/// The manager that serves an allocation made now on this thread, if any.
+/// The manager that serves an allocation made now on this thread, if any: the one of the
+/// current context's device.
 fn serving<F>(call: &Call<F>) -> Option<&'static Managed> {
-    call.rt.memory_or_start().filter(|m| m.in_our_context())
+    call.rt.memory_or_start()
 }
 
 /// The manager that serves a stream-ordered allocation on `stream` (a handle value), if
@@ -242,8 +243,8 @@ fn free_with<F>(
 /// # Safety
 /// The driver's contract for `cuMemFree_v2`.
 pub unsafe fn mem_free(call: Call<pfn::MemFree>, dptr: CUdeviceptr) -> CUresult {
-    free_with(&call, dptr, 0, || match call.rt.memory() {
-        Some(m) if m.mm.owns(dptr) => {
+    free_with(&call, dptr, 0, || match call.rt.memory_owning(dptr) {
+        Some(m) => {
             // `cuMemFree` synchronizes: work queued on any stream may still use the memory,
             // and the manager hands synchronously freed memory to the next allocation at
             // once. A failed synchronization (a broken context) does not keep the free from
@@ -271,8 +272,8 @@ pub unsafe fn mem_free_async(
     stream: CUstream,
 ) -> CUresult {
     let on = call.stream(stream);
-    free_with(&call, dptr, on, || match call.rt.memory() {
-        Some(m) if m.mm.owns(dptr) && super::capture::is_capturing(call.rt, on) => {
+    free_with(&call, dptr, on, || match call.rt.memory_owning(dptr) {
+        Some(_) if super::capture::is_capturing(call.rt, on) => {
             tracing::warn!(
                 "tensile: cuMemFreeAsync of managed memory {dptr:#x} on a capturing stream \
                  is not supported; refused with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
@@ -280,7 +281,7 @@ pub unsafe fn mem_free_async(
             CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
         }
         Some(_) if crate::ipc::exporter::free_is_deferred(dptr) => CUDA_SUCCESS,
-        Some(m) if m.mm.owns(dptr) => {
+        Some(m) => {
             m.mm.free(dptr, Some(Stream(on as usize)))
                 .err()
                 .unwrap_or(CUDA_SUCCESS)

@@ -23,7 +23,7 @@ pub unsafe fn ipc_get_mem_handle(
     handle: *mut CUipcMemHandle,
     dptr: CUdeviceptr,
 ) -> CUresult {
-    let Some(m) = call.rt.memory().filter(|m| m.mm.owns(dptr)) else {
+    let Some(m) = call.rt.memory_owning(dptr) else {
         // SAFETY: forwarded unchanged.
         return unsafe { (call.real)(handle, dptr) };
     };

@@ -13,6 +13,16 @@
 //! ([`MemoryManager::pin_for_capture`](crate::memory::MemoryManager::pin_for_capture)); nothing
 //! is queued on, recorded on, or waited for by the capturing stream. `cuGraphLaunch` needs
 //! nothing more: what its graph touches cannot move.
+//!
+//! A process using several devices has a manager per device, each owning its arena's
+//! addresses. Work touches its own device's memory through that device's manager, ordered on
+//! the work's stream as above. Memory of another device (peer access, a copy between devices)
+//! is made resident at once and pinned until freed in the manager that owns it, as for a
+//! capture: the manager's events belong to its own device's context, and cannot be recorded
+//! on, nor order, another device's stream. Which device the work runs on is the current
+//! context's. A process with one manager takes none of this: its path is the one above.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tensile_driver_abi::{CUresult, CUDA_ERROR_OUT_OF_MEMORY};
 
@@ -26,13 +36,18 @@ use crate::runtime::Runtime;
 pub struct Pinned {
     managed: &'static Managed,
     ticket: AccessTicket,
+    /// Tickets of other devices' managers (none unless several run: no allocation).
+    more: Vec<(&'static Managed, AccessTicket)>,
 }
 
 impl Pinned {
     /// The work was queued (or its forward failed): the pages may go once it completes.
     pub fn done(self) {
-        if let Err(code) = self.managed.mm.note_access_done(self.ticket) {
-            tracing::warn!("tensile: recording an access failed with error {code}");
+        let first = std::iter::once((self.managed, self.ticket));
+        for (managed, ticket) in first.chain(self.more) {
+            if let Err(code) = managed.mm.note_access_done(ticket) {
+                tracing::warn!("tensile: recording an access failed with error {code}");
+            }
         }
     }
 }
@@ -49,6 +64,9 @@ pub fn pin(
     ranges: &[(u64, usize)],
     what: impl FnOnce() -> String,
 ) -> Result<Option<Pinned>, CUresult> {
+    if rt.memory.count() > 1 {
+        return pin_on_several(rt, stream, ranges, what);
+    }
     let Some(managed) = rt.memory() else {
         return Ok(None);
     };
@@ -62,31 +80,124 @@ pub fn pin(
         .mm
         .prepare_access(Stream(stream.handle() as usize), ranges)
     {
-        Ok(ticket) => Ok(Some(Pinned { managed, ticket })),
-        Err(code) => {
-            let bytes = arena_bytes(managed, ranges);
-            let budget = managed.mm.budget() as u64;
-            if code == CUDA_ERROR_OUT_OF_MEMORY && bytes > budget {
-                tracing::error!(
-                    "tensile: {} needs {} bytes ({} MiB) of managed memory at once, more than \
-                     the device budget of {} MiB: CUDA_ERROR_OUT_OF_MEMORY",
-                    what(),
-                    bytes,
-                    bytes >> 20,
-                    budget >> 20
-                );
-            } else {
-                // Any other cause (host pool, pins, fragmentation) the manager has logged,
-                // once per cause; a line per failed call here would be a flood.
-                tracing::debug!(
-                    "tensile: {} touching {bytes} bytes of managed memory failed with error \
-                     {code}",
-                    what()
-                );
+        Ok(ticket) => Ok(Some(Pinned {
+            managed,
+            ticket,
+            more: Vec::new(),
+        })),
+        Err(code) => Err(access_failed(managed, ranges, what, code)),
+    }
+}
+
+/// Logs why an access failed (`code`), in one line for an access larger than the budget;
+/// returns the code.
+fn access_failed(
+    managed: &Managed,
+    ranges: &[(u64, usize)],
+    what: impl FnOnce() -> String,
+    code: CUresult,
+) -> CUresult {
+    let bytes = arena_bytes(managed, ranges);
+    let budget = managed.mm.budget() as u64;
+    if code == CUDA_ERROR_OUT_OF_MEMORY && bytes > budget {
+        tracing::error!(
+            "tensile: {} needs {} bytes ({} MiB) of managed memory at once, more than the \
+             device budget of {} MiB{}: CUDA_ERROR_OUT_OF_MEMORY",
+            what(),
+            bytes,
+            bytes >> 20,
+            budget >> 20,
+            on_device(managed),
+        );
+    } else {
+        // Any other cause (host pool, pins, fragmentation) the manager has logged, once per
+        // cause; a line per failed call here would be a flood.
+        tracing::debug!(
+            "tensile: {} touching {bytes} bytes of managed memory failed with error {code}",
+            what()
+        );
+    }
+    code
+}
+
+/// " on device N" when the process manages several devices (else nothing: a process using
+/// one device says what it always said).
+fn on_device(managed: &Managed) -> String {
+    match crate::runtime::existing() {
+        Some(rt) if rt.memory.count() > 1 => format!(" on device {}", managed.driver.device()),
+        _ => String::new(),
+    }
+}
+
+/// [`pin`] in a process with several managers: each owner of a range pins it, the current
+/// context's on the work's stream, the others at once until freed (see the module docs). On
+/// an error the tickets taken are given back and nothing is forwarded.
+#[cold]
+fn pin_on_several(
+    rt: &'static Runtime,
+    stream: &CallStream,
+    ranges: &[(u64, usize)],
+    what: impl FnOnce() -> String,
+) -> Result<Option<Pinned>, CUresult> {
+    let mut what = Some(what);
+    let mut what = move || what.take().map_or_else(String::new, |f| f());
+    let local = rt.memory.of_current_context();
+    let mut tickets: Vec<(&'static Managed, AccessTicket)> = Vec::new();
+    let give_back = |tickets: Vec<(&'static Managed, AccessTicket)>| {
+        for (managed, ticket) in tickets {
+            let _ = managed.mm.note_access_done(ticket);
+        }
+    };
+    for managed in rt.memory.running() {
+        if !ranges.iter().any(|&(p, n)| n > 0 && managed.mm.owns(p)) {
+            continue;
+        }
+        let is_local = local.is_some_and(|l| std::ptr::eq(l, managed));
+        if stream.is_capturing() || !is_local {
+            if !is_local {
+                say_peer_pinned(managed, local);
             }
-            Err(code)
+            if let Err(code) = pin_for_capture(managed, ranges, &mut what) {
+                give_back(tickets);
+                return Err(code);
+            }
+            continue;
+        }
+        match managed
+            .mm
+            .prepare_access(Stream(stream.handle() as usize), ranges)
+        {
+            Ok(ticket) => tickets.push((managed, ticket)),
+            Err(code) => {
+                give_back(tickets);
+                return Err(access_failed(managed, ranges, &mut what, code));
+            }
         }
     }
+    let mut tickets = tickets.into_iter();
+    Ok(tickets.next().map(|(managed, ticket)| Pinned {
+        managed,
+        ticket,
+        more: tickets.collect(),
+    }))
+}
+
+/// Says once that memory of one device was used by work on another, and what that costs.
+fn say_peer_pinned(owner: &Managed, local: Option<&Managed>) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let from = local.map_or_else(
+        || "a context without a memory manager".to_string(),
+        |l| format!("device {}", l.driver.device()),
+    );
+    tracing::info!(
+        "tensile: work on {from} uses memory of device {} (peer access or a copy between \
+         devices): such allocations are pinned on device {} until freed, never swapped",
+        owner.driver.device(),
+        owner.driver.device()
+    );
 }
 
 /// The captured-work path of [`pin`].
