@@ -20,6 +20,11 @@
 //! [`crate::plan_room::RoomControl`] raised it to, asked again at every rejoin), and the
 //! coordinator says the room in force, which the control starts from. Only the mechanism is
 //! here; when to raise it is the control's.
+//!
+//! A process using several devices has a slot on each device's coordinator
+//! ([`crate::other_devices`]): the first device's streams records and takes plans as above;
+//! the others stream nothing and serve for grants, pauses and reports of their device's
+//! manager only. A pause from any of them holds the process's launches.
 
 use std::ffi::CStr;
 use std::path::PathBuf;
@@ -32,8 +37,13 @@ use tensile_trace::Record;
 
 use tensile_protocol::process::monotonic_ns;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tensile_driver_abi::CUdevice;
+
 use crate::config::GrantWait;
 use crate::executor::ExecutorState;
+use crate::managed::Managed;
 use crate::memory::budget::format_size;
 use crate::planning::{PlanPricing, PlanSource};
 use crate::runtime::Runtime;
@@ -93,12 +103,36 @@ pub struct CoordinatorSource {
     room_in_force: Option<f64>,
     /// Whether the job said that its slot holds a room no version writes.
     said_bad_room: bool,
+    /// The device whose manager this slot reports and is granted for: `None` for the first
+    /// (the one plans serve), which also decides the process's turns.
+    device: Option<CUdevice>,
+    /// Whether this slot's coordinator last said to pause (a slot of another device).
+    paused: bool,
 }
+
+/// Whether a coordinator of another device than the first pauses this process now: the first
+/// device's slot, which holds and releases the launches, holds them for it too.
+static PAUSED_BY_ANOTHER_DEVICE: AtomicBool = AtomicBool::new(false);
 
 impl CoordinatorSource {
     /// How long this job's accesses wait for a grant to grow (`TENSILE_GRANT_WAIT`).
     pub fn set_grant_wait(&mut self, wait: GrantWait) {
         self.grant_wait = wait;
+    }
+
+    /// This slot is for the manager of `device`, not the first: it reports that manager,
+    /// and its pauses hold the process's launches through the first device's slot.
+    pub fn for_device(mut self, device: CUdevice) -> CoordinatorSource {
+        self.device = Some(device);
+        self
+    }
+
+    /// The manager this slot reports and is granted for.
+    pub fn manager(&self, rt: &Runtime) -> Option<&'static Managed> {
+        match self.device {
+            None => rt.memory(),
+            Some(d) => rt.memory.on_device(d),
+        }
     }
 
     /// Joins coordinator `name`, starting it first if none runs and `start_if_missing`.
@@ -141,6 +175,8 @@ impl CoordinatorSource {
             room_asked: fixed_room,
             room_in_force: None,
             said_bad_room: false,
+            device: None,
+            paused: false,
         };
         let client = source.join()?;
         tracing::info!(
@@ -343,7 +379,11 @@ impl PlanSource for CoordinatorSource {
             self.client = None;
         }
         let Some(client) = &mut self.client else {
-            crate::turns::release();
+            if self.device.is_none() {
+                crate::turns::release();
+            } else if std::mem::take(&mut self.paused) {
+                PAUSED_BY_ANOTHER_DEVICE.store(false, Ordering::Relaxed);
+            }
             self.rejoin_if_due();
             return None;
         };
@@ -361,7 +401,13 @@ impl PlanSource for CoordinatorSource {
         }
         // Renewed every poll while the coordinator keeps the job paused; it runs out by
         // itself if this thread or the coordinator stops.
-        if client.paused() {
+        if self.device.is_some() {
+            // Another device's slot: the first device's holds the launches for it.
+            if client.paused() != self.paused {
+                self.paused = client.paused();
+                PAUSED_BY_ANOTHER_DEVICE.store(self.paused, Ordering::Relaxed);
+            }
+        } else if client.paused() || PAUSED_BY_ANOTHER_DEVICE.load(Ordering::Relaxed) {
             if !crate::turns::held() {
                 tracing::info!("tensile: paused by the coordinator: another job has the card");
             }
@@ -431,14 +477,16 @@ impl PlanSource for CoordinatorSource {
         let Some(client) = &self.client else {
             return;
         };
+        // Plans serve the first device only: another device's slot never has one.
         let (version, state) = match rt.executor.state() {
+            _ if self.device.is_some() => (0, PlanState::Learning),
             ExecutorState::NoPlan => (0, PlanState::Learning),
             ExecutorState::Planned { version } => (version, PlanState::Planned),
             ExecutorState::Fallback { version } => (version, PlanState::Fallback),
         };
         client.set_plan(version, state);
         client.set_launches(rt.tracker.launches());
-        let Some(m) = rt.memory() else {
+        let Some(m) = self.manager(rt) else {
             return;
         };
         // An access already past the launch hook that waits for memory waits for the job's

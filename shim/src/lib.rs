@@ -27,6 +27,7 @@ pub mod kernels;
 pub mod log;
 pub mod managed;
 pub mod memory;
+pub mod other_devices;
 pub mod params;
 pub mod plan_room;
 pub mod planning;

@@ -526,7 +526,9 @@ fn create(
         // Every swap and stall into the trace, for `tensile trace-info --timeline`.
         mm.set_journal(Arc::new(crate::recorder::TraceJournal));
     }
-    if shares_the_card(config) {
+    // A named coordinator divides the first device only (see `crate::other_devices`).
+    let coordinated = serves_plans || config.coordinator == crate::config::Coordinator::Auto;
+    if shares_the_card(config) && coordinated {
         // A grant grows as other jobs give memory back: an access larger than it waits
         // for that (a job just joined gets little until the others have shrunk) rather
         // than failing the application's call.

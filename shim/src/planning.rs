@@ -24,7 +24,9 @@ use tensile_trace::Record;
 use crate::config::{Coordinator, HostFrames, PlanBandwidths, Policy};
 use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
+use crate::managed::Managed;
 use crate::memory::budget::format_size;
+use crate::other_devices::OtherDevices;
 use crate::plan_room::RoomControl;
 use crate::recorder::{Polled, Poller};
 use crate::runtime::Runtime;
@@ -177,7 +179,7 @@ pub fn start_for(rt: &'static Runtime) {
                 m.mm.page_bytes() as u64
             });
         let name = if per_card {
-            Some(card_coordinator_name(rt))
+            Some(card_coordinator_name(rt.memory()))
         } else {
             named
         };
@@ -209,18 +211,17 @@ pub fn start_for(rt: &'static Runtime) {
     });
 }
 
-/// The coordinator of this process's card under `TENSILE_COORDINATOR=auto`: `gpu-` and the
-/// device's UUID in hex, so that jobs on one card share a coordinator and jobs on different
-/// cards do not; [`DEFAULT_NAME`] when the driver gives no UUID.
-fn card_coordinator_name(rt: &Runtime) -> String {
-    let uuid = rt.memory().and_then(|m| m.driver.device_uuid());
-    match uuid {
-        Some(u) => {
-            let hex: String = u.iter().map(|b| format!("{b:02x}")).collect();
-            format!("gpu-{hex}")
-        }
-        None => DEFAULT_NAME.to_owned(),
-    }
+/// The coordinator of this process's (first) card under `TENSILE_COORDINATOR=auto`: `gpu-`
+/// and the device's UUID in hex, so that jobs on one card share a coordinator and jobs on
+/// different cards do not; [`DEFAULT_NAME`] when the driver gives no UUID.
+fn card_coordinator_name(m: Option<&Managed>) -> String {
+    card_name(m.and_then(|m| m.driver.device_uuid())).unwrap_or_else(|| DEFAULT_NAME.to_owned())
+}
+
+/// `gpu-` and the UUID in hex: the coordinator of the card with that UUID under `auto`.
+pub(crate) fn card_name(uuid: Option<[u8; 16]>) -> Option<String> {
+    let hex: String = uuid?.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!("gpu-{hex}"))
 }
 
 /// The log's words for a plan that came in (wherever it was learned; tests and `tensile
@@ -417,6 +418,7 @@ fn run(
     // joined), with the pages out per iteration of the plan in force by then.
     let mut room: Option<RoomControl> = None;
     let mut plan_pages_out: Option<u64> = None;
+    let mut other_devices = OtherDevices::default();
     while !STOP.load(Ordering::Relaxed) {
         match poller.next(tap) {
             Polled::Message(record) => {
@@ -459,19 +461,18 @@ fn run(
             adapt_room(rt, control, source.as_mut());
         }
         if let Some(bytes) = source.take_grant() {
-            grant = Some(Meeting {
-                grant: bytes,
-                since: Instant::now(),
-                budget_before: rt.memory().map(|m| m.mm.budget() as u64),
-            });
+            grant = Some(Meeting::new(bytes, rt.memory()));
         }
-        if let Some(g) = grant.as_ref().filter(|g| meet_grant(rt, g)) {
+        if let Some(g) = grant.as_ref().filter(|g| meet_grant(rt.memory(), g)) {
             met = Some((g.grant, Instant::now()));
             grant = None;
         }
         if grant.is_none() {
-            regrow_after_refusal(rt, &mut met);
+            regrow_after_refusal(rt.memory(), &mut met);
         }
+        // The slots of the devices plans do not serve: polled first, so that a pause one of
+        // them says holds the launches from this round's report on.
+        other_devices.poll(rt);
         keep_reserve_in_step(rt, &mut reserve);
         source.report(rt);
         last_poll = Instant::now();
@@ -513,11 +514,22 @@ fn adapt_room(rt: &Runtime, control: &mut RoomControl, source: &mut dyn PlanSour
 }
 
 /// A grant being met: it may take several polls (the copies out of a large shrink).
-struct Meeting {
-    grant: u64,
+pub(crate) struct Meeting {
+    pub(crate) grant: u64,
     since: Instant,
     /// The budget when the grant came (`None` before the manager started).
     budget_before: Option<u64>,
+}
+
+impl Meeting {
+    /// A grant of `bytes` that came now, for manager `m` (if it runs).
+    pub(crate) fn new(bytes: u64, m: Option<&Managed>) -> Meeting {
+        Meeting {
+            grant: bytes,
+            since: Instant::now(),
+            budget_before: m.map(|m| m.mm.budget() as u64),
+        }
+    }
 }
 
 /// Moves the manager's budget toward a grant (within the job's own limit, and at least a
@@ -525,8 +537,8 @@ struct Meeting {
 /// completes the copies that landed, evicts more, and gives the memory back to the driver; no
 /// allocation fails for it. Returns true once the grant is met (nothing over it held). This
 /// thread renews a paused job's pause every poll, so it must not wait for copies here.
-fn meet_grant(rt: &Runtime, meeting: &Meeting) -> bool {
-    let Some(m) = rt.memory() else {
+pub(crate) fn meet_grant(m: Option<&Managed>, meeting: &Meeting) -> bool {
+    let Some(m) = m else {
         return false;
     };
     let page = crate::config::MIN_MEMORY_SETTING as usize;
@@ -538,9 +550,10 @@ fn meet_grant(rt: &Runtime, meeting: &Meeting) -> bool {
         Ok(false) => false,
         Ok(true) => {
             tracing::info!(
-                "tensile: the coordinator granted {} (the budget was {}); {} held on the \
-                 device, met in {} ms",
+                "tensile: the coordinator granted {} on device {} (the budget was {}); {} held \
+                 on the device, met in {} ms",
                 format_size(bytes as u64),
+                m.driver.device(),
                 meeting
                     .budget_before
                     .map_or_else(|| "not set yet".to_string(), format_size),
@@ -567,8 +580,8 @@ const REGROW_INTERVAL: Duration = Duration::from_secs(1);
 /// for a grant that never comes (seen after a coordinator restart, when grants are rebuilt
 /// while the jobs still hold the old ones). Once a second at most; a device still full cuts it
 /// again.
-fn regrow_after_refusal(rt: &Runtime, met: &mut Option<(u64, Instant)>) {
-    let (Some(m), Some((granted, at))) = (rt.memory(), met.as_mut()) else {
+pub(crate) fn regrow_after_refusal(m: Option<&Managed>, met: &mut Option<(u64, Instant)>) {
+    let (Some(m), Some((granted, at))) = (m, met.as_mut()) else {
         return;
     };
     let bytes = usize::try_from(*granted)

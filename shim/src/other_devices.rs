@@ -1,0 +1,141 @@
+//! The coordinator slots of a process's devices beyond the first.
+//!
+//! A process that uses several GPUs has a memory manager per device ([`crate::managed`]).
+//! Plans (`TENSILE_POLICY=plan`) serve the first device only: its slot streams the records
+//! and takes the plans ([`crate::planning`]). Under `TENSILE_COORDINATOR=auto` every other
+//! device gets a slot of its own on its card's coordinator (`gpu-` and the card's UUID), joined
+//! by the planning thread once the device's manager runs: it streams no records, and serves
+//! for the grants the device's manager meets, for the coordinator's pauses (which hold the
+//! whole process's launches) and for the reports of that manager's memory. Those devices swap
+//! on demand (LRU) within their grants.
+//!
+//! A named coordinator (`TENSILE_COORDINATOR=NAME`) divides one card: it coordinates the first
+//! device only, and every other device runs on its own budget (`TENSILE_DEVICE_MEMORY`),
+//! which is said once per device.
+
+use std::time::Instant;
+
+use tensile_driver_abi::CUdevice;
+
+use crate::config::Coordinator;
+use crate::coordination::CoordinatorSource;
+use crate::managed::Managed;
+use crate::planning::{card_name, meet_grant, regrow_after_refusal, Meeting, PlanPricing, PlanSource};
+use crate::runtime::Runtime;
+
+/// The slots of the devices beyond the first, polled by the planning thread.
+#[derive(Default)]
+pub struct OtherDevices {
+    /// One per manager beyond the first, in the order they started.
+    devices: Vec<OtherDevice>,
+}
+
+/// One device's slot (if it has one) and the grant its manager is meeting.
+struct OtherDevice {
+    device: CUdevice,
+    source: Option<CoordinatorSource>,
+    /// A grant not met yet.
+    grant: Option<Meeting>,
+    /// The last grant met, and when it was last applied.
+    met: Option<(u64, Instant)>,
+}
+
+impl OtherDevices {
+    /// Joins the coordinators of managers started since the last call, then polls every
+    /// slot: grants are met by their device's manager, pauses and reports go through.
+    pub fn poll(&mut self, rt: &'static Runtime) {
+        let seen = 1 + self.devices.len();
+        for m in rt.memory.running().skip(seen).collect::<Vec<_>>() {
+            self.devices.push(OtherDevice {
+                device: m.driver.device(),
+                source: join(rt, m),
+                grant: None,
+                met: None,
+            });
+        }
+        for d in &mut self.devices {
+            d.poll(rt);
+        }
+    }
+}
+
+impl OtherDevice {
+    fn poll(&mut self, rt: &Runtime) {
+        let Some(source) = self.source.as_mut() else {
+            return;
+        };
+        let m = rt.memory.on_device(self.device);
+        if source.poll().is_some() {
+            // Nothing is streamed, so no plan should come; none is run for this device.
+            tracing::debug!(
+                "tensile: a plan for device {} from its coordinator is ignored",
+                self.device
+            );
+        }
+        if let Some(bytes) = source.take_grant() {
+            self.grant = Some(Meeting::new(bytes, m));
+        }
+        if let Some(g) = self.grant.as_ref().filter(|g| meet_grant(m, g)) {
+            self.met = Some((g.grant, Instant::now()));
+            self.grant = None;
+        }
+        if self.grant.is_none() {
+            regrow_after_refusal(m, &mut self.met);
+        }
+        source.report(rt);
+    }
+}
+
+/// The slot of `m`'s device on its card's coordinator, as the configuration says (see the
+/// module docs); `None`, said once, where it has none.
+fn join(rt: &'static Runtime, m: &Managed) -> Option<CoordinatorSource> {
+    let config = &rt.config;
+    let device = m.driver.device();
+    let name = match &config.coordinator {
+        Coordinator::Off => return None,
+        Coordinator::Named(name) => {
+            tracing::info!(
+                "tensile: TENSILE_COORDINATOR={name} coordinates the first device this process \
+                 uses only; device {device} runs on its own budget, without a coordinator"
+            );
+            return None;
+        }
+        Coordinator::Auto => match card_name(m.driver.device_uuid()) {
+            Some(name) => name,
+            None => {
+                tracing::warn!(
+                    "tensile: the driver gives no UUID for device {device}, so its coordinator \
+                     cannot be told from the first device's: device {device} runs on its own \
+                     budget, without a coordinator"
+                );
+                return None;
+            }
+        },
+    };
+    let source = CoordinatorSource::connect(
+        &name,
+        true,
+        PlanPricing::of(config),
+        config.priority,
+        m.mm.page_bytes() as u64,
+        config.plan_room,
+        // Nothing streamed: a coordinator joined again needs no state either.
+        Box::new(Vec::new),
+    );
+    match source {
+        Ok(mut source) => {
+            source.set_grant_wait(config.grant_wait);
+            tracing::info!(
+                "tensile: device {device}'s memory is granted by coordinator {name:?}; it \
+                 swaps on demand (lru) within its grant"
+            );
+            Some(source.for_device(device))
+        }
+        Err(why) => {
+            tracing::warn!(
+                "tensile: no coordinator for device {device} ({why}); it runs on its own budget"
+            );
+            None
+        }
+    }
+}
