@@ -1,5 +1,7 @@
-//! The process's memory manager, as the hooks see it: created on the first allocation (or
-//! `cuMemGetInfo`) in a context, from the configuration's policy, budget and host cap.
+//! The process's memory managers, as the hooks see them: one per device, each created on the
+//! first allocation (or `cuMemGetInfo`) in a context of its device, from the configuration's
+//! policy, budget and host cap (each device gets the budget and the host cap: a percentage is
+//! of each card). See "Several devices" in `docs/memory.md`.
 //!
 //! Creation is lazy because it needs a current context (the application's) and the card's
 //! free memory, neither of which exists when the library is loaded. If the manager cannot be
@@ -7,10 +9,10 @@
 //! the hooks forward to the driver exactly as without a manager. Which calls the manager
 //! serves is decided in [`crate::hooks`]; what it does with them is [`crate::memory`].
 //!
-//! Once started, a maintenance thread calls [`MemoryManager::maintain`] every millisecond:
-//! swaps whose copies finished are completed (their unmaps and remaps) and pages are evicted
-//! ahead of need there, off the launch path. It is stopped at exit ([`stop_maintenance`])
-//! before the driver is torn down.
+//! Once started, a maintenance thread per manager calls [`MemoryManager::maintain`] every
+//! millisecond: swaps whose copies finished are completed (their unmaps and remaps) and pages
+//! are evicted ahead of need there, off the launch path. They are stopped at exit
+//! ([`stop_maintenance`]) before the driver is torn down.
 //!
 //! Every driver call of the manager, from any thread, runs in relaxed stream-capture mode
 //! (see [`crate::real_memory`]), and the maintenance thread is relaxed for good, so that
@@ -42,14 +44,6 @@ pub struct Managed {
     pub limit: Option<usize>,
     /// The card's total memory, as the driver reported it when the manager started.
     pub card_bytes: u64,
-}
-
-impl Managed {
-    /// Whether the calling thread's current context is the manager's (allocations made in
-    /// another context go to the driver).
-    pub fn in_our_context(&self) -> bool {
-        self.driver.current_context() == self.driver.context()
-    }
 }
 
 /// The most devices whose memory one process manages; a device of a higher ordinal is left

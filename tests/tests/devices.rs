@@ -1,6 +1,7 @@
 //! A process using several GPUs, through `LD_PRELOAD` on a simulated GPU of two devices
 //! (`TENSILE_SIM_DEVICE_COUNT=2`): each device's memory has a manager of its own, with its own
-//! budget, and swaps; every byte comes out as without the shim. Under
+//! budget, and swaps; every byte comes out as without the shim, a copy from one device's memory
+//! to another's included. Under
 //! `TENSILE_COORDINATOR=auto` the process has a slot on each device's coordinator, and each
 //! device's manager meets its coordinator's grant.
 //!
@@ -108,6 +109,13 @@ fn both_devices_memory_is_managed_and_swapped_within_each_budget_and_no_byte_is_
     }
     assert!(
         out.stderr.contains("this process uses several devices (0 and 1)"),
+        "{}",
+        out.stderr
+    );
+    // The copy from device 0's memory with device 1's context current: pinned in its owner.
+    assert!(
+        out.stderr
+            .contains("work on device 1 uses memory of device 0 (peer access"),
         "{}",
         out.stderr
     );

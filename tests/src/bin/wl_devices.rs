@@ -8,6 +8,10 @@
 //! every tensor is read and written each round. The tensor size is deliberately not a
 //! multiple of the 2 MiB page, so tensors share pages.
 //!
+//! With two devices or more, a copy between devices comes next (`cuMemcpyAsync` on device 1's
+//! stream, with device 1's context current, from device 0's tensor 1 into device 1's tensor 0:
+//! memory of another device than the current context's), and one more round follows.
+//!
 //! Prints `D dev<d>-t<i> <digest>` for every tensor at the end (compared bit for bit between
 //! runs) and `done`. Deterministic: each device's work is on one stream.
 
@@ -86,9 +90,9 @@ fn main() {
             d.tensors.push(p);
         }
     }
-    for _ in 0..rounds {
+    let round = |on: &[OnDevice]| {
         for i in 0..tensors {
-            for d in &on {
+            for d in on {
                 make_current(&s, d.ctx);
                 let (x, y) = (d.tensors[i], d.tensors[(i + 1) % tensors]);
                 s.launch(
@@ -106,6 +110,21 @@ fn main() {
                 );
             }
         }
+    };
+    for _ in 0..rounds {
+        round(&on);
+    }
+    if on.len() >= 2 {
+        for d in &on {
+            make_current(&s, d.ctx);
+            s.sync_stream(d.stream);
+        }
+        make_current(&s, on[1].ctx);
+        let st = on[1].stream;
+        s.copy_any(on[1].tensors[0], on[0].tensors[1], tensor_bytes, Some(st));
+        // Device 0's next round writes the source.
+        s.sync_stream(st);
+        round(&on);
     }
     for d in &on {
         make_current(&s, d.ctx);
