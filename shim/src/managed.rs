@@ -280,7 +280,9 @@ impl Managers {
     #[inline]
     pub fn running(&self) -> impl Iterator<Item = &'static Managed> + '_ {
         let count = self.count.load(Ordering::Acquire);
-        self.started[..count].iter().filter_map(|m| m.get().copied())
+        self.started[..count]
+            .iter()
+            .filter_map(|m| m.get().copied())
     }
 
     /// How many managers run.
@@ -393,7 +395,9 @@ impl Managers {
         let slot = self.slot(driver.device())?;
         if let Some(m) = slot.get() {
             // Another thread created it meanwhile: served if it is this context's.
-            return m.as_ref().filter(|m| m.driver.context() == driver.context());
+            return m
+                .as_ref()
+                .filter(|m| m.driver.context() == driver.context());
         }
         let index = self.count();
         let others: Vec<CUdevice> = self.running().map(|m| m.driver.device()).collect();

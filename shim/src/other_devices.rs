@@ -20,7 +20,9 @@ use tensile_driver_abi::CUdevice;
 use crate::config::Coordinator;
 use crate::coordination::CoordinatorSource;
 use crate::managed::Managed;
-use crate::planning::{card_name, meet_grant, regrow_after_refusal, Meeting, PlanPricing, PlanSource};
+use crate::planning::{
+    card_name, meet_grant, regrow_after_refusal, Meeting, PlanPricing, PlanSource,
+};
 use crate::runtime::Runtime;
 
 /// The slots of the devices beyond the first, polled by the planning thread.

@@ -108,7 +108,8 @@ fn both_devices_memory_is_managed_and_swapped_within_each_budget_and_no_byte_is_
         );
     }
     assert!(
-        out.stderr.contains("this process uses several devices (0 and 1)"),
+        out.stderr
+            .contains("this process uses several devices (0 and 1)"),
         "{}",
         out.stderr
     );
@@ -151,14 +152,17 @@ fn stop_coordinator_of(segment: &str) {
 }
 
 #[test]
-fn under_auto_a_process_on_two_devices_has_a_slot_on_each_devices_coordinator_and_meets_each_grant(
-) {
+fn under_auto_a_process_on_two_devices_has_a_slot_on_each_devices_coordinator_and_meets_each_grant()
+{
     let want = native_digests();
     let out = two_devices()
         .preload(true)
         .env("TENSILE_POLICY", "plan")
         .env("TENSILE_COORDINATOR", "auto")
-        .env("TENSILE_SIM_CARD", format!("devices-{}", std::process::id()))
+        .env(
+            "TENSILE_SIM_CARD",
+            format!("devices-{}", std::process::id()),
+        )
         .env("TENSILE_DEVICE_MEMORY", "80%")
         .env("TENSILE_SIM_DEVICE_MEMORY", CARD)
         .env("TENSILE_LOG", "info")
@@ -187,11 +191,7 @@ fn under_auto_a_process_on_two_devices_has_a_slot_on_each_devices_coordinator_an
                 && l.contains(&format!("on device {device}"))
                 && l.contains("met in")
         });
-        assert!(
-            met,
-            "device {device}: no grant met\n{}",
-            out.stderr
-        );
+        assert!(met, "device {device}: no grant met\n{}", out.stderr);
         let (_, _, peak) = device_stats(&out, device);
         assert!(peak <= BUDGET_MIB, "device {device}: peak {peak} MiB");
     }

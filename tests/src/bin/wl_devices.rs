@@ -100,12 +100,7 @@ fn main() {
                     8,
                     128,
                     d.stream,
-                    &[
-                        Arg::F32(0.5),
-                        Arg::ptr(x),
-                        Arg::ptr(y),
-                        Arg::U64(n as u64),
-                    ],
+                    &[Arg::F32(0.5), Arg::ptr(x), Arg::ptr(y), Arg::U64(n as u64)],
                     Form::Params,
                 );
             }
