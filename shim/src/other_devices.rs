@@ -9,13 +9,20 @@
 //! whole process's launches) and for the reports of that manager's memory. Those devices swap
 //! on demand (LRU) within their grants.
 //!
+//! The planner sees the first device's records only ([`FirstDeviceRecords`]): the other
+//! devices' allocations, their frees, the accesses of launches to them, and copies and
+//! memsets touching them are left out, so that a plan for the first device's budget counts
+//! the first device's memory alone.
+//!
 //! A named coordinator (`TENSILE_COORDINATOR=NAME`) divides one card: it coordinates the first
 //! device only, and every other device runs on its own budget (`TENSILE_DEVICE_MEMORY`),
 //! which is said once per device.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use tensile_driver_abi::CUdevice;
+use tensile_trace::Record;
 
 use crate::config::Coordinator;
 use crate::coordination::CoordinatorSource;
@@ -86,6 +93,47 @@ impl OtherDevice {
         }
         source.report(rt);
     }
+}
+
+/// The record stream as the planner of the first device sees it (see the module docs).
+#[derive(Default)]
+pub struct FirstDeviceRecords {
+    /// Allocations of other devices whose records were left out and which live on.
+    left_out: HashSet<u64>,
+}
+
+impl FirstDeviceRecords {
+    /// Gives `source` what of `record` concerns the first device (with one manager running,
+    /// all of it).
+    pub fn push(&mut self, rt: &Runtime, source: &mut dyn PlanSource, record: &Record) {
+        if rt.memory.count() <= 1 {
+            source.push(record);
+            return;
+        }
+        let elsewhere = |ptr: u64| on_another_device(rt, ptr);
+        match record {
+            Record::Alloc(a) if elsewhere(a.ptr) => {
+                self.left_out.insert(a.id);
+            }
+            Record::Free(f) if self.left_out.remove(&f.id) => {}
+            Record::Launch(l) if l.accesses.iter().any(|a| self.left_out.contains(&a.alloc)) => {
+                let mut l = l.clone();
+                l.accesses.retain(|a| !self.left_out.contains(&a.alloc));
+                source.push(&Record::Launch(l));
+            }
+            Record::Copy(c) if elsewhere(c.dst) || elsewhere(c.src) => {}
+            Record::Memset(m) if elsewhere(m.dst) => {}
+            _ => source.push(record),
+        }
+    }
+}
+
+/// Whether `ptr` is memory of a device plans do not serve (in another manager's arena than
+/// the first's).
+pub fn on_another_device(rt: &Runtime, ptr: u64) -> bool {
+    rt.memory.count() > 1
+        && rt.memory().is_some_and(|first| !first.mm.owns(ptr))
+        && rt.memory.owning(ptr).is_some()
 }
 
 /// The slot of `m`'s device on its card's coordinator, as the configuration says (see the

@@ -26,7 +26,7 @@ use crate::coordination::{CoordinatorSource, DEFAULT_NAME};
 use crate::executor::ExecutorState;
 use crate::managed::Managed;
 use crate::memory::budget::format_size;
-use crate::other_devices::OtherDevices;
+use crate::other_devices::{FirstDeviceRecords, OtherDevices};
 use crate::plan_room::RoomControl;
 use crate::recorder::{Polled, Poller};
 use crate::runtime::Runtime;
@@ -184,7 +184,14 @@ pub fn start_for(rt: &'static Runtime) {
             named
         };
         if let Some(name) = name {
-            let state = Box::new(move || rt.tracker.state_records(rt.now_ns()));
+            // The first device's allocations only (see `FirstDeviceRecords`).
+            let state = Box::new(move || {
+                let mut records = rt.tracker.state_records(rt.now_ns());
+                records.retain(|r| {
+                    !matches!(r, Record::Alloc(a) if crate::other_devices::on_another_device(rt, a.ptr))
+                });
+                records
+            });
             // A room set by TENSILE_PLAN_ROOM is this job's; else the coordinator's, which the
             // run may raise.
             let room = config.plan_room;
@@ -343,10 +350,11 @@ pub fn start(
                 if lost > 0 {
                     source.lost(lost);
                 }
+                let mut first_device = FirstDeviceRecords::default();
                 for record in &early {
-                    source.push(record);
+                    first_device.push(rt, source.as_mut(), record);
                 }
-                run(rt, &tap, source, budget)
+                run(rt, &tap, source, budget, first_device)
             }));
             if r.is_err() {
                 tracing::error!("the planner failed; swapping on demand from now on");
@@ -404,6 +412,7 @@ fn run(
     tap: &Receiver<Record>,
     mut source: Box<dyn PlanSource>,
     mut budget: u64,
+    mut first_device: FirstDeviceRecords,
 ) {
     let mut lost_seen = rt.records().map_or(0, |s| s.tap_dropped());
     let mut last_poll = Instant::now();
@@ -427,10 +436,10 @@ fn run(
                     source.lost(lost - lost_seen);
                     lost_seen = lost;
                 }
-                source.push(&record);
+                first_device.push(rt, source.as_mut(), &record);
                 since_poll += 1;
                 for record in tap.try_iter().take(RECORDS_PER_POLL) {
-                    source.push(&record);
+                    first_device.push(rt, source.as_mut(), &record);
                     since_poll += 1;
                 }
             }
