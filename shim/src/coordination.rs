@@ -23,8 +23,8 @@
 //!
 //! A process using several devices has a slot on each device's coordinator
 //! ([`crate::other_devices`]): the first device's streams records and takes plans as above;
-//! the others stream nothing and serve for grants, pauses and reports of their device's
-//! manager only. A pause from any of them holds the process's launches.
+//! the others stream nothing and serve for grants and reports of their device's manager only,
+//! and take no turns (see [`crate::other_devices`]).
 
 use std::ffi::CStr;
 use std::path::PathBuf;
@@ -36,8 +36,6 @@ use tensile_protocol::{PlanState, Priority, SegmentError, SlotRoom, StepCounters
 use tensile_trace::Record;
 
 use tensile_protocol::process::monotonic_ns;
-
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tensile_driver_abi::CUdevice;
 
@@ -104,15 +102,12 @@ pub struct CoordinatorSource {
     /// Whether the job said that its slot holds a room no version writes.
     said_bad_room: bool,
     /// The device whose manager this slot reports and is granted for: `None` for the first
-    /// (the one plans serve), which also decides the process's turns.
+    /// (the one plans serve), the only one whose coordinator's turns the process takes.
     device: Option<CUdevice>,
-    /// Whether this slot's coordinator last said to pause (a slot of another device).
-    paused: bool,
+    /// Whether the job said that this slot's coordinator asked it to wait its turn (a slot of
+    /// another device, which takes no turns).
+    said_pause_ignored: bool,
 }
-
-/// Whether a coordinator of another device than the first pauses this process now: the first
-/// device's slot, which holds and releases the launches, holds them for it too.
-static PAUSED_BY_ANOTHER_DEVICE: AtomicBool = AtomicBool::new(false);
 
 impl CoordinatorSource {
     /// How long this job's accesses wait for a grant to grow (`TENSILE_GRANT_WAIT`).
@@ -120,8 +115,8 @@ impl CoordinatorSource {
         self.grant_wait = wait;
     }
 
-    /// This slot is for the manager of `device`, not the first: it reports that manager,
-    /// and its pauses hold the process's launches through the first device's slot.
+    /// This slot is for the manager of `device`, not the first: it reports that manager, and
+    /// its coordinator's turns are not taken.
     pub fn for_device(mut self, device: CUdevice) -> CoordinatorSource {
         self.device = Some(device);
         self
@@ -176,7 +171,7 @@ impl CoordinatorSource {
             room_in_force: None,
             said_bad_room: false,
             device: None,
-            paused: false,
+            said_pause_ignored: false,
         };
         let client = source.join()?;
         tracing::info!(
@@ -381,8 +376,6 @@ impl PlanSource for CoordinatorSource {
         let Some(client) = &mut self.client else {
             if self.device.is_none() {
                 crate::turns::release();
-            } else if std::mem::take(&mut self.paused) {
-                PAUSED_BY_ANOTHER_DEVICE.store(false, Ordering::Relaxed);
             }
             self.rejoin_if_due();
             return None;
@@ -401,13 +394,19 @@ impl PlanSource for CoordinatorSource {
         }
         // Renewed every poll while the coordinator keeps the job paused; it runs out by
         // itself if this thread or the coordinator stops.
-        if self.device.is_some() {
-            // Another device's slot: the first device's holds the launches for it.
-            if client.paused() != self.paused {
-                self.paused = client.paused();
-                PAUSED_BY_ANOTHER_DEVICE.store(self.paused, Ordering::Relaxed);
+        if let Some(device) = self.device {
+            // Another device's slot joins as high priority, which no coordinator pauses; one
+            // that does anyway (another version) is not obeyed: see `crate::other_devices`.
+            if client.paused() && !self.said_pause_ignored {
+                tracing::warn!(
+                    "tensile: the coordinator {:?} of device {device} asks this job to wait its \
+                     turn; a process using several GPUs takes turns on its first GPU only, so \
+                     it goes on",
+                    self.name
+                );
+                self.said_pause_ignored = true;
             }
-        } else if client.paused() || PAUSED_BY_ANOTHER_DEVICE.load(Ordering::Relaxed) {
+        } else if client.paused() {
             if !crate::turns::held() {
                 tracing::info!("tensile: paused by the coordinator: another job has the card");
             }

@@ -5,9 +5,16 @@
 //! and takes the plans ([`crate::planning`]). Under `TENSILE_COORDINATOR=auto` every other
 //! device gets a slot of its own on its card's coordinator (`gpu-` and the card's UUID), joined
 //! by the planning thread once the device's manager runs: it streams no records, and serves
-//! for the grants the device's manager meets, for the coordinator's pauses (which hold the
-//! whole process's launches) and for the reports of that manager's memory. Those devices swap
-//! on demand (LRU) within their grants.
+//! for the grants the device's manager meets and for the reports of that manager's memory.
+//! Those devices swap on demand (LRU) within their grants.
+//!
+//! The process takes turns on its first device's coordinator only: its other slots join as
+//! high priority (`TENSILE_PRIORITY=high`), which no coordinator pauses. Turns decided by each
+//! card's coordinator on its own could stop a process on one card while it has the turn on
+//! another, and two such processes would wait for each other for good: seen with two jobs on
+//! the same two simulated cards, each paused by one coordinator while it had the turn on the
+//! other, until the turns changed, and changed again crosswise. The cost: on its other cards,
+//! such a process does not give way to other jobs' turns, only shares the memory.
 //!
 //! The planner sees the first device's records only ([`FirstDeviceRecords`]): the other
 //! devices' allocations, their frees, the accesses of launches to them, and copies and
@@ -22,6 +29,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use tensile_driver_abi::CUdevice;
+use tensile_protocol::Priority;
 use tensile_trace::Record;
 
 use crate::config::Coordinator;
@@ -166,7 +174,8 @@ fn join(rt: &'static Runtime, m: &Managed) -> Option<CoordinatorSource> {
         &name,
         true,
         PlanPricing::of(config),
-        config.priority,
+        // Never paused (see the module docs).
+        Priority::High,
         m.mm.page_bytes() as u64,
         config.plan_room,
         // Nothing streamed: a coordinator joined again needs no state either.

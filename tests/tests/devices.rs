@@ -196,3 +196,81 @@ fn under_auto_a_process_on_two_devices_has_a_slot_on_each_devices_coordinator_an
         assert!(peak <= BUDGET_MIB, "device {device}: peak {peak} MiB");
     }
 }
+
+/// Two processes on the same two GPUs, each needing more than either card: under `auto` each
+/// card's coordinator divides it between them. A process takes turns on its first GPU's
+/// coordinator only (its other slots join as high priority): turns decided by each card on its
+/// own once stopped each process on one card while it had the turn on the other, and both
+/// waited for good.
+#[test]
+fn two_processes_on_the_same_two_gpus_never_wait_for_each_other_and_lose_no_byte() {
+    let rounds = "20";
+    let run = || {
+        Run::new(env!("CARGO_BIN_EXE_wl_devices"))
+            .arg("2")
+            .arg(TENSORS)
+            .arg(TENSOR_KIB)
+            .arg(rounds)
+            .env("TENSILE_SIM_DEVICE_COUNT", "2")
+    };
+    let native = run().output();
+    native.assert_ok("the native run");
+    let want = named_digests(&native.stdout);
+    let card = format!("pair-{}", std::process::id());
+    let job = || {
+        run()
+            .preload(true)
+            .env("TENSILE_POLICY", "plan")
+            .env("TENSILE_COORDINATOR", "auto")
+            .env("TENSILE_SIM_CARD", &card)
+            .env("TENSILE_SIM_DEVICE_MEMORY", "16MiB")
+            .env("TENSILE_LOG", "info")
+            .spawn()
+    };
+    let jobs = [job(), job()];
+    let finished: Vec<bool> = jobs
+        .iter()
+        .map(|j| j.wait_for(false, "done", std::time::Duration::from_secs(120)))
+        .collect();
+    let stderr: Vec<String> = jobs.iter().map(|j| j.stderr()).collect();
+    let outs: Vec<Output> = if finished.iter().all(|&f| f) {
+        jobs.into_iter().map(|j| j.wait()).collect()
+    } else {
+        Vec::new()
+    };
+    let joined: Vec<String> = stderr
+        .iter()
+        .flat_map(|e| {
+            joined_coordinators(&Output {
+                success: true,
+                code: None,
+                stdout: String::new(),
+                stderr: e.clone(),
+            })
+        })
+        .collect();
+    for segment in &joined {
+        stop_coordinator_of(segment);
+    }
+    assert!(
+        finished.iter().all(|&f| f),
+        "the jobs did not finish within 120 s (waiting for each other?)\n--- first\n{}\n--- second\n{}",
+        stderr[0],
+        stderr[1]
+    );
+    for out in &outs {
+        out.assert_ok("a job on two shared GPUs");
+        assert_eq!(
+            named_digests(&out.stdout),
+            want,
+            "results differ from the run without the shim\n{}",
+            out.stderr
+        );
+        assert_eq!(
+            joined_coordinators(out).len(),
+            2,
+            "one slot per device:\n{}",
+            out.stderr
+        );
+    }
+}
