@@ -3,7 +3,8 @@
 //! budget, and swaps; every byte comes out as without the shim, a copy from one device's memory
 //! to another's included. Under
 //! `TENSILE_COORDINATOR=auto` the process has a slot on each device's coordinator, and each
-//! device's manager meets its coordinator's grant.
+//! device's manager meets its coordinator's grant; two such processes sharing the same two
+//! cards both finish, bit for bit.
 //!
 //! (A process using one device is every other test.)
 
