@@ -273,5 +273,16 @@ fn two_processes_on_the_same_two_gpus_never_wait_for_each_other_and_lose_no_byte
             "one slot per device:\n{}",
             out.stderr
         );
+        for device in [0, 1] {
+            assert!(
+                out.stderr
+                    .lines()
+                    .any(|l| l.contains("the coordinator granted")
+                        && l.contains(&format!("on device {device}"))
+                        && l.contains("met in")),
+                "device {device}: no grant met\n{}",
+                out.stderr
+            );
+        }
     }
 }
