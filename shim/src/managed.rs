@@ -339,8 +339,8 @@ impl Managers {
             // Another context: a device not tried yet gets a manager, a device tried (its
             // manager serves another of its contexts, or failed) is the driver's.
             let device = first.driver.current_device()?;
-            let slot = self.slot(device)?;
-            if slot.get().is_some() {
+            let cell = self.cell_of(device)?;
+            if cell.get().is_some() {
                 return None;
             }
         } else if self.never() {
@@ -351,11 +351,11 @@ impl Managers {
 
     /// The cell of `device`'s manager; `None` (said once) for an ordinal beyond
     /// [`MAX_MANAGED_DEVICES`].
-    fn slot(&self, device: CUdevice) -> Option<&OnceLock<Option<Managed>>> {
-        let slot = usize::try_from(device)
+    fn cell_of(&self, device: CUdevice) -> Option<&OnceLock<Option<Managed>>> {
+        let cell = usize::try_from(device)
             .ok()
             .and_then(|d| self.by_device.get(d));
-        if slot.is_none() {
+        if cell.is_none() {
             static SAID: AtomicBool = AtomicBool::new(false);
             if !SAID.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
@@ -364,7 +364,7 @@ impl Managers {
                 );
             }
         }
-        slot
+        cell
     }
 
     #[cold]
@@ -392,8 +392,8 @@ impl Managers {
                 return None;
             }
         };
-        let slot = self.slot(driver.device())?;
-        if let Some(m) = slot.get() {
+        let cell = self.cell_of(driver.device())?;
+        if let Some(m) = cell.get() {
             // Another thread created it meanwhile: served if it is this context's.
             return m
                 .as_ref()
@@ -403,11 +403,11 @@ impl Managers {
         let others: Vec<CUdevice> = self.running().map(|m| m.driver.device()).collect();
         let created = create(config, driver, index == 0);
         let m = match created {
-            Ok(m) => slot.get_or_init(|| Some(m)).as_ref(),
+            Ok(m) => cell.get_or_init(|| Some(m)).as_ref(),
             Err(why) => {
                 tracing::warn!("tensile: {}", cannot_start(&why));
                 self.refused.store(true, Ordering::Release);
-                slot.get_or_init(|| None).as_ref()
+                cell.get_or_init(|| None).as_ref()
             }
         }?;
         if index > 0 {
