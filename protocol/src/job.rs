@@ -37,6 +37,11 @@ pub struct JobOptions {
     /// The share of its budget the job asks its plans to leave free (`None`: not said; the
     /// coordinator plans with its own room). Rounded to a thousandth, clamped to 0 to 90%.
     pub room: Option<f64>,
+    /// The job takes its turns on another coordinator (the one of the first GPU of a process
+    /// that uses several), so this one must never pause it: pausing holds all the process's
+    /// launches, and two coordinators pausing crosswise would stop it for good. Its priority
+    /// still ranks its memory here.
+    pub turns_elsewhere: bool,
 }
 
 impl Default for JobOptions {
@@ -48,6 +53,7 @@ impl Default for JobOptions {
             batch_bytes: 16 << 10,
             page_bytes: 0,
             room: None,
+            turns_elsewhere: false,
         }
     }
 }
@@ -110,6 +116,7 @@ impl JobClient {
             page_bytes: options.page_bytes,
             took_from,
             room: options.room.map_or(SlotRoom::NotSaid, SlotRoom::from_share),
+            turns_elsewhere: options.turns_elsewhere,
         });
         let command_seen = segment.slot(slot).command_acked.load(Ordering::Relaxed);
         let max_payload = (segment.geometry().ring_bytes / 2 - 8) as usize;

@@ -227,7 +227,10 @@ pub(crate) struct JobSlot {
     /// Coordinator: 1 while the job is to hold its launches (its turn on the card will come),
     /// 0 to run. Offset 672.
     pub paused: AtomicU32,
-    _pad4: AtomicU32,
+    /// Job, while claiming: 1 when it takes its turns on another coordinator, so this one
+    /// never pauses it ([`crate::JobOptions::turns_elsewhere`]); 0 otherwise, as jobs before
+    /// this field write. Offset 676.
+    pub turns_elsewhere: AtomicU32,
     /// Job, while claiming: its memory manager's page, the unit its plans must move (0: not
     /// said, as by jobs before this field: the H100's 2 MiB). Offset 680.
     pub page_bytes: AtomicU64,
@@ -252,6 +255,7 @@ const _: () = assert!(std::mem::offset_of!(JobSlot, command_generation) == 320);
 const _: () = assert!(std::mem::offset_of!(JobSlot, command_line) == 384);
 const _: () = assert!(std::mem::offset_of!(JobSlot, priority) == 640);
 const _: () = assert!(std::mem::offset_of!(JobSlot, paused) == 672);
+const _: () = assert!(std::mem::offset_of!(JobSlot, turns_elsewhere) == 676);
 const _: () = assert!(std::mem::offset_of!(JobSlot, page_bytes) == 680);
 const _: () = assert!(std::mem::offset_of!(JobSlot, took_from) == 688);
 const _: () = assert!(std::mem::offset_of!(JobSlot, room_asked) == 696);
@@ -375,6 +379,8 @@ pub struct JobSnapshot {
     pub grantable_bytes: u64,
     /// The coordinator holds the job's launches (time-sharing the card).
     pub paused: bool,
+    /// The job takes its turns on another coordinator: this one never pauses it.
+    pub turns_elsewhere: bool,
     /// The job's page (0: not said).
     pub page_bytes: u64,
     /// The pid of the dead job whose slot this job took when it joined (0: it was free).
@@ -414,6 +420,8 @@ pub(crate) struct Claimant<'a> {
     pub took_from: u32,
     /// The room it asks its plans to leave.
     pub room: SlotRoom,
+    /// It takes its turns on another coordinator.
+    pub turns_elsewhere: bool,
 }
 
 /// What a job reports about its last step, written into its slot.
@@ -472,6 +480,7 @@ impl JobSlot {
             floor_bytes: r(&self.floor_bytes),
             grantable_bytes: r(&self.grantable_bytes),
             paused: self.paused.load(Ordering::Relaxed) != 0,
+            turns_elsewhere: self.turns_elsewhere.load(Ordering::Relaxed) != 0,
             page_bytes: r(&self.page_bytes),
             took_from: r(&self.took_from) as u32,
             room_asked: SlotRoom::from_word(r(&self.room_asked), incarnation),
@@ -552,6 +561,7 @@ impl JobSlot {
             page_bytes,
             took_from,
             room,
+            turns_elsewhere,
         } = *claimant;
         let z = |a: &AtomicU64| a.store(0, Ordering::Relaxed);
         let incarnation = self.incarnation.fetch_add(1, Ordering::Relaxed) + 1;
@@ -587,6 +597,8 @@ impl JobSlot {
         }
         self.priority.store(priority.to_word(), Ordering::Relaxed);
         self.paused.store(0, Ordering::Relaxed);
+        self.turns_elsewhere
+            .store(u32::from(turns_elsewhere), Ordering::Relaxed);
         self.admission
             .store(Admission::Admitted.to_word(), Ordering::Relaxed);
         self.plan_version.store(0, Ordering::Relaxed);

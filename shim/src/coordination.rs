@@ -115,13 +115,6 @@ impl CoordinatorSource {
         self.grant_wait = wait;
     }
 
-    /// This slot is for the manager of `device`, not the first: it reports that manager, and
-    /// its coordinator's turns are not taken.
-    pub fn for_device(mut self, device: CUdevice) -> CoordinatorSource {
-        self.device = Some(device);
-        self
-    }
-
     /// The manager this slot reports and is granted for.
     pub fn manager(&self, rt: &Runtime) -> Option<&'static Managed> {
         match self.device {
@@ -148,7 +141,54 @@ impl CoordinatorSource {
         fixed_room: Option<f64>,
         state: StateRecords,
     ) -> Result<CoordinatorSource, String> {
-        let mut source = CoordinatorSource {
+        let source = Self::unjoined(
+            name,
+            start_if_missing,
+            pricing,
+            priority,
+            page_bytes,
+            fixed_room,
+            state,
+        );
+        source.joined()
+    }
+
+    /// [`Self::connect`] for the manager of `device`, not the first: the slot reports that
+    /// manager and is granted for it, streams nothing, and tells the coordinator that the job
+    /// takes its turns elsewhere (on its first GPU's coordinator), so that this one never
+    /// pauses it while its priority still ranks its memory (`crate::other_devices`).
+    pub fn connect_for_device(
+        device: CUdevice,
+        name: &str,
+        pricing: PlanPricing,
+        priority: Priority,
+        page_bytes: u64,
+        fixed_room: Option<f64>,
+    ) -> Result<CoordinatorSource, String> {
+        let mut source = Self::unjoined(
+            name,
+            true,
+            pricing,
+            priority,
+            page_bytes,
+            fixed_room,
+            // Nothing streamed: a coordinator joined again needs no state either.
+            Box::new(Vec::new),
+        );
+        source.device = Some(device);
+        source.joined()
+    }
+
+    fn unjoined(
+        name: &str,
+        start_if_missing: bool,
+        pricing: PlanPricing,
+        priority: Priority,
+        page_bytes: u64,
+        fixed_room: Option<f64>,
+        state: StateRecords,
+    ) -> CoordinatorSource {
+        CoordinatorSource {
             name: name.to_owned(),
             state,
             start_if_missing,
@@ -172,15 +212,18 @@ impl CoordinatorSource {
             said_bad_room: false,
             device: None,
             said_pause_ignored: false,
-        };
-        let client = source.join()?;
+        }
+    }
+
+    fn joined(mut self) -> Result<CoordinatorSource, String> {
+        let client = self.join()?;
         tracing::info!(
             "joined coordinator {} (slot {})",
             client.segment_path(),
             client.slot_index()
         );
-        source.client = Some(client);
-        Ok(source)
+        self.client = Some(client);
+        Ok(self)
     }
 
     fn options(&self) -> JobOptions {
@@ -190,6 +233,7 @@ impl CoordinatorSource {
             command_line: crate::recorder::command_line(),
             page_bytes: self.page_bytes,
             room: self.room_asked,
+            turns_elsewhere: self.device.is_some(),
             ..JobOptions::default()
         }
     }
@@ -395,8 +439,9 @@ impl PlanSource for CoordinatorSource {
         // Renewed every poll while the coordinator keeps the job paused; it runs out by
         // itself if this thread or the coordinator stops.
         if let Some(device) = self.device {
-            // Another device's slot joins as high priority, which no coordinator pauses; one
-            // that does anyway (another version) is not obeyed: see `crate::other_devices`.
+            // Another device's slot says that the job takes its turns elsewhere, so no
+            // coordinator of this version pauses it; one that does anyway (another version) is
+            // not obeyed: see `crate::other_devices`.
             if client.paused() && !self.said_pause_ignored {
                 tracing::warn!(
                     "tensile: the coordinator {:?} of device {device} asks this job to wait its \

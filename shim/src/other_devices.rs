@@ -8,8 +8,10 @@
 //! for the grants the device's manager meets and for the reports of that manager's memory.
 //! Those devices swap on demand (LRU) within their grants.
 //!
-//! The process takes turns on its first device's coordinator only: its other slots join as
-//! high priority (`TENSILE_PRIORITY=high`), which no coordinator pauses. Turns decided by each
+//! The process takes turns on its first device's coordinator only: its other slots join
+//! saying that it takes its turns elsewhere ([`tensile_protocol::JobOptions::turns_elsewhere`]),
+//! so their coordinators never pause it (it runs as a high-priority job would) while its own
+//! priority still ranks its memory there. Turns decided by each
 //! card's coordinator on its own could stop a process on one card while it has the turn on
 //! another, and two such processes would wait for each other for good: seen with two jobs on
 //! the same two simulated cards, each paused by one coordinator while it had the turn on the
@@ -29,7 +31,6 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use tensile_driver_abi::CUdevice;
-use tensile_protocol::Priority;
 use tensile_trace::Record;
 
 use crate::config::Coordinator;
@@ -170,16 +171,13 @@ fn join(rt: &'static Runtime, m: &Managed) -> Option<CoordinatorSource> {
             }
         },
     };
-    let source = CoordinatorSource::connect(
+    let source = CoordinatorSource::connect_for_device(
+        device,
         &name,
-        true,
         PlanPricing::of(config),
-        // Never paused (see the module docs).
-        Priority::High,
+        config.priority,
         m.mm.page_bytes() as u64,
         config.plan_room,
-        // Nothing streamed: a coordinator joined again needs no state either.
-        Box::new(Vec::new),
     );
     match source {
         Ok(mut source) => {
@@ -188,7 +186,7 @@ fn join(rt: &'static Runtime, m: &Managed) -> Option<CoordinatorSource> {
                 "tensile: device {device}'s memory is granted by coordinator {name:?}; it \
                  swaps on demand (lru) within its grant"
             );
-            Some(source.for_device(device))
+            Some(source)
         }
         Err(why) => {
             tracing::warn!(

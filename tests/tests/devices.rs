@@ -200,7 +200,8 @@ fn under_auto_a_process_on_two_devices_has_a_slot_on_each_devices_coordinator_an
 
 /// Two processes on the same two GPUs, each needing more than either card: under `auto` each
 /// card's coordinator divides it between them. A process takes turns on its first GPU's
-/// coordinator only (its other slots join as high priority): turns decided by each card on its
+/// coordinator only (its other slots say it takes its turns elsewhere, so they are never
+/// paused): turns decided by each card on its
 /// own once stopped each process on one card while it had the turn on the other, and both
 /// waited for good.
 #[test]

@@ -112,7 +112,16 @@ fn segment_report(name: &str, view: &SegmentView) -> String {
         .map(|j| {
             [
                 j.process.pid.to_string(),
-                j.priority.map_or("?", |p| p.name()).to_string(),
+                {
+                    let priority = j.priority.map_or("?", |p| p.name());
+                    // A further GPU of a process that takes its turns on its first GPU:
+                    // never paused here.
+                    if j.turns_elsewhere {
+                        format!("{priority}, turns elsewhere")
+                    } else {
+                        priority.to_string()
+                    }
+                },
                 if j.budget_bytes == 0 {
                     "card".to_string()
                 } else {
@@ -256,7 +265,20 @@ mod tests {
         let incarnation = segment.jobs()[0].incarnation;
         segment.set_room_in_force(job.slot_index(), incarnation, SlotRoom::Permille(200));
         job.ask_room(0.3);
+        let other_gpu = JobClient::join(
+            &name,
+            &JobOptions {
+                priority: tensile_protocol::Priority::Low,
+                command_line: "two_gpus.py".into(),
+                turns_elsewhere: true,
+                ..JobOptions::default()
+            },
+        )
+        .unwrap();
         let text = render(Some(&name)).unwrap();
+        let row = text.lines().find(|l| l.contains("two_gpus.py")).unwrap();
+        assert!(row.contains("low, turns elsewhere"), "{row:?}");
+        other_gpu.leave();
         assert!(
             text.contains("card 80.00 GiB: 7.00 GiB granted, 6.00 GiB held by the jobs"),
             "{text}"

@@ -46,9 +46,19 @@ pub struct Claim {
     /// The job's predicted step (ns) at budgets (bytes), ascending by budget, the last at or
     /// near its need; empty while not known.
     pub curve: Vec<(u64, u64)>,
+    /// It takes its turns on another coordinator (a further GPU of a process that uses
+    /// several): it always runs here, as a high-priority job does, while its priority still
+    /// ranks its memory.
+    pub turns_elsewhere: bool,
 }
 
 impl Claim {
+    /// Whether it runs whoever else must wait: a high-priority job, or one that takes its
+    /// turns on another coordinator (pausing it here would hold its launches there too).
+    pub fn always_runs(&self) -> bool {
+        self.priority == Priority::High || self.turns_elsewhere
+    }
+
     /// The most the job may come to hold while it runs on a card of `available` bytes: its
     /// need (at least its floor) where known, else its own limit where that is below the card;
     /// `None` where it may grow to the card.
@@ -186,8 +196,7 @@ pub fn turns(available: u64, claims: &[Claim], ran: &[u64]) -> Vec<bool> {
     let mut running = vec![false; claims.len()];
     for j in order {
         let first = !running.iter().any(|&r| r);
-        if claims[j].priority == Priority::High || first || admitted(available, claims, &running, j)
-        {
+        if claims[j].always_runs() || first || admitted(available, claims, &running, j) {
             running[j] = true;
         }
     }
@@ -343,6 +352,7 @@ mod tests {
             known: true,
             priority,
             curve: Vec::new(),
+            turns_elsewhere: false,
         }
     }
 
@@ -417,6 +427,31 @@ mod tests {
             ],
         );
         assert_eq!(hard.targets, vec![G, 8 * G, G]);
+    }
+
+    #[test]
+    fn a_job_that_takes_its_turns_elsewhere_always_runs_but_its_memory_ranks_by_its_priority() {
+        // A high job and a low one that fit the card only apart; the low one is a further GPU
+        // of a process that takes its turns on its first GPU.
+        let elsewhere = Claim {
+            turns_elsewhere: true,
+            ..claim(6 * G, G, Priority::Low)
+        };
+        let high = claim(7 * G, 2 * G, Priority::High);
+        let low = claim(6 * G, G, Priority::Low);
+        // A plain low job waits beside the high one; the one that takes its turns elsewhere
+        // runs (pausing it here would hold its launches on its first GPU too).
+        assert_eq!(
+            turns(10 * G, &[high.clone(), low], &[0, 0]),
+            vec![true, false]
+        );
+        assert_eq!(
+            turns(10 * G, &[high.clone(), elsewhere.clone()], &[0, 0]),
+            vec![true, true]
+        );
+        // Its memory is still a low job's: the high one keeps its working set.
+        let d = divide(10 * G, &[elsewhere, high]);
+        assert_eq!(d.targets, vec![3 * G, 7 * G]);
     }
 
     #[test]

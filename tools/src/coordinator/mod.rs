@@ -903,6 +903,7 @@ impl Coordinator {
                         known: self.jobs[s].need_known(),
                         priority: snap.priority.unwrap_or_default(),
                         curve: self.jobs[s].curve.clone(),
+                        turns_elsewhere: snap.turns_elsewhere,
                     }
                 })
                 .collect();

@@ -36,8 +36,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use tensile_protocol::Priority;
-
 use super::grants::{self, Claim};
 
 /// A turn lasts this many times the measured cost of a change of turns (when longer than the
@@ -229,25 +227,24 @@ impl Turns {
         if t.running.is_empty() {
             return None;
         }
-        // High-priority jobs always run.
+        // High-priority jobs always run, and so do jobs that take their turns elsewhere.
         for j in jobs {
-            if j.claim.priority == Priority::High && !t.running.contains(&j.slot) {
+            if j.claim.always_runs() && !t.running.contains(&j.slot) {
                 t.running.push(j.slot);
             }
         }
-        // Beside a high-priority job still learning its need, the other jobs still learning
-        // theirs wait at once: either may grow to the card, and stopped now they have little
+        // Beside a job that always runs and is still learning its need, the other jobs still
+        // learning theirs wait at once: either may grow to the card, and stopped now they have little
         // to write out. (A rerun let in as a high one left was stopped 1.6 s later, when the
         // high one's next run had grown, and its eviction held back the high run's memory for
         // 15 s.) Jobs whose needs are known keep running until the card is too small.
         let unbounded = |j: &Contender<'_>| j.claim.bound(available).is_none();
-        let high_learning = jobs.iter().any(|j| {
-            t.running.contains(&j.slot) && j.claim.priority == Priority::High && unbounded(j)
-        });
+        let high_learning = jobs
+            .iter()
+            .any(|j| t.running.contains(&j.slot) && j.claim.always_runs() && unbounded(j));
         if high_learning {
-            t.running.retain(|&s| {
-                job(s).is_some_and(|j| j.claim.priority == Priority::High || !unbounded(j))
-            });
+            t.running
+                .retain(|&s| job(s).is_some_and(|j| j.claim.always_runs() || !unbounded(j)));
         }
         let fits = |running: &[u32]| {
             let held: u64 = jobs
@@ -264,13 +261,13 @@ impl Turns {
                 .sum();
             held <= available
         };
-        // Too much for the card: the job that joined the turn last waits (never a high one,
-        // never the last one running).
+        // Too much for the card: the job that joined the turn last waits (never one that
+        // always runs, never the last one running).
         while t.running.len() > 1 && !fits(&t.running) {
             let Some(i) = t
                 .running
                 .iter()
-                .rposition(|&s| job(s).is_some_and(|j| j.claim.priority != Priority::High))
+                .rposition(|&s| job(s).is_some_and(|j| !j.claim.always_runs()))
             else {
                 break;
             };
@@ -400,6 +397,7 @@ impl Turns {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tensile_protocol::Priority;
 
     const G: u64 = 1 << 30;
     const MS: Duration = Duration::from_millis(1);
@@ -412,6 +410,7 @@ mod tests {
             known: true,
             priority,
             curve: Vec::new(),
+            turns_elsewhere: false,
         }
     }
 
