@@ -1,7 +1,7 @@
 //! The process's memory managers, as the hooks see them: one per device, each created on the
 //! first allocation (or `cuMemGetInfo`) in a context of its device, from the configuration's
-//! policy, budget and host cap (each device gets the budget and the host cap: a percentage is
-//! of each card). See "Several devices" in `docs/memory.md`.
+//! policy, budget and host cap (each device gets the budget, a percentage being of each card;
+//! the host cap is the process's, shared by the devices' pools). See "Several devices" in `docs/memory.md`.
 //!
 //! Creation is lazy because it needs a current context (the application's) and the card's
 //! free memory, neither of which exists when the library is loaded. If the manager cannot be
@@ -26,6 +26,7 @@ use tensile_driver_abi::CUdevice;
 
 use crate::config::{Config, Policy};
 use crate::memory::budget::{self, format_size};
+use crate::memory::frames::SharedHostCap;
 use crate::memory::{Driver, ManagerConfig, MemoryManager, PhysLocation, SizeSpec};
 use crate::real::RealDriver;
 use crate::real_memory::{RealMemoryDriver, SetupError};
@@ -89,6 +90,15 @@ impl std::fmt::Debug for Managers {
             .field("refused", &self.refused.load(Ordering::Relaxed))
             .finish()
     }
+}
+
+/// The pinned host memory all of the process's managers may hold together
+/// (`TENSILE_HOST_MEMORY`, or its default): set by the first manager started.
+static PROCESS_HOST_CAP: OnceLock<SharedHostCap> = OnceLock::new();
+
+/// [`PROCESS_HOST_CAP`], made with `cap_bytes` by its first caller.
+fn process_host_cap(cap_bytes: usize) -> &'static SharedHostCap {
+    PROCESS_HOST_CAP.get_or_init(|| SharedHostCap::new(cap_bytes))
 }
 
 /// What the manager will be set up with, resolved against the card and the host.
@@ -435,8 +445,8 @@ fn say_another_device(config: &Config, m: &Managed, others: &[CUdevice]) {
     };
     tracing::info!(
         "tensile: this process uses several devices ({} and {}): each has its own memory \
-         manager, budget and pinned host pool (TENSILE_DEVICE_MEMORY and TENSILE_HOST_MEMORY \
-         apply to each){planning}",
+         manager, budget and pinned host pool (TENSILE_DEVICE_MEMORY applies to each; \
+         TENSILE_HOST_MEMORY caps their pools together){planning}",
         others
             .iter()
             .map(|d| d.to_string())
@@ -498,6 +508,9 @@ fn create(
     }
     let mut mc = ManagerConfig::with_page(s.device_budget, s.host_cap, page_of(&driver));
     mc.device = driver.device();
+    // The host cap is the process's: the pools of all its devices' managers pin no more
+    // than it together (the first manager's cap, which every device resolves alike).
+    mc.shared_host_cap = Some(process_host_cap(s.host_cap));
     mc.host_mapped = !config.swapped_unmapped;
     mc.host_units = config.host_frames == crate::config::HostFrames::Units;
     mc.hand_over = !config.handover_off;

@@ -20,6 +20,7 @@
 //! Neither pool decides *which* page gets a frame; that is the manager's job.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -391,6 +392,52 @@ impl DevicePool {
     }
 }
 
+/// A cap on pinned host memory shared by several host pools: those of one process's memory
+/// managers, one per device. Each pool's own window is the whole cap, so one device may use
+/// all of it; together they never pin more. (Pinned memory cannot be paged out: a process
+/// whose devices each pinned the default half of the host's memory could take all of it.)
+#[derive(Debug)]
+pub struct SharedHostCap {
+    cap_bytes: usize,
+    held_bytes: AtomicUsize,
+}
+
+impl SharedHostCap {
+    pub const fn new(cap_bytes: usize) -> SharedHostCap {
+        SharedHostCap {
+            cap_bytes,
+            held_bytes: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes `bytes` of the cap if they fit.
+    fn try_take(&self, bytes: usize) -> bool {
+        self.held_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&h| h <= self.cap_bytes)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, bytes: usize) {
+        let _ = self
+            .held_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                Some(held.saturating_sub(bytes))
+            });
+    }
+
+    /// Bytes the pools sharing it hold or have promised.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes.load(Ordering::Acquire)
+    }
+
+    /// The cap, in bytes.
+    pub fn cap_bytes(&self) -> usize {
+        self.cap_bytes
+    }
+}
+
 /// Settings of the host pool.
 #[derive(Debug, Clone, Copy)]
 pub struct HostPoolConfig {
@@ -403,6 +450,8 @@ pub struct HostPoolConfig {
     pub low_water_frames: usize,
     /// Grow on a background thread (otherwise only synchronously, when empty).
     pub background: bool,
+    /// A cap this pool shares with other pools of the process (`None`: its window alone).
+    pub shared_cap: Option<&'static SharedHostCap>,
 }
 
 /// Takes a unit of the largest size out of free units kept by size: `(size, unit)`.
@@ -441,6 +490,9 @@ struct HostState {
     /// `window_used` on.
     window_holes: BTreeMap<u32, u32>,
     window_used: u32,
+    /// The cap shared with other pools, and this pool's page: every window page taken is
+    /// taken from it too.
+    shared_cap: Option<(&'static SharedHostCap, usize)>,
     growing: bool,
     want_grow: bool,
     /// Sizes of host units asked of the grower ([`HostPool::request_unit`]).
@@ -451,7 +503,23 @@ struct HostState {
 
 impl HostState {
     /// Promises `pages` consecutive window pages (first fit, then the tail); their first.
+    /// `None` when the window has no such run, or the cap shared with other pools no room.
     fn take_window(&mut self, pages: u32, window_pages: u32) -> Option<u32> {
+        if let Some((cap, page)) = self.shared_cap {
+            if !cap.try_take(pages as usize * page) {
+                return None;
+            }
+        }
+        let taken = self.take_window_run(pages, window_pages);
+        if taken.is_none() {
+            if let Some((cap, page)) = self.shared_cap {
+                cap.give(pages as usize * page);
+            }
+        }
+        taken
+    }
+
+    fn take_window_run(&mut self, pages: u32, window_pages: u32) -> Option<u32> {
         let hole = self
             .window_holes
             .iter()
@@ -473,6 +541,9 @@ impl HostState {
 
     /// Gives window pages back (coalescing with the holes around them and the tail).
     fn give_window(&mut self, start: u32, pages: u32) {
+        if let Some((cap, page)) = self.shared_cap {
+            cap.give(pages as usize * page);
+        }
         let (mut start, mut pages) = (start, pages);
         if let Some((&s, &l)) = self.window_holes.range(..start).next_back() {
             if s + l == start {
@@ -491,7 +562,21 @@ impl HostState {
         }
     }
 
+    /// Window pages that can still be promised: those free in the window, and no more than
+    /// the cap shared with other pools has left.
     fn window_free_pages(&self, window_pages: u32) -> u32 {
+        let free = self.window_unpromised_pages(window_pages);
+        match self.shared_cap {
+            Some((cap, page)) => {
+                let left = cap.cap_bytes().saturating_sub(cap.held_bytes()) / page.max(1);
+                free.min(u32::try_from(left).unwrap_or(u32::MAX))
+            }
+            None => free,
+        }
+    }
+
+    /// Window pages no frame or unit holds or was promised.
+    fn window_unpromised_pages(&self, window_pages: u32) -> u32 {
         window_pages - self.window_used + self.window_holes.values().sum::<u32>()
     }
 
@@ -863,6 +948,7 @@ impl HostPool {
                 free_units: BTreeMap::new(),
                 window_holes: BTreeMap::new(),
                 window_used: 0,
+                shared_cap: config.shared_cap.map(|c| (c, config.page)),
                 growing: false,
                 want_grow: config.background && window_bytes > 0,
                 wanted_units: Vec::new(),
@@ -1170,6 +1256,12 @@ impl HostPool {
         s.free_units.clear();
         s.unit_owned.clear();
         s.created = 0;
+        // The whole window goes: what it had promised goes back to the shared cap.
+        let window_pages = sh.window_pages();
+        let promised = window_pages - s.window_unpromised_pages(window_pages);
+        if let Some((cap, page)) = s.shared_cap.take() {
+            cap.give(promised as usize * page);
+        }
         if sh.window_bytes > 0 {
             if let Err(e) = sh.driver.mem_address_free(sh.window, sh.window_bytes) {
                 tracing::warn!(code = e, "cuMemAddressFree of the host window failed");
@@ -1209,9 +1301,65 @@ mod tests {
                 chunk_bytes: PAGE,
                 low_water_frames: 0,
                 background: true,
+                shared_cap: None,
             },
         )
         .unwrap()
+    }
+
+    /// A pool of `window_pages` that grows only when asked, sharing `cap` with others.
+    fn pool_sharing(window_pages: usize, cap: &'static SharedHostCap) -> HostPool {
+        let fake = Arc::new(FakeDriver::new(FakeConfig {
+            device_capacity: 1 << 40,
+            host_capacity: 1 << 40,
+            progress: Progress::Immediate,
+        }));
+        HostPool::new(
+            fake,
+            HostPoolConfig {
+                page: PAGE,
+                device: 0,
+                numa_node: 0,
+                cap_bytes: window_pages * PAGE,
+                chunk_bytes: PAGE,
+                low_water_frames: 0,
+                background: false,
+                shared_cap: Some(cap),
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn pools_that_share_a_cap_never_pin_more_than_it_together() {
+        // Two devices' pools, each of which could hold 8 pages, under a process cap of 5.
+        let cap: &'static SharedHostCap = Box::leak(Box::new(SharedHostCap::new(5 * PAGE)));
+        let mut a = pool_sharing(8, cap);
+        let b = pool_sharing(8, cap);
+        let from_a: Vec<HostFrame> = (0..3).map(|_| a.take().expect("under the cap")).collect();
+        for _ in 0..2 {
+            b.take().expect("under the cap");
+        }
+        assert_eq!(cap.held_bytes(), 5 * PAGE);
+        assert!(
+            matches!(b.take(), Err(HostPoolError::CapReached { .. })),
+            "b's own window has room, the process's cap has none"
+        );
+        assert!(matches!(a.take(), Err(HostPoolError::CapReached { .. })));
+        // A frame given back stays pinned in its pool: taken again there, not by the other.
+        a.give(from_a[0]);
+        assert!(matches!(b.take(), Err(HostPoolError::CapReached { .. })));
+        assert!(a.take().is_ok());
+        // A pool that lets its memory go gives its share back to the others.
+        a.release_all();
+        assert_eq!(cap.held_bytes(), 2 * PAGE);
+        assert_eq!(
+            (0..3).filter(|_| b.take().is_ok()).count(),
+            3,
+            "b grows into what a gave back"
+        );
+        assert_eq!(cap.held_bytes(), 5 * PAGE);
+        assert!(matches!(b.take(), Err(HostPoolError::CapReached { .. })));
     }
 
     /// Waits (up to 5 s) until `pool` has `n` free units of `pages`.

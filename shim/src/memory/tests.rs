@@ -27,6 +27,7 @@ fn config_fenced(budget_pages: usize, host_cap_pages: usize, fence_every: u32) -
         device_budget: budget_pages * PAGE,
         grow_bytes: 4 * PAGE,
         host_cap: host_cap_pages * PAGE,
+        shared_host_cap: None,
         host_chunk_bytes: 8 * PAGE,
         numa_node: 0,
         host_background: false,

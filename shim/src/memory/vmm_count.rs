@@ -208,6 +208,7 @@ fn small_manager(budget_pages: usize, host_mapped: bool) -> (Arc<FakeDriver>, Me
         device_budget: budget_pages * P,
         grow_bytes: budget_pages * P,
         host_cap: 64 * P,
+        shared_host_cap: None,
         host_chunk_bytes: 16 * P,
         numa_node: 0,
         host_background: false,

@@ -24,6 +24,7 @@ fn setup(budget_pages: usize) -> (Arc<FakeDriver>, MemoryManager) {
         device_budget: budget_pages * PAGE,
         grow_bytes: 4 * PAGE,
         host_cap: 64 * PAGE,
+        shared_host_cap: None,
         host_chunk_bytes: 8 * PAGE,
         numa_node: 0,
         host_background: false,

@@ -76,7 +76,9 @@ use super::advice::EvictionAdvice;
 use super::driver::{Driver, Event, Stream};
 use super::failures::{human_bytes, FailureCause, FailureLog};
 use super::fences::Fences;
-use super::frames::{DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolRefill};
+use super::frames::{
+    DevFrame, DevicePool, HostFrame, HostPool, HostPoolConfig, HostPoolRefill, SharedHostCap,
+};
 use super::journal::{BusyKind, Journal};
 use super::page::{Frame, PageTable, ResidencyState};
 use super::stats::{Demand, MemoryStats};
@@ -118,6 +120,9 @@ pub struct ManagerConfig {
     pub grow_bytes: usize,
     /// Cap of the pinned host pool (`TENSILE_HOST_MEMORY`).
     pub host_cap: usize,
+    /// A cap on pinned host memory shared with the other managers of the process (one per
+    /// device): together their pools pin no more than it (`None`: this pool's cap alone).
+    pub shared_host_cap: Option<&'static SharedHostCap>,
     /// The host pool grows by this much at a time (one allocation per page in it).
     pub host_chunk_bytes: usize,
     /// NUMA node of the host pool.
@@ -169,6 +174,7 @@ impl ManagerConfig {
             device_budget,
             grow_bytes: 16 * page,
             host_cap,
+            shared_host_cap: None,
             // Small chunks: a thread that finds the pool empty waits for the grower's chunk
             // (with the manager's lock held), about 8 ms for 32 MiB on the H100.
             host_chunk_bytes: 32 * MIB,
@@ -462,6 +468,7 @@ impl MemoryManager {
                 // Two chunks ahead (64 MiB by default).
                 low_water_frames: (cfg.host_chunk_bytes / page * 2).max(1),
                 background: cfg.host_background,
+                shared_cap: cfg.shared_host_cap,
             },
         );
         let host = match host {
