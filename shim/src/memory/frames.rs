@@ -1286,6 +1286,14 @@ mod tests {
     const PAGE: usize = 2 << 20;
 
     fn pool(window_pages: usize) -> HostPool {
+        pool_with(window_pages, true, None)
+    }
+
+    fn pool_with(
+        window_pages: usize,
+        background: bool,
+        shared_cap: Option<&'static SharedHostCap>,
+    ) -> HostPool {
         let fake = Arc::new(FakeDriver::new(FakeConfig {
             device_capacity: 1 << 40,
             host_capacity: 1 << 40,
@@ -1300,8 +1308,8 @@ mod tests {
                 cap_bytes: window_pages * PAGE,
                 chunk_bytes: PAGE,
                 low_water_frames: 0,
-                background: true,
-                shared_cap: None,
+                background,
+                shared_cap,
             },
         )
         .unwrap()
@@ -1309,25 +1317,7 @@ mod tests {
 
     /// A pool of `window_pages` that grows only when asked, sharing `cap` with others.
     fn pool_sharing(window_pages: usize, cap: &'static SharedHostCap) -> HostPool {
-        let fake = Arc::new(FakeDriver::new(FakeConfig {
-            device_capacity: 1 << 40,
-            host_capacity: 1 << 40,
-            progress: Progress::Immediate,
-        }));
-        HostPool::new(
-            fake,
-            HostPoolConfig {
-                page: PAGE,
-                device: 0,
-                numa_node: 0,
-                cap_bytes: window_pages * PAGE,
-                chunk_bytes: PAGE,
-                low_water_frames: 0,
-                background: false,
-                shared_cap: Some(cap),
-            },
-        )
-        .unwrap()
+        pool_with(window_pages, false, Some(cap))
     }
 
     #[test]
