@@ -28,7 +28,6 @@
 //! which is said once per device.
 
 use std::collections::HashSet;
-use std::time::Instant;
 
 use tensile_driver_abi::CUdevice;
 use tensile_trace::Record;
@@ -36,9 +35,7 @@ use tensile_trace::Record;
 use crate::config::Coordinator;
 use crate::coordination::CoordinatorSource;
 use crate::managed::Managed;
-use crate::planning::{
-    card_name, meet_grant, regrow_after_refusal, Meeting, PlanPricing, PlanSource,
-};
+use crate::planning::{card_name, Grants, PlanPricing, PlanSource};
 use crate::runtime::Runtime;
 
 /// The slots of the devices beyond the first, polled by the planning thread.
@@ -48,14 +45,11 @@ pub struct OtherDevices {
     devices: Vec<OtherDevice>,
 }
 
-/// One device's slot (if it has one) and the grant its manager is meeting.
+/// One device's slot (if it has one) and the grants its manager meets.
 struct OtherDevice {
     device: CUdevice,
     source: Option<CoordinatorSource>,
-    /// A grant not met yet.
-    grant: Option<Meeting>,
-    /// The last grant met, and when it was last applied.
-    met: Option<(u64, Instant)>,
+    grants: Grants,
 }
 
 impl OtherDevices {
@@ -67,8 +61,7 @@ impl OtherDevices {
             self.devices.push(OtherDevice {
                 device: m.driver.device(),
                 source: join(rt, m),
-                grant: None,
-                met: None,
+                grants: Grants::default(),
             });
         }
         for d in &mut self.devices {
@@ -90,16 +83,7 @@ impl OtherDevice {
                 self.device
             );
         }
-        if let Some(bytes) = source.take_grant() {
-            self.grant = Some(Meeting::new(bytes, m));
-        }
-        if let Some(g) = self.grant.as_ref().filter(|g| meet_grant(m, g)) {
-            self.met = Some((g.grant, Instant::now()));
-            self.grant = None;
-        }
-        if self.grant.is_none() {
-            regrow_after_refusal(m, &mut self.met);
-        }
+        self.grants.step(m, source.take_grant());
         source.report(rt);
     }
 }

@@ -418,10 +418,7 @@ fn run(
     let mut last_poll = Instant::now();
     let mut since_poll = 0usize;
     let mut reserve: Option<usize> = None;
-    // A grant not met yet (the manager has not started, or copies out are under way).
-    let mut grant: Option<Meeting> = None;
-    // The last grant met, and when it was last applied (see `regrow_after_refusal`).
-    let mut met: Option<(u64, Instant)> = None;
+    let mut grants = Grants::default();
     let mut poller = Poller::new();
     // Made once the source knows the room (a coordinator says it a tick after the job
     // joined), with the pages out per iteration of the plan in force by then.
@@ -469,16 +466,7 @@ fn run(
         if let Some(control) = room.as_mut() {
             adapt_room(rt, control, source.as_mut());
         }
-        if let Some(bytes) = source.take_grant() {
-            grant = Some(Meeting::new(bytes, rt.memory()));
-        }
-        if let Some(g) = grant.as_ref().filter(|g| meet_grant(rt.memory(), g)) {
-            met = Some((g.grant, Instant::now()));
-            grant = None;
-        }
-        if grant.is_none() {
-            regrow_after_refusal(rt.memory(), &mut met);
-        }
+        grants.step(rt.memory(), source.take_grant());
         // The slots of the devices plans do not serve: polled first, so that a pause one of
         // them says holds the launches from this round's report on.
         other_devices.poll(rt);
@@ -522,9 +510,35 @@ fn adapt_room(rt: &Runtime, control: &mut RoomControl, source: &mut dyn PlanSour
     }
 }
 
+/// The grants of one slot as its manager meets them, a poll at a time.
+#[derive(Default)]
+pub(crate) struct Grants {
+    /// A grant not met yet (the manager has not started, or copies out are under way).
+    meeting: Option<Meeting>,
+    /// The last grant met, and when it was last applied (see `regrow_after_refusal`).
+    met: Option<(u64, Instant)>,
+}
+
+impl Grants {
+    /// One poll: takes a grant that `came` (if any), moves manager `m` toward the grant not
+    /// met yet, and otherwise raises a budget the device cut back to the last grant met.
+    pub(crate) fn step(&mut self, m: Option<&Managed>, came: Option<u64>) {
+        if let Some(bytes) = came {
+            self.meeting = Some(Meeting::new(bytes, m));
+        }
+        if let Some(g) = self.meeting.as_ref().filter(|g| meet_grant(m, g)) {
+            self.met = Some((g.grant, Instant::now()));
+            self.meeting = None;
+        }
+        if self.meeting.is_none() {
+            regrow_after_refusal(m, &mut self.met);
+        }
+    }
+}
+
 /// A grant being met: it may take several polls (the copies out of a large shrink).
-pub(crate) struct Meeting {
-    pub(crate) grant: u64,
+struct Meeting {
+    grant: u64,
     since: Instant,
     /// The budget when the grant came (`None` before the manager started).
     budget_before: Option<u64>,
@@ -532,7 +546,7 @@ pub(crate) struct Meeting {
 
 impl Meeting {
     /// A grant of `bytes` that came now, for manager `m` (if it runs).
-    pub(crate) fn new(bytes: u64, m: Option<&Managed>) -> Meeting {
+    fn new(bytes: u64, m: Option<&Managed>) -> Meeting {
         Meeting {
             grant: bytes,
             since: Instant::now(),
@@ -546,7 +560,7 @@ impl Meeting {
 /// completes the copies that landed, evicts more, and gives the memory back to the driver; no
 /// allocation fails for it. Returns true once the grant is met (nothing over it held). This
 /// thread renews a paused job's pause every poll, so it must not wait for copies here.
-pub(crate) fn meet_grant(m: Option<&Managed>, meeting: &Meeting) -> bool {
+fn meet_grant(m: Option<&Managed>, meeting: &Meeting) -> bool {
     let Some(m) = m else {
         return false;
     };
@@ -589,7 +603,7 @@ const REGROW_INTERVAL: Duration = Duration::from_secs(1);
 /// for a grant that never comes (seen after a coordinator restart, when grants are rebuilt
 /// while the jobs still hold the old ones). Once a second at most; a device still full cuts it
 /// again.
-pub(crate) fn regrow_after_refusal(m: Option<&Managed>, met: &mut Option<(u64, Instant)>) {
+fn regrow_after_refusal(m: Option<&Managed>, met: &mut Option<(u64, Instant)>) {
     let (Some(m), Some((granted, at))) = (m, met.as_mut()) else {
         return;
     };

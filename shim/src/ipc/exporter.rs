@@ -83,12 +83,6 @@ impl Exporter {
     }
 }
 
-/// This process's uid.
-fn uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
-}
-
 /// A random number (from the time and pid where `getrandom` fails).
 fn random_nonce() -> u64 {
     let mut b = [0u8; 8];
@@ -106,7 +100,7 @@ fn random_nonce() -> u64 {
 /// The nonce of this process's server, starting it on the first call.
 fn server_nonce(ex: &'static Exporter) -> Result<u64, CUresult> {
     let started = ex.server.get_or_init(|| {
-        let name = wire::socket_name(uid(), std::process::id());
+        let name = wire::socket_name(std::process::id());
         let listener = wire::listen(&name).map_err(|e| format!("listening on @{name}: {e}"))?;
         let nonce = random_nonce();
         std::thread::Builder::new()
@@ -260,7 +254,8 @@ fn serve(ex: &'static Exporter, listener: OwnedFd, nonce: u64) {
         if fds[0].revents != 0 {
             match wire::accept(listener.as_fd()) {
                 Ok(sock) => {
-                    let same_user = wire::peer_uid(sock.as_fd()).is_ok_and(|u| u == uid());
+                    let same_user =
+                        wire::peer_uid(sock.as_fd()).is_ok_and(|u| u == wire::own_uid());
                     let timed = wire::set_timeouts(sock.as_fd(), IMPORTER_TIMEOUT).is_ok();
                     if same_user && timed {
                         conns.push(Connection { sock, open: None });

@@ -131,7 +131,7 @@ pub fn open(real: &RealDriver, h: &ExportHandle) -> Result<CUdeviceptr, CUresult
 
 fn open_with(d: &ImportDriver, h: &ExportHandle) -> Result<(CUdeviceptr, Import), Refusal> {
     let invalid = |why: String| Refusal(CUDA_ERROR_INVALID_HANDLE, why);
-    let name = wire::socket_name(uid(), h.pid);
+    let name = wire::socket_name(h.pid);
     let sock = wire::connect(&name, EXPORTER_TIMEOUT).map_err(|e| {
         invalid(format!(
             "the exporting process cannot be reached ({e}): it has exited, or does not run \
@@ -240,9 +240,4 @@ pub fn close(real: &RealDriver, ptr: CUdeviceptr) -> Option<CUresult> {
     // Dropping the import closes its connection: the exporter counts the close.
     drop(import);
     Some(r.err().unwrap_or(CUDA_SUCCESS))
-}
-
-fn uid() -> u32 {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    unsafe { libc::getuid() }
 }

@@ -31,9 +31,17 @@ pub const UNITS_PER_MESSAGE: usize = 64;
 /// The largest message either side sends: a batch of units.
 pub const MAX_MESSAGE: usize = 8 + 16 * UNITS_PER_MESSAGE;
 
-/// The exporter's socket name for `uid`'s process `pid` (in the abstract namespace).
-pub fn socket_name(uid: u32, pid: u32) -> String {
-    format!("tensile-ipc-{uid}-{pid}")
+/// This process's uid: an exporter serves only peers of its own uid, and an importer looks
+/// for exporters of its own.
+pub fn own_uid() -> u32 {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// The socket name of the exporter that is process `pid` of this user (in the abstract
+/// namespace).
+pub fn socket_name(pid: u32) -> String {
+    format!("tensile-ipc-{}-{pid}", own_uid())
 }
 
 fn last_error() -> io::Error {
@@ -412,8 +420,7 @@ mod tests {
         let listener = listen(&name).unwrap();
         let client = connect(&name, Duration::from_secs(5)).unwrap();
         let server = accept(listener.as_fd()).unwrap();
-        // SAFETY: getuid cannot fail.
-        assert_eq!(peer_uid(server.as_fd()).unwrap(), unsafe { libc::getuid() });
+        assert_eq!(peer_uid(server.as_fd()).unwrap(), own_uid());
         // A pipe's write end travels; what is written through the copy arrives at the read end.
         let mut ends = [0i32; 2];
         // SAFETY: a valid array of two descriptors.
